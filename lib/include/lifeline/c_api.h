@@ -1,0 +1,109 @@
+/* The C interface to Lifeline's checkpointing, for languages other than C++.
+ *
+ * Every function returns LIFELINE_OK (0) or a non-zero lifeline_code; the message of the last
+ * failure on the calling thread is lifeline_last_error(). Nothing here calls exit or prints.
+ *
+ * Thread safety: a lifeline_checkpointer is used by one thread at a time. Distinct handles may be
+ * used concurrently (that is how ranks in one process cooperate). */
+#ifndef LIFELINE_C_API_H_
+#define LIFELINE_C_API_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Same values as lifeline::StatusCode. */
+typedef enum lifeline_code {
+  LIFELINE_OK = 0,
+  LIFELINE_NOT_FOUND = 1,
+  LIFELINE_CORRUPTION = 2,
+  LIFELINE_INVALID_ARGUMENT = 3,
+  LIFELINE_IO_ERROR = 4,
+  LIFELINE_ALREADY_EXISTS = 5,
+  LIFELINE_NOT_SUPPORTED = 6,
+  LIFELINE_RESOURCE_EXHAUSTED = 7,
+  LIFELINE_FAILED_PRECONDITION = 8,
+  LIFELINE_ABORTED = 9
+} lifeline_code;
+
+/* Same values as lifeline::DType and the on-disk dtype codes (formats/SPEC.md). */
+typedef enum lifeline_dtype {
+  LIFELINE_F64 = 1, LIFELINE_F32 = 2, LIFELINE_F16 = 3, LIFELINE_BF16 = 4,
+  LIFELINE_F8E4M3 = 5, LIFELINE_F8E5M2 = 6, LIFELINE_I64 = 7, LIFELINE_I32 = 8,
+  LIFELINE_I16 = 9, LIFELINE_I8 = 10, LIFELINE_U8 = 11, LIFELINE_BOOL = 12
+} lifeline_dtype;
+
+/* A piece of a global tensor: elements [flat_begin, flat_end) of the box (offsets, shape),
+ * packed row-major at `data`. offsets NULL means all zeros; shape NULL means the global shape;
+ * flat_end < 0 means the whole box. */
+typedef struct lifeline_tensor {
+  const char* name;
+  lifeline_dtype dtype;
+  int32_t ndim;
+  const int64_t* global_shape;
+  const int64_t* offsets;
+  const int64_t* shape;
+  int64_t flat_begin;
+  int64_t flat_end;
+  uint32_t replica_index; /* data-parallel copy index; with replica_count 0 or 1: not replicated */
+  uint32_t replica_count;
+  void* data;
+} lifeline_tensor;
+
+typedef struct lifeline_object {
+  const char* name;
+  const void* data;
+  size_t size;
+} lifeline_object;
+
+typedef struct lifeline_options {
+  const char* directory;
+  uint32_t rank;
+  uint32_t world_size;
+  const char* run_id;          /* NULL: from the environment */
+  uint32_t keep_last;          /* 0 keeps every checkpoint */
+  uint64_t chunk_bytes;
+  uint64_t save_memory_budget;
+  uint64_t load_memory_budget;
+  uint32_t queue_depth;
+  int32_t direct_io;           /* non-zero: O_DIRECT */
+} lifeline_options;
+
+typedef struct lifeline_checkpointer lifeline_checkpointer;
+
+/* Fills `options` with the defaults (directory NULL, rank 0 of 1). */
+void lifeline_options_init(lifeline_options* options);
+
+int lifeline_open(const lifeline_options* options, lifeline_checkpointer** out);
+void lifeline_close(lifeline_checkpointer* checkpointer);
+
+/* Saves this rank's share of `step`; see lifeline::Checkpointer::Save. */
+int lifeline_save(lifeline_checkpointer* checkpointer, uint64_t step, const lifeline_tensor* tensors,
+                  size_t num_tensors, const lifeline_object* objects, size_t num_objects,
+                  const char* metadata_json);
+
+int lifeline_wait_for_commit(lifeline_checkpointer* checkpointer, uint64_t step, double timeout_seconds);
+
+/* Loads `step` (or the newest complete checkpoint when step < 0) into the targets. The step
+ * loaded goes to *loaded_step (may be NULL). Objects and metadata of this load stay readable
+ * through lifeline_loaded_object / lifeline_loaded_metadata until the next load or close. */
+int lifeline_load(lifeline_checkpointer* checkpointer, int64_t step, const lifeline_tensor* targets,
+                  size_t num_targets, uint64_t* loaded_step);
+int lifeline_loaded_object(lifeline_checkpointer* checkpointer, const char* name, const void** data,
+                           size_t* size);
+const char* lifeline_loaded_metadata(lifeline_checkpointer* checkpointer);
+
+/* LIFELINE_NOT_FOUND when there is no complete checkpoint. */
+int lifeline_latest_step(lifeline_checkpointer* checkpointer, uint64_t* step);
+
+/* The message of the calling thread's last failure ("" when none). Valid until its next call. */
+const char* lifeline_last_error(void);
+
+#ifdef __cplusplus
+}  /* extern "C" */
+#endif
+
+#endif /* LIFELINE_C_API_H_ */

@@ -1,0 +1,241 @@
+// Env: the single seam between Lifeline and the operating system (files, directories, async I/O).
+//
+// Three implementations ship with the library:
+//   Env::Default()          POSIX files; O_DIRECT when asked and supported; io_uring queues with a
+//                           thread-pool fallback when the kernel or sandbox forbids io_uring.
+//   NewMemEnv()             everything in memory, with crash simulation: bytes not yet synced and
+//                           directory entries not yet made durable are dropped by SimulateCrash().
+//   FaultInjectionEnv       wraps any Env and fails chosen operations on demand.
+//
+// Paths are plain strings ("/a/b/c"); every error names the path it concerns.
+//
+// Thread safety: Env methods are safe for concurrent use. A file object may be used from several
+// threads for positional reads/writes (ReadAt/WriteAt carry their own offset); Sync and Close
+// require external synchronisation against other calls on the same object. An IoQueue is used
+// by one thread at a time.
+#ifndef LIFELINE_ENV_H_
+#define LIFELINE_ENV_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "lifeline/status.h"
+
+namespace lifeline {
+
+// O_DIRECT needs buffers, offsets and lengths aligned to the logical block size. Lifeline aligns
+// everything it submits to this value, which covers every block size in use (512 B to 4 KiB).
+inline constexpr size_t kDirectIoAlignment = 4096;
+
+struct FileOptions {
+  // Bypass the page cache (O_DIRECT). If the file system refuses (tmpfs), the file silently uses
+  // buffered I/O instead; direct() on the file tells which mode is in effect.
+  bool direct_io = false;
+};
+
+class RandomAccessFile {
+ public:
+  virtual ~RandomAccessFile() = default;
+  // Reads exactly n bytes at `offset` into dst. A read past the end of the file is Corruption
+  // ("short read") naming the file and offset. For a direct file, dst/offset/n must be aligned.
+  virtual Status ReadAt(uint64_t offset, void* dst, size_t n) const = 0;
+  virtual Result<uint64_t> Size() const = 0;
+  virtual const std::string& path() const = 0;
+  virtual bool direct() const { return false; }
+  // The OS descriptor when io_uring may be used on it directly, else -1.
+  virtual int fd() const { return -1; }
+};
+
+class WritableFile {
+ public:
+  virtual ~WritableFile() = default;
+  // Writes all n bytes at `offset` (retrying short writes). For a direct file, src/offset/n must
+  // be aligned to kDirectIoAlignment.
+  virtual Status WriteAt(uint64_t offset, const void* src, size_t n) = 0;
+  // Sets the file's length (used to drop the alignment padding after direct writes).
+  virtual Status Truncate(uint64_t size) = 0;
+  // Makes every byte written so far durable (fdatasync).
+  virtual Status Sync() = 0;
+  virtual Status Close() = 0;
+  virtual const std::string& path() const = 0;
+  virtual bool direct() const { return false; }
+  virtual int fd() const { return -1; }
+};
+
+// One asynchronous read or write. The queue does the whole transfer (re-queuing short transfers
+// and retrying EAGAIN) and reports it once, successful or not.
+struct IoRequest {
+  enum class Kind { kRead, kWrite };
+  Kind kind = Kind::kWrite;
+  WritableFile* writer = nullptr;      // for kWrite
+  RandomAccessFile* reader = nullptr;  // for kRead
+  uint64_t offset = 0;
+  void* buffer = nullptr;
+  size_t length = 0;
+  uint64_t tag = 0;  // returned in the completion
+};
+
+struct IoCompletion {
+  uint64_t tag = 0;
+  Status status;  // names the file and offset on failure
+};
+
+struct IoQueueOptions {
+  unsigned depth = 32;    // requests in flight at most
+  unsigned threads = 4;   // workers of the thread-pool engine
+};
+
+// A queue of asynchronous file I/O: io_uring where allowed, otherwise a pool of threads doing
+// pread/pwrite. Used by one thread at a time.
+class IoQueue {
+ public:
+  virtual ~IoQueue() = default;
+  // Starts a request. ResourceExhausted when `depth` requests are already in flight.
+  virtual Status Submit(const IoRequest& request) = 0;
+  // Waits until at least `min_completions` requests (bounded by the number in flight) have
+  // completed, and appends every completed request to `out`.
+  virtual Status Reap(size_t min_completions, std::vector<IoCompletion>* out) = 0;
+  virtual size_t in_flight() const = 0;
+  virtual unsigned depth() const = 0;
+  // "io_uring" or "threads".
+  virtual const char* engine() const = 0;
+};
+
+class Env {
+ public:
+  virtual ~Env() = default;
+
+  // The POSIX environment. Never deleted.
+  static Env* Default();
+
+  // Creates (or truncates) a file for writing.
+  virtual Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path,
+                                                                const FileOptions& options) = 0;
+  virtual Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(const std::string& path,
+                                                                        const FileOptions& options) = 0;
+  // OK if the directory already exists. Creates missing parents.
+  virtual Status CreateDir(const std::string& path) = 0;
+  // NotFound if absent.
+  virtual Status RemoveFile(const std::string& path) = 0;
+  // Removes an empty directory.
+  virtual Status RemoveDir(const std::string& path) = 0;
+  // Atomically replaces `to` with `from` (rename(2)).
+  virtual Status RenameFile(const std::string& from, const std::string& to) = 0;
+  // Names (not paths) of the entries of a directory, without "." and "..", in no order.
+  virtual Result<std::vector<std::string>> GetChildren(const std::string& dir) = 0;
+  virtual bool FileExists(const std::string& path) = 0;
+  virtual bool IsDirectory(const std::string& path) = 0;
+  virtual Result<uint64_t> GetFileSize(const std::string& path) = 0;
+  // Makes the directory's entries (creations, renames, removals) durable.
+  virtual Status SyncDir(const std::string& dir) = 0;
+  // A new asynchronous I/O queue for files opened through this Env.
+  virtual Result<std::unique_ptr<IoQueue>> NewIoQueue(const IoQueueOptions& options) = 0;
+};
+
+// Forwards every call to another Env; a test double overrides only what it needs.
+class EnvWrapper : public Env {
+ public:
+  explicit EnvWrapper(Env* target) : target_(target) {}
+  Env* target() const { return target_; }
+
+  Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path,
+                                                        const FileOptions& options) override {
+    return target_->NewWritableFile(path, options);
+  }
+  Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(const std::string& path,
+                                                                const FileOptions& options) override {
+    return target_->NewRandomAccessFile(path, options);
+  }
+  Status CreateDir(const std::string& path) override { return target_->CreateDir(path); }
+  Status RemoveFile(const std::string& path) override { return target_->RemoveFile(path); }
+  Status RemoveDir(const std::string& path) override { return target_->RemoveDir(path); }
+  Status RenameFile(const std::string& from, const std::string& to) override {
+    return target_->RenameFile(from, to);
+  }
+  Result<std::vector<std::string>> GetChildren(const std::string& dir) override {
+    return target_->GetChildren(dir);
+  }
+  bool FileExists(const std::string& path) override { return target_->FileExists(path); }
+  bool IsDirectory(const std::string& path) override { return target_->IsDirectory(path); }
+  Result<uint64_t> GetFileSize(const std::string& path) override { return target_->GetFileSize(path); }
+  Status SyncDir(const std::string& dir) override { return target_->SyncDir(dir); }
+  Result<std::unique_ptr<IoQueue>> NewIoQueue(const IoQueueOptions& options) override {
+    return target_->NewIoQueue(options);
+  }
+
+ private:
+  Env* target_;
+};
+
+// An in-memory Env that models durability the way a POSIX file system promises it:
+// file contents become durable at WritableFile::Sync(), directory entries (creations, renames,
+// removals) at SyncDir() of the directory that holds them. SimulateCrash() throws away whatever
+// was not durable, as a power cut would.
+class MemEnv : public Env {
+ public:
+  // Drops every byte written since its file's last Sync and every directory change since its
+  // directory's last SyncDir, then lets the Env be used again (as after a reboot). Open file
+  // objects become invalid: their operations return Aborted.
+  virtual void SimulateCrash() = 0;
+  // After `ops` more mutating operations (writes, syncs, creates, renames, removes), every further
+  // mutating operation fails with Aborted("simulated crash"), as if the machine stopped there.
+  // A negative value disarms it.
+  virtual void CrashAfterOperations(int64_t ops) = 0;
+  // Mutating operations performed so far (to enumerate crash points).
+  virtual int64_t mutating_operations() const = 0;
+};
+
+std::unique_ptr<MemEnv> NewMemEnv();
+
+// Wraps an Env and injects failures. The knobs are safe to change while other threads use the Env.
+class FaultInjectionEnv : public EnvWrapper {
+ public:
+  explicit FaultInjectionEnv(Env* target);
+  ~FaultInjectionEnv() override;
+
+  // Writes fail with "No space left on device" once this many more bytes have been written
+  // (through WriteAt or the IoQueue). Negative disables.
+  void FailWritesAfterBytes(int64_t bytes);
+  // Every Sync() and SyncDir() fails while set.
+  void FailSyncs(bool fail);
+  // Every RenameFile fails while set.
+  void FailRenames(bool fail);
+  // Only paths containing this substring are affected by the knobs above (empty: all paths).
+  void RestrictToPathsContaining(std::string substring);
+
+  Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path,
+                                                        const FileOptions& options) override;
+  Status RenameFile(const std::string& from, const std::string& to) override;
+  Status SyncDir(const std::string& dir) override;
+  Result<std::unique_ptr<IoQueue>> NewIoQueue(const IoQueueOptions& options) override;
+
+  struct State;  // shared with the wrapped files; defined in fault_env.cc
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+// A thread-pool IoQueue that works on any Env's files by calling ReadAt/WriteAt; the fallback
+// when io_uring is unavailable and the engine of non-POSIX Envs.
+std::unique_ptr<IoQueue> NewThreadPoolIoQueue(const IoQueueOptions& options);
+
+// ---- helpers built on the seam -------------------------------------------------------------
+
+// path + "/" + name.
+std::string JoinPath(std::string_view dir, std::string_view name);
+// Reads a whole (small) file. ResourceExhausted when it is larger than max_bytes.
+Result<std::string> ReadFileToString(Env* env, const std::string& path, uint64_t max_bytes);
+// Writes `data` to path.tmp-<unique>, syncs it, renames it over `path`, then syncs the directory:
+// afterwards `path` holds either its old content or `data`, never a mix, even across a crash.
+Status WriteFileAtomically(Env* env, const std::string& path, std::string_view data);
+// Removes a directory and everything below it (files and subdirectories). OK if absent.
+Status RemoveDirRecursively(Env* env, const std::string& dir);
+
+}  // namespace lifeline
+
+#endif  // LIFELINE_ENV_H_

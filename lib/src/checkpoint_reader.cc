@@ -1,0 +1,406 @@
+#include "lib/src/checkpoint_reader.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <unordered_map>
+
+#include "formats/checksum.h"
+#include "formats/geometry.h"
+#include "formats/index_codec.h"
+#include "lib/src/aligned_buffer.h"
+#include "lib/src/checkpoint_layout.h"
+#include "lib/src/step_scan.h"
+
+namespace lifeline {
+namespace {
+
+std::string ShapeString(const std::vector<int64_t>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+std::string RegionString(const format::Region& r) {
+  return "offsets " + ShapeString(r.offsets) + " shape " + ShapeString(r.shape) + " elements [" +
+         std::to_string(r.flat_begin) + ", " + std::to_string(r.flat_end) + ")";
+}
+
+// One contiguous extent of a data file to read and hand to a consumer.
+struct ReadSpan {
+  uint32_t file = 0;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  uint64_t tag = 0;  // the consumer's
+};
+
+// Reads spans of the checkpoint's data files with aligned (O_DIRECT where possible) reads, many in
+// flight, within a memory budget, and passes each span's bytes to `consume` on this thread.
+class SpanReader {
+ public:
+  SpanReader(Env* env, const std::string& step_dir, const format::CheckpointIndex& manifest,
+             const ReaderOptions& options)
+      : env_(env), step_dir_(step_dir), manifest_(manifest), options_(options), files_(manifest.files.size()) {}
+
+  template <typename Consume>
+  Status Run(const std::vector<ReadSpan>& spans, Consume&& consume) {
+    if (spans.empty()) return Status::OK();
+    uint64_t longest = 0;
+    for (const ReadSpan& s : spans) longest = std::max(longest, s.length);
+    const uint64_t slot_bytes = AlignUp(longest, kDirectIoAlignment) + kDirectIoAlignment;
+    const unsigned depth = std::max(1u, options_.queue_depth);
+    const size_t slots = std::clamp<uint64_t>(options_.memory_budget / slot_bytes, 1, depth);
+    std::vector<AlignedBuffer> buffers;
+    std::vector<size_t> free_slots;
+    for (size_t i = 0; i < slots; ++i) {
+      buffers.emplace_back(slot_bytes);
+      if (buffers.back().data() == nullptr)
+        return Status::ResourceExhausted(step_dir_, "cannot allocate " + std::to_string(slot_bytes) + " bytes of read staging");
+      free_slots.push_back(i);
+    }
+    IoQueueOptions qopt;
+    qopt.depth = static_cast<unsigned>(slots);
+    LL_ASSIGN_OR_RETURN(std::unique_ptr<IoQueue> queue, env_->NewIoQueue(qopt));
+    std::vector<size_t> span_of_slot(slots);
+    std::vector<uint64_t> aligned_start(slots);
+    std::vector<IoCompletion> done;
+    Status first_error;
+    size_t next = 0;
+    while ((next < spans.size() && first_error.ok()) || queue->in_flight() > 0) {
+      while (next < spans.size() && !free_slots.empty() && first_error.ok()) {
+        const ReadSpan& span = spans[next];
+        if (span.length == 0) {  // nothing to read (an empty object)
+          static const uint8_t kNothing = 0;
+          first_error = consume(span, &kNothing);
+          ++next;
+          continue;
+        }
+        RandomAccessFile* file = nullptr;
+        Status s = OpenFile(span.file, &file);
+        if (!s.ok()) {
+          first_error = s;
+          break;
+        }
+        const size_t slot = free_slots.back();
+        free_slots.pop_back();
+        const uint64_t start = AlignDown(span.offset, kDirectIoAlignment);
+        const uint64_t end = AlignUp(span.offset + span.length, kDirectIoAlignment);
+        IoRequest req;
+        req.kind = IoRequest::Kind::kRead;
+        req.reader = file;
+        req.offset = start;
+        req.buffer = buffers[slot].data();
+        req.length = end - start;
+        req.tag = slot;
+        span_of_slot[slot] = next;
+        aligned_start[slot] = start;
+        s = queue->Submit(req);
+        if (!s.ok()) {
+          free_slots.push_back(slot);
+          first_error = s;
+          break;
+        }
+        bytes_read_ += end - start;
+        ++next;
+      }
+      if (queue->in_flight() == 0) break;
+      done.clear();
+      Status s = queue->Reap(1, &done);
+      if (!s.ok()) return s;  // the queue is unusable; its destructor waits for the kernel
+      for (const IoCompletion& c : done) {
+        const size_t slot = static_cast<size_t>(c.tag);
+        const ReadSpan& span = spans[span_of_slot[slot]];
+        if (first_error.ok()) {
+          if (!c.status.ok()) {
+            first_error = c.status;
+          } else {
+            first_error = consume(span, buffers[slot].data() + (span.offset - aligned_start[slot]));
+          }
+        }
+        free_slots.push_back(slot);
+      }
+    }
+    return first_error;
+  }
+
+  uint64_t bytes_read() const { return bytes_read_; }
+
+  Status OpenFile(uint32_t index, RandomAccessFile** out) {
+    if (!files_[index]) {
+      FileOptions fopt;
+      fopt.direct_io = options_.direct_io;
+      LL_ASSIGN_OR_RETURN(files_[index], env_->NewRandomAccessFile(FilePath(index), fopt));
+    }
+    *out = files_[index].get();
+    return Status::OK();
+  }
+
+  std::string FilePath(uint32_t index) const { return JoinPath(step_dir_, manifest_.files[index].name); }
+
+ private:
+  Env* env_;
+  const std::string& step_dir_;
+  const format::CheckpointIndex& manifest_;
+  const ReaderOptions& options_;
+  std::vector<std::unique_ptr<RandomAccessFile>> files_;
+  uint64_t bytes_read_ = 0;
+};
+
+// File offset of every chunk, from its fragment's offset and the stored lengths before it.
+std::vector<uint64_t> ChunkOffsets(const format::CheckpointIndex& m) {
+  std::vector<uint64_t> offsets(m.chunks.size());
+  for (const format::FragmentInfo& f : m.fragments) {
+    uint64_t at = f.offset;
+    for (uint64_t k = 0; k < f.num_chunks; ++k) {
+      offsets[f.first_chunk + k] = at;
+      at += m.chunks[f.first_chunk + k].stored_length;
+    }
+  }
+  return offsets;
+}
+
+// Which fragment each chunk belongs to.
+std::vector<uint32_t> ChunkFragments(const format::CheckpointIndex& m) {
+  std::vector<uint32_t> owner(m.chunks.size());
+  for (uint32_t i = 0; i < m.fragments.size(); ++i)
+    for (uint64_t k = 0; k < m.fragments[i].num_chunks; ++k) owner[m.fragments[i].first_chunk + k] = i;
+  return owner;
+}
+
+Status ChecksumMismatch(const format::CheckpointIndex& m, const std::string& path, uint32_t fragment,
+                        uint64_t chunk, uint64_t offset, uint64_t length) {
+  const format::FragmentInfo& f = m.fragments[fragment];
+  return Status::Corruption(path, "checksum mismatch in tensor '" + m.tensors[f.tensor].name + "' (chunk " +
+                                      std::to_string(chunk - f.first_chunk) + " of fragment " +
+                                      std::to_string(fragment) + ", " + RegionString(f.region) +
+                                      ") at byte offset " + std::to_string(offset) + ", " +
+                                      std::to_string(length) + " bytes");
+}
+
+}  // namespace
+
+Result<std::vector<CheckpointInfo>> ScanCheckpoints(Env* env, const std::string& root) {
+  if (!env->IsDirectory(root)) return Status::NotFound(root, "no such checkpoint directory");
+  LL_ASSIGN_OR_RETURN(std::vector<std::string> children, env->GetChildren(root));
+  std::vector<std::pair<uint64_t, std::string>> steps;
+  for (const std::string& name : children)
+    if (auto step = ParseStepDirName(name)) steps.emplace_back(*step, JoinPath(root, name));
+  std::sort(steps.begin(), steps.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<CheckpointInfo> out;
+  for (const auto& [step, dir] : steps) {
+    LL_ASSIGN_OR_RETURN(StepState state, ScanStep(env, dir, step));
+    out.push_back(std::move(state.info));
+  }
+  return out;
+}
+
+CheckpointReader::CheckpointReader(Env* env, std::string step_dir, format::CheckpointIndex manifest,
+                                   ReaderOptions options)
+    : env_(env), step_dir_(std::move(step_dir)), manifest_(std::move(manifest)), options_(options) {}
+
+CheckpointReader::~CheckpointReader() = default;
+
+Result<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(Env* env, const std::string& root,
+                                                                 std::optional<uint64_t> step,
+                                                                 const ReaderOptions& options) {
+  std::string dir;
+  if (step.has_value()) {
+    dir = JoinPath(root, StepDirName(*step));
+    if (!env->IsDirectory(dir)) return Status::NotFound(root, "no checkpoint of step " + std::to_string(*step));
+  } else {
+    LL_ASSIGN_OR_RETURN(std::vector<CheckpointInfo> all, ScanCheckpoints(env, root));
+    for (const CheckpointInfo& info : all) {
+      if (info.complete) {
+        dir = info.directory;
+        step = info.step;
+        break;
+      }
+    }
+    if (dir.empty()) return Status::NotFound(root, "no complete checkpoint");
+  }
+  LL_ASSIGN_OR_RETURN(StepState state, ScanStep(env, dir, *step));
+  if (!state.info.complete)
+    return Status::NotFound(dir, "checkpoint of step " + std::to_string(*step) + " is not complete: " + state.info.problem);
+  LL_ASSIGN_OR_RETURN(format::CheckpointIndex manifest, ReadManifest(env, state));
+  return std::unique_ptr<CheckpointReader>(new CheckpointReader(env, dir, std::move(manifest), options));
+}
+
+Result<LoadStats> CheckpointReader::Load(const std::vector<TensorShard>& targets) {
+  const format::CheckpointIndex& m = manifest_;
+  std::unordered_map<std::string_view, uint32_t> tensor_by_name;
+  tensor_by_name.reserve(m.tensors.size());
+  for (uint32_t i = 0; i < m.tensors.size(); ++i) tensor_by_name.emplace(m.tensors[i].name, i);
+
+  // Targets grouped by stored tensor, checked against what is stored.
+  std::vector<std::vector<uint32_t>> targets_of(m.tensors.size());
+  std::vector<format::Region> target_regions(targets.size());
+  for (uint32_t i = 0; i < targets.size(); ++i) {
+    const TensorShard& t = targets[i];
+    auto it = tensor_by_name.find(t.name);
+    if (it == tensor_by_name.end())
+      return Status::NotFound(step_dir_, "tensor '" + t.name + "' is not in the checkpoint of step " + std::to_string(m.step));
+    const format::TensorInfo& info = m.tensors[it->second];
+    if (info.dtype != t.dtype || info.shape != t.global_shape)
+      return Status::InvalidArgument("tensor '" + t.name + "'", "target is " + std::string(DTypeName(t.dtype)) + " " +
+                                                                     ShapeString(t.global_shape) + " but the checkpoint holds " +
+                                                                     std::string(DTypeName(info.dtype)) + " " + ShapeString(info.shape));
+    target_regions[i] = format::Region{t.offsets, t.shape, t.flat_begin, t.flat_end};
+    LL_RETURN_IF_ERROR(format::ValidateRegion(target_regions[i], info.shape, "target of tensor '" + t.name + "'", false));
+    if (target_regions[i].num_elements() > 0 && t.data == nullptr)
+      return Status::InvalidArgument("tensor '" + t.name + "'", "target data is null");
+    targets_of[it->second].push_back(i);
+  }
+  std::vector<std::vector<uint32_t>> fragments_of(m.tensors.size());
+  for (uint32_t f = 0; f < m.fragments.size(); ++f)
+    if (!targets_of[m.fragments[f].tensor].empty()) fragments_of[m.fragments[f].tensor].push_back(f);
+
+  // Plan: per tensor, intersect the chunks of its fragments with its targets.
+  struct Copy {
+    uint64_t chunk;
+    uint32_t target;
+    format::Box box;
+  };
+  std::vector<Copy> copies;
+  std::vector<format::Region> sources;
+  std::vector<uint64_t> source_chunk;
+  std::vector<format::Region> tensor_targets;
+  std::vector<format::Overlap> overlaps;
+  for (uint32_t t = 0; t < m.tensors.size(); ++t) {
+    if (targets_of[t].empty()) continue;
+    const uint64_t elems_per_chunk = m.chunk_bytes / DTypeSize(m.tensors[t].dtype);
+    sources.clear();
+    source_chunk.clear();
+    for (uint32_t f : fragments_of[t]) {
+      const format::FragmentInfo& frag = m.fragments[f];
+      if (frag.codec != format::Codec::kNone)
+        return Status::NotSupported(step_dir_, "tensor '" + m.tensors[t].name + "' uses a codec this reader cannot decode");
+      const int64_t n = frag.region.num_elements();
+      for (uint64_t k = 0; k < frag.num_chunks; ++k) {
+        const int64_t b = static_cast<int64_t>(k * elems_per_chunk);
+        const int64_t e = std::min<int64_t>(n, static_cast<int64_t>((k + 1) * elems_per_chunk));
+        sources.push_back(format::SubRegion(frag.region, b, e));
+        source_chunk.push_back(frag.first_chunk + k);
+      }
+    }
+    tensor_targets.clear();
+    for (uint32_t i : targets_of[t]) tensor_targets.push_back(target_regions[i]);
+    overlaps.clear();
+    format::PlanOverlaps(sources, tensor_targets, &overlaps);
+    std::vector<int64_t> covered(tensor_targets.size(), 0);
+    for (format::Overlap& o : overlaps) {
+      covered[o.target] += o.box.volume();
+      copies.push_back(Copy{source_chunk[o.source], targets_of[t][o.target], std::move(o.box)});
+    }
+    for (size_t i = 0; i < tensor_targets.size(); ++i) {
+      const int64_t want = tensor_targets[i].num_elements();
+      if (covered[i] != want)
+        return Status::Corruption(step_dir_, "tensor '" + m.tensors[t].name + "': the checkpoint holds " +
+                                                 std::to_string(covered[i]) + " of the " + std::to_string(want) +
+                                                 " elements of the target region " + RegionString(tensor_targets[i]));
+    }
+  }
+
+  // One read per chunk that feeds a copy, in file order.
+  std::sort(copies.begin(), copies.end(), [](const Copy& a, const Copy& b) { return a.chunk < b.chunk; });
+  const std::vector<uint64_t> chunk_offset = ChunkOffsets(m);
+  const std::vector<uint32_t> chunk_fragment = ChunkFragments(m);
+  std::vector<ReadSpan> spans;
+  std::vector<size_t> first_copy;  // per span: its range in `copies`
+  for (size_t i = 0; i < copies.size();) {
+    const uint64_t c = copies[i].chunk;
+    spans.push_back(ReadSpan{m.fragments[chunk_fragment[c]].file, chunk_offset[c], m.chunks[c].stored_length, spans.size()});
+    first_copy.push_back(i);
+    while (i < copies.size() && copies[i].chunk == c) ++i;
+  }
+  first_copy.push_back(copies.size());
+  std::vector<ReadSpan> ordered = spans;
+  std::sort(ordered.begin(), ordered.end(),
+            [](const ReadSpan& a, const ReadSpan& b) { return a.file != b.file ? a.file < b.file : a.offset < b.offset; });
+
+  LoadStats stats;
+  SpanReader reader(env_, step_dir_, m, options_);
+  Status s = reader.Run(ordered, [&](const ReadSpan& span, const uint8_t* data) -> Status {
+    const uint64_t c = copies[first_copy[span.tag]].chunk;
+    if (format::Checksum64(data, span.length) != m.chunks[c].checksum)
+      return ChecksumMismatch(m, reader.FilePath(span.file), chunk_fragment[c], c, span.offset, span.length);
+    const format::FragmentInfo& frag = m.fragments[chunk_fragment[c]];
+    const size_t elem = DTypeSize(m.tensors[frag.tensor].dtype);
+    const uint64_t elems_per_chunk = m.chunk_bytes / elem;
+    const uint64_t k = c - frag.first_chunk;
+    const format::Region src = format::SubRegion(
+        frag.region, static_cast<int64_t>(k * elems_per_chunk),
+        std::min<int64_t>(frag.region.num_elements(), static_cast<int64_t>((k + 1) * elems_per_chunk)));
+    for (size_t i = first_copy[span.tag]; i < first_copy[span.tag + 1]; ++i) {
+      const Copy& cp = copies[i];
+      format::CopyBox(cp.box, elem, data, src, targets[cp.target].data, target_regions[cp.target]);
+      stats.bytes_scattered += static_cast<uint64_t>(cp.box.volume()) * elem;
+    }
+    ++stats.chunks_read;
+    return Status::OK();
+  });
+  if (!s.ok()) return s.Annotate("loading step " + std::to_string(m.step));
+  stats.bytes_read = reader.bytes_read();
+  return stats;
+}
+
+Status CheckpointReader::Verify(VerifyReport* report) {
+  const format::CheckpointIndex& m = manifest_;
+  SpanReader reader(env_, step_dir_, m, options_);
+  // Data-file headers first: they say which rank, step and attempt wrote each file.
+  const std::string run_hash = RunHash(m.run_id);
+  for (uint32_t i = 0; i < m.files.size(); ++i) {
+    RandomAccessFile* file = nullptr;
+    LL_RETURN_IF_ERROR(reader.OpenFile(i, &file));
+    AlignedBuffer header(kDataHeaderBytes);
+    if (header.data() == nullptr) return Status::ResourceExhausted("cannot allocate a header buffer");
+    LL_RETURN_IF_ERROR(file->ReadAt(0, header.data(), kDataHeaderBytes));
+    LL_RETURN_IF_ERROR(CheckDataHeader(header.data(), m.files[i].rank, m.world_size, m.step, run_hash, file->path()));
+  }
+  const std::vector<uint64_t> chunk_offset = ChunkOffsets(m);
+  const std::vector<uint32_t> chunk_fragment = ChunkFragments(m);
+  std::vector<ReadSpan> spans;
+  spans.reserve(m.chunks.size() + m.objects.size());
+  for (uint64_t c = 0; c < m.chunks.size(); ++c)
+    spans.push_back(ReadSpan{m.fragments[chunk_fragment[c]].file, chunk_offset[c], m.chunks[c].stored_length, c});
+  for (uint64_t o = 0; o < m.objects.size(); ++o)
+    spans.push_back(ReadSpan{m.objects[o].file, m.objects[o].offset, m.objects[o].length, m.chunks.size() + o});
+  std::sort(spans.begin(), spans.end(),
+            [](const ReadSpan& a, const ReadSpan& b) { return a.file != b.file ? a.file < b.file : a.offset < b.offset; });
+  VerifyReport local;
+  Status s = reader.Run(spans, [&](const ReadSpan& span, const uint8_t* data) -> Status {
+    const uint64_t sum = format::Checksum64(data, span.length);
+    local.bytes_checked += span.length;
+    if (span.tag < m.chunks.size()) {
+      if (sum != m.chunks[span.tag].checksum)
+        return ChecksumMismatch(m, reader.FilePath(span.file), chunk_fragment[span.tag], span.tag, span.offset, span.length);
+      ++local.chunks_checked;
+    } else {
+      const format::ObjectInfo& obj = m.objects[span.tag - m.chunks.size()];
+      if (sum != obj.checksum)
+        return Status::Corruption(reader.FilePath(span.file), "checksum mismatch in object '" + obj.name + "' of rank " +
+                                                                   std::to_string(obj.rank) + " at byte offset " +
+                                                                   std::to_string(span.offset));
+      ++local.objects_checked;
+    }
+    return Status::OK();
+  });
+  if (report != nullptr) *report = local;
+  return s;
+}
+
+Result<std::string> CheckpointReader::ReadObject(const format::ObjectInfo& object) {
+  std::string out;
+  SpanReader reader(env_, step_dir_, manifest_, options_);
+  std::vector<ReadSpan> spans{ReadSpan{object.file, object.offset, object.length, 0}};
+  LL_RETURN_IF_ERROR(reader.Run(spans, [&](const ReadSpan& span, const uint8_t* data) -> Status {
+    if (format::Checksum64(data, span.length) != object.checksum)
+      return Status::Corruption(reader.FilePath(span.file), "checksum mismatch in object '" + object.name + "' of rank " +
+                                                                 std::to_string(object.rank) + " at byte offset " +
+                                                                 std::to_string(span.offset));
+    out.assign(reinterpret_cast<const char*>(data), span.length);
+    return Status::OK();
+  }));
+  return out;
+}
+
+}  // namespace lifeline

@@ -1,0 +1,84 @@
+// Reading checkpoints: discovering step directories, deciding which are complete, opening one,
+// loading any layout out of it, verifying every checksum. Used by Checkpointer::Load and the CLI.
+//
+// Thread safety: a CheckpointReader is immutable after Open except for its I/O calls, which
+// require external synchronisation (one thread at a time).
+#ifndef LIFELINE_SRC_CHECKPOINT_READER_H_
+#define LIFELINE_SRC_CHECKPOINT_READER_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "formats/model.h"
+#include "lifeline/checkpoint.h"
+#include "lifeline/env.h"
+#include "lifeline/status.h"
+
+namespace lifeline {
+
+// What a directory listing and the rank indexes say about every step directory under a root,
+// newest step first. Complete steps carry their run hash and world size.
+Result<std::vector<CheckpointInfo>> ScanCheckpoints(Env* env, const std::string& root);
+
+struct ReaderOptions {
+  uint64_t memory_budget = 256ull << 20;  // bytes of read staging in flight during Load/Verify
+  unsigned queue_depth = 16;
+  bool direct_io = true;
+};
+
+struct LoadStats {
+  uint64_t bytes_read = 0;       // from storage, including alignment slack
+  uint64_t bytes_scattered = 0;  // into targets
+  uint64_t chunks_read = 0;
+};
+
+struct VerifyReport {
+  uint64_t chunks_checked = 0;
+  uint64_t objects_checked = 0;
+  uint64_t bytes_checked = 0;
+};
+
+class CheckpointReader {
+ public:
+  // Opens step `step` under `root`, or the newest complete one. NotFound when the step does not
+  // exist or is not complete (the message says what is missing), Corruption when its indexes are
+  // damaged.
+  static Result<std::unique_ptr<CheckpointReader>> Open(Env* env, const std::string& root,
+                                                        std::optional<uint64_t> step,
+                                                        const ReaderOptions& options = {});
+  ~CheckpointReader();
+
+  uint64_t step() const { return manifest_.step; }
+  const std::string& step_dir() const { return step_dir_; }
+  // The merged description of the whole checkpoint (all ranks).
+  const format::CheckpointIndex& manifest() const { return manifest_; }
+
+  // Fills every target with its region of the stored tensors, reading only the chunks that
+  // intersect a target and verifying each chunk's checksum before using it. Fails with NotFound
+  // naming the tensor when a target's tensor is absent, InvalidArgument when its dtype or global
+  // shape differs from the stored one, Corruption when part of a target is covered by no stored
+  // fragment or a checksum fails (naming tensor, file and offset).
+  Result<LoadStats> Load(const std::vector<TensorShard>& targets);
+
+  // Reads every chunk and object and checks its checksum. On the first mismatch returns Corruption
+  // naming the tensor (or object), the file and the byte offset of the bad chunk.
+  Status Verify(VerifyReport* report);
+
+  // The bytes of one per-rank object, checksum-verified.
+  Result<std::string> ReadObject(const format::ObjectInfo& object);
+
+ private:
+  CheckpointReader(Env* env, std::string step_dir, format::CheckpointIndex manifest, ReaderOptions options);
+  Env* env_;
+  std::string step_dir_;
+  format::CheckpointIndex manifest_;
+  ReaderOptions options_;
+};
+
+}  // namespace lifeline
+
+#endif  // LIFELINE_SRC_CHECKPOINT_READER_H_

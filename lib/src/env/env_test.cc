@@ -1,0 +1,259 @@
+// Env::Default(): POSIX files and directories, O_DIRECT and its fallback, and the helpers.
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/statfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "lib/src/env/io_queue_internal.h"
+#include "lifeline/env.h"
+
+namespace lifeline {
+namespace {
+
+constexpr long kExt4Magic = 0xEF53;
+
+class TempDir {
+ public:
+  explicit TempDir(const char* base = "/tmp") {
+    std::string tmpl = std::string(base) + "/lifeline-env-XXXXXX";
+    char* p = ::mkdtemp(tmpl.data());
+    if (p != nullptr) path_ = p;
+  }
+  ~TempDir() {
+    if (!path_.empty()) RemoveDirRecursively(Env::Default(), path_).IgnoreError();
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+struct AlignedFree {
+  void operator()(void* p) const { std::free(p); }
+};
+using AlignedBuffer = std::unique_ptr<char[], AlignedFree>;
+
+AlignedBuffer Aligned(size_t n) {
+  return AlignedBuffer(static_cast<char*>(std::aligned_alloc(kDirectIoAlignment, n)));
+}
+
+bool HasODirect(int fd) { return (::fcntl(fd, F_GETFL) & O_DIRECT) != 0; }
+
+bool Contains(const Status& s, const std::string& text) { return s.message().find(text) != std::string::npos; }
+
+class PosixEnvTest : public ::testing::Test {
+ protected:
+  Env* env_ = Env::Default();
+  TempDir dir_;
+  std::string Path(const std::string& name) const { return JoinPath(dir_.path(), name); }
+};
+
+TEST_F(PosixEnvTest, DefaultIsASingleton) { EXPECT_EQ(Env::Default(), Env::Default()); }
+
+TEST_F(PosixEnvTest, WriteReadRoundTrip) {
+  const std::string path = Path("f");
+  Result<std::unique_ptr<WritableFile>> w = env_->NewWritableFile(path, FileOptions{});
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  EXPECT_EQ(path, (*w)->path());
+  EXPECT_FALSE((*w)->direct());
+  EXPECT_GE((*w)->fd(), 0);
+  ASSERT_TRUE((*w)->WriteAt(6, "world", 5).ok());
+  ASSERT_TRUE((*w)->WriteAt(0, "hello ", 6).ok());
+  ASSERT_TRUE((*w)->Sync().ok());
+  ASSERT_TRUE((*w)->Close().ok());
+  EXPECT_TRUE((*w)->Close().ok());  // twice is harmless
+
+  EXPECT_EQ(11u, env_->GetFileSize(path).value_or(0));
+  Result<std::unique_ptr<RandomAccessFile>> r = env_->NewRandomAccessFile(path, FileOptions{});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(11u, (*r)->Size().value_or(0));
+  char buf[5];
+  ASSERT_TRUE((*r)->ReadAt(6, buf, 5).ok());
+  EXPECT_EQ("world", std::string(buf, 5));
+  EXPECT_EQ("hello world", ReadFileToString(env_, path, 100).value_or(""));
+}
+
+TEST_F(PosixEnvTest, NewWritableFileTruncatesAndTruncateShrinks) {
+  const std::string path = Path("t");
+  ASSERT_TRUE(WriteFileAtomically(env_, path, "0123456789").ok());
+  Result<std::unique_ptr<WritableFile>> w = env_->NewWritableFile(path, FileOptions{});
+  ASSERT_TRUE(w.ok());
+  EXPECT_EQ(0u, env_->GetFileSize(path).value_or(99));
+  ASSERT_TRUE((*w)->WriteAt(0, "abcdefgh", 8).ok());
+  ASSERT_TRUE((*w)->Truncate(3).ok());
+  EXPECT_EQ("abc", ReadFileToString(env_, path, 100).value_or(""));
+}
+
+TEST_F(PosixEnvTest, ReadPastEndIsCorruptionNamingFileAndOffset) {
+  const std::string path = Path("short");
+  ASSERT_TRUE(WriteFileAtomically(env_, path, "abc").ok());
+  Result<std::unique_ptr<RandomAccessFile>> r = env_->NewRandomAccessFile(path, FileOptions{});
+  ASSERT_TRUE(r.ok());
+  char buf[8];
+  Status s = (*r)->ReadAt(1, buf, 8);
+  EXPECT_TRUE(s.IsCorruption()) << s.ToString();
+  EXPECT_TRUE(Contains(s, path + " at offset 1")) << s.ToString();
+  EXPECT_TRUE(Contains(s, "short read")) << s.ToString();
+}
+
+TEST_F(PosixEnvTest, ErrorsNameTheFile) {
+  const std::string missing = Path("nope");
+  Result<std::unique_ptr<RandomAccessFile>> r = env_->NewRandomAccessFile(missing, FileOptions{});
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(r.status().IsNotFound());
+  EXPECT_TRUE(Contains(r.status(), missing)) << r.status().ToString();
+
+  Status s = env_->RemoveFile(missing);
+  EXPECT_TRUE(s.IsNotFound());
+  EXPECT_TRUE(Contains(s, missing));
+
+  Result<std::unique_ptr<WritableFile>> w = env_->NewWritableFile(Path("no/such/dir/f"), FileOptions{});
+  ASSERT_FALSE(w.ok());
+  EXPECT_TRUE(Contains(w.status(), Path("no/such/dir/f")));
+
+  s = env_->RenameFile(missing, Path("other"));
+  EXPECT_TRUE(s.IsNotFound());
+  EXPECT_TRUE(Contains(s, missing));
+
+  Result<uint64_t> size = env_->GetFileSize(missing);
+  EXPECT_TRUE(size.status().IsNotFound());
+  EXPECT_TRUE(env_->GetChildren(missing).status().IsNotFound());
+  EXPECT_TRUE(env_->SyncDir(missing).IsNotFound());
+}
+
+TEST_F(PosixEnvTest, DirectoriesAndRenames) {
+  const std::string nested = Path("a/b/c");
+  ASSERT_TRUE(env_->CreateDir(nested).ok());
+  ASSERT_TRUE(env_->CreateDir(nested).ok());  // already there
+  EXPECT_TRUE(env_->IsDirectory(nested));
+  EXPECT_TRUE(env_->FileExists(nested));
+  ASSERT_TRUE(WriteFileAtomically(env_, JoinPath(nested, "x"), "1").ok());
+  ASSERT_TRUE(WriteFileAtomically(env_, JoinPath(nested, "y"), "2").ok());
+  EXPECT_FALSE(env_->IsDirectory(JoinPath(nested, "x")));
+  EXPECT_TRUE(env_->FileExists(JoinPath(nested, "x")));
+
+  // CreateDir over a file fails and names it.
+  Status s = env_->CreateDir(JoinPath(nested, "x/sub"));
+  EXPECT_FALSE(s.ok());
+  EXPECT_TRUE(Contains(s, JoinPath(nested, "x")));
+
+  Result<std::vector<std::string>> children = env_->GetChildren(nested);
+  ASSERT_TRUE(children.ok());
+  std::sort(children->begin(), children->end());
+  EXPECT_EQ((std::vector<std::string>{"x", "y"}), *children);
+
+  // Rename replaces the target atomically.
+  ASSERT_TRUE(env_->RenameFile(JoinPath(nested, "x"), JoinPath(nested, "y")).ok());
+  EXPECT_FALSE(env_->FileExists(JoinPath(nested, "x")));
+  EXPECT_EQ("1", ReadFileToString(env_, JoinPath(nested, "y"), 10).value_or(""));
+  ASSERT_TRUE(env_->SyncDir(nested).ok());
+
+  EXPECT_FALSE(env_->RemoveDir(Path("a")).ok());  // not empty
+  ASSERT_TRUE(env_->RemoveFile(JoinPath(nested, "y")).ok());
+  ASSERT_TRUE(env_->RemoveDir(nested).ok());
+  EXPECT_FALSE(env_->FileExists(nested));
+  ASSERT_TRUE(WriteFileAtomically(env_, Path("a/b/z"), "z").ok());
+  ASSERT_TRUE(RemoveDirRecursively(env_, Path("a")).ok());
+  EXPECT_FALSE(env_->FileExists(Path("a")));
+  EXPECT_TRUE(RemoveDirRecursively(env_, Path("a")).ok());  // absent is fine
+}
+
+TEST_F(PosixEnvTest, WriteFileAtomicallyLeavesNoTemporaries) {
+  const std::string path = Path("meta");
+  ASSERT_TRUE(WriteFileAtomically(env_, path, "old").ok());
+  ASSERT_TRUE(WriteFileAtomically(env_, path, "new").ok());
+  EXPECT_EQ("new", ReadFileToString(env_, path, 10).value_or(""));
+  Result<std::vector<std::string>> children = env_->GetChildren(dir_.path());
+  ASSERT_TRUE(children.ok());
+  EXPECT_EQ(std::vector<std::string>{"meta"}, *children);
+  Result<std::string> limited = ReadFileToString(env_, path, 2);
+  EXPECT_EQ(StatusCode::kResourceExhausted, limited.status().code());
+}
+
+TEST_F(PosixEnvTest, DirectIoOnLocalDisk) {
+  FileOptions direct;
+  direct.direct_io = true;
+  const std::string path = Path("direct");
+  Result<std::unique_ptr<WritableFile>> w = env_->NewWritableFile(path, direct);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  // direct() tells the truth whatever the file system.
+  EXPECT_EQ(HasODirect((*w)->fd()), (*w)->direct());
+  struct statfs fs;
+  ASSERT_EQ(0, ::statfs(dir_.path().c_str(), &fs));
+  if (fs.f_type == kExt4Magic) {
+    EXPECT_TRUE((*w)->direct()) << "ext4 supports O_DIRECT";
+  }
+
+  constexpr size_t kSize = 3 * kDirectIoAlignment;
+  AlignedBuffer out = Aligned(kSize);
+  for (size_t i = 0; i < kSize; ++i) out[i] = static_cast<char>(i * 7);
+  ASSERT_TRUE((*w)->WriteAt(0, out.get(), kSize).ok());
+  if ((*w)->direct() && fs.f_type == kExt4Magic) {
+    // ext4 rejects a misaligned direct write; the error names the file and offset.
+    Status s = (*w)->WriteAt(1, out.get(), 100);
+    EXPECT_FALSE(s.ok());
+    EXPECT_TRUE(Contains(s, path + " at offset 1")) << s.ToString();
+  }
+  // Drop the alignment padding as the pipeline does.
+  ASSERT_TRUE((*w)->Truncate(kSize - 100).ok());
+  ASSERT_TRUE((*w)->Sync().ok());
+  ASSERT_TRUE((*w)->Close().ok());
+  EXPECT_EQ(kSize - 100, env_->GetFileSize(path).value_or(0));
+
+  Result<std::unique_ptr<RandomAccessFile>> r = env_->NewRandomAccessFile(path, direct);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(HasODirect((*r)->fd()), (*r)->direct());
+  AlignedBuffer in = Aligned(kSize);
+  ASSERT_TRUE((*r)->ReadAt(kDirectIoAlignment, in.get(), kDirectIoAlignment).ok());
+  EXPECT_EQ(0, std::memcmp(out.get() + kDirectIoAlignment, in.get(), kDirectIoAlignment));
+}
+
+TEST_F(PosixEnvTest, DirectIoOnSharedMemoryReportsTheModeInEffect) {
+  TempDir shm("/dev/shm");
+  if (shm.path().empty()) GTEST_SKIP() << "/dev/shm is not available";
+  FileOptions direct;
+  direct.direct_io = true;
+  const std::string path = JoinPath(shm.path(), "f");
+  Result<std::unique_ptr<WritableFile>> w = env_->NewWritableFile(path, direct);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  // tmpfs refused O_DIRECT before Linux 6.6 and accepts it since; either way direct() says which.
+  EXPECT_EQ(HasODirect((*w)->fd()), (*w)->direct());
+  AlignedBuffer out = Aligned(kDirectIoAlignment);
+  std::memset(out.get(), 'q', kDirectIoAlignment);
+  ASSERT_TRUE((*w)->WriteAt(0, out.get(), kDirectIoAlignment).ok());
+  ASSERT_TRUE((*w)->Close().ok());
+  Result<std::string> back = ReadFileToString(env_, path, kDirectIoAlignment);
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(std::string(kDirectIoAlignment, 'q'), *back);
+}
+
+TEST_F(PosixEnvTest, RefusedDirectIoFallsBackToBufferedIo) {
+  internal::SetDirectIoRefusedForTesting(true);
+  FileOptions direct;
+  direct.direct_io = true;
+  const std::string path = Path("fallback");
+  Result<std::unique_ptr<WritableFile>> w = env_->NewWritableFile(path, direct);
+  Result<std::unique_ptr<RandomAccessFile>> r = env_->NewRandomAccessFile(dir_.path(), direct);
+  internal::SetDirectIoRefusedForTesting(false);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_FALSE((*w)->direct());
+  EXPECT_FALSE(HasODirect((*w)->fd()));
+  EXPECT_FALSE((*r)->direct());
+  // Buffered: misaligned I/O is fine.
+  ASSERT_TRUE((*w)->WriteAt(1, "xyz", 3).ok());
+  ASSERT_TRUE((*w)->Close().ok());
+  EXPECT_EQ(std::string("\0xyz", 4), ReadFileToString(env_, path, 10).value_or(""));
+}
+
+}  // namespace
+}  // namespace lifeline

@@ -1,0 +1,68 @@
+// Helpers built on the Env seam (declared in lifeline/env.h).
+#include <atomic>
+#include <cstdio>
+#include <unistd.h>
+
+#include "lifeline/env.h"
+
+namespace lifeline {
+
+std::string JoinPath(std::string_view dir, std::string_view name) {
+  std::string path(dir);
+  if (!path.empty() && path.back() != '/') path.push_back('/');
+  path.append(name);
+  return path;
+}
+
+Result<std::string> ReadFileToString(Env* env, const std::string& path, uint64_t max_bytes) {
+  LL_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file, env->NewRandomAccessFile(path, FileOptions{}));
+  LL_ASSIGN_OR_RETURN(uint64_t size, file->Size());
+  if (size > max_bytes) {
+    return Status::ResourceExhausted(path, "file of " + std::to_string(size) + " bytes exceeds the limit of " +
+                                               std::to_string(max_bytes));
+  }
+  std::string data(size, '\0');
+  if (size > 0) LL_RETURN_IF_ERROR(file->ReadAt(0, data.data(), size));
+  return data;
+}
+
+Status WriteFileAtomically(Env* env, const std::string& path, std::string_view data) {
+  static std::atomic<uint64_t> counter{0};
+  char suffix[64];
+  std::snprintf(suffix, sizeof(suffix), ".tmp-%d-%llu", static_cast<int>(getpid()),
+                static_cast<unsigned long long>(counter.fetch_add(1)));
+  const std::string tmp = path + suffix;
+  Status s;
+  {
+    LL_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, env->NewWritableFile(tmp, FileOptions{}));
+    s = file->WriteAt(0, data.data(), data.size());
+    if (s.ok()) s = file->Sync();
+    Status c = file->Close();
+    if (s.ok()) s = c;
+  }
+  if (s.ok()) s = env->RenameFile(tmp, path);
+  if (!s.ok()) {
+    env->RemoveFile(tmp).IgnoreError();
+    return s;
+  }
+  const size_t slash = path.rfind('/');
+  return env->SyncDir(slash == std::string::npos ? std::string(".") : path.substr(0, slash == 0 ? 1 : slash));
+}
+
+Status RemoveDirRecursively(Env* env, const std::string& dir) {
+  if (!env->FileExists(dir)) return Status::OK();
+  LL_ASSIGN_OR_RETURN(std::vector<std::string> children, env->GetChildren(dir));
+  for (const std::string& child : children) {
+    const std::string path = JoinPath(dir, child);
+    if (env->IsDirectory(path)) {
+      LL_RETURN_IF_ERROR(RemoveDirRecursively(env, path));
+    } else {
+      Status s = env->RemoveFile(path);
+      if (!s.ok() && !s.IsNotFound()) return s;
+    }
+  }
+  Status s = env->RemoveDir(dir);
+  return s.IsNotFound() ? Status::OK() : s;
+}
+
+}  // namespace lifeline

@@ -1,0 +1,390 @@
+// One suite for every IoQueue engine: io_uring (skipped where the kernel forbids it) and the
+// thread pool.
+#include <fcntl.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "lib/src/env/io_queue_internal.h"
+#include "lifeline/env.h"
+#include "lifeline/log.h"
+
+namespace lifeline {
+namespace {
+
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/lifeline-ioq-XXXXXX";
+    path_ = ::mkdtemp(tmpl);
+  }
+  ~TempDir() { RemoveDirRecursively(Env::Default(), path_).IgnoreError(); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+struct AlignedFree {
+  void operator()(void* p) const { std::free(p); }
+};
+using AlignedBuffer = std::unique_ptr<char[], AlignedFree>;
+
+AlignedBuffer Aligned(size_t n) {
+  return AlignedBuffer(static_cast<char*>(std::aligned_alloc(kDirectIoAlignment, n)));
+}
+
+void Fill(char* p, size_t n, unsigned seed) {
+  for (size_t i = 0; i < n; ++i) p[i] = static_cast<char>((i * 131 + seed * 7919) >> 3);
+}
+
+// Restores an environment variable when the test ends.
+class ScopedEnvVar {
+ public:
+  ScopedEnvVar(const char* name, const char* value) : name_(name) {
+    const char* old = std::getenv(name);
+    if (old != nullptr) old_ = old;
+    had_ = old != nullptr;
+    ::setenv(name, value, 1);
+  }
+  ~ScopedEnvVar() {
+    if (had_) {
+      ::setenv(name_, old_.c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  std::string old_;
+  bool had_ = false;
+};
+
+class IoQueueTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  Result<std::unique_ptr<IoQueue>> MakeQueue(unsigned depth, unsigned threads = 4) {
+    IoQueueOptions options;
+    options.depth = depth;
+    options.threads = threads;
+    if (GetParam() == "io_uring") return internal::NewUringIoQueue(options);
+    return NewThreadPoolIoQueue(options);
+  }
+
+  std::unique_ptr<IoQueue> QueueOrSkip(unsigned depth) {
+    Result<std::unique_ptr<IoQueue>> q = MakeQueue(depth);
+    if (!q.ok()) {
+      EXPECT_TRUE(q.status().IsNotSupported()) << q.status().ToString();
+      return nullptr;
+    }
+    EXPECT_EQ(GetParam(), q.value()->engine());
+    EXPECT_EQ(depth, q.value()->depth());
+    return std::move(q).value();
+  }
+
+  Env* env_ = Env::Default();
+  TempDir dir_;
+};
+
+#define QUEUE_OR_SKIP(var, depth)                                         \
+  std::unique_ptr<IoQueue> var = QueueOrSkip(depth);                      \
+  if (var == nullptr) GTEST_SKIP() << "io_uring is not available here"
+
+TEST_P(IoQueueTest, SixtyFourConcurrentDirectWritesThenReads) {
+  QUEUE_OR_SKIP(queue, 64);
+  constexpr size_t kBlock = 64 * 1024;
+  constexpr unsigned kCount = 64;
+  const std::string path = JoinPath(dir_.path(), "data");
+  FileOptions direct;
+  direct.direct_io = true;
+  Result<std::unique_ptr<WritableFile>> writer = env_->NewWritableFile(path, direct);
+  ASSERT_TRUE(writer.ok()) << writer.status().ToString();
+
+  AlignedBuffer out = Aligned(kBlock * kCount);
+  Fill(out.get(), kBlock * kCount, 1);
+  for (unsigned i = 0; i < kCount; ++i) {
+    IoRequest r;
+    r.kind = IoRequest::Kind::kWrite;
+    r.writer = writer->get();
+    r.offset = i * kBlock;
+    r.buffer = out.get() + i * kBlock;
+    r.length = kBlock;
+    r.tag = 1000 + i;
+    ASSERT_TRUE(queue->Submit(r).ok());
+  }
+  EXPECT_EQ(kCount, queue->in_flight());
+  std::vector<IoCompletion> done;
+  ASSERT_TRUE(queue->Reap(kCount, &done).ok());
+  ASSERT_EQ(kCount, done.size());
+  std::vector<bool> seen(kCount, false);
+  for (const IoCompletion& c : done) {
+    EXPECT_TRUE(c.status.ok()) << c.status.ToString();
+    ASSERT_GE(c.tag, 1000u);
+    ASSERT_LT(c.tag, 1000u + kCount);
+    EXPECT_FALSE(seen[c.tag - 1000]);
+    seen[c.tag - 1000] = true;
+  }
+  EXPECT_EQ(0u, queue->in_flight());
+  ASSERT_TRUE((*writer)->Sync().ok());
+  ASSERT_TRUE((*writer)->Close().ok());
+  EXPECT_EQ(kBlock * kCount, env_->GetFileSize(path).value_or(0));
+
+  Result<std::unique_ptr<RandomAccessFile>> reader = env_->NewRandomAccessFile(path, direct);
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  AlignedBuffer in = Aligned(kBlock * kCount);
+  std::memset(in.get(), 0, kBlock * kCount);
+  // Read back in reverse order, reaping as we go, to exercise partial reaps.
+  done.clear();
+  for (unsigned i = kCount; i-- > 0;) {
+    IoRequest r;
+    r.kind = IoRequest::Kind::kRead;
+    r.reader = reader->get();
+    r.offset = i * kBlock;
+    r.buffer = in.get() + i * kBlock;
+    r.length = kBlock;
+    r.tag = i;
+    ASSERT_TRUE(queue->Submit(r).ok());
+    if (i % 16 == 0) {
+      ASSERT_TRUE(queue->Reap(1, &done).ok());
+    }
+  }
+  ASSERT_TRUE(queue->Reap(kCount, &done).ok());
+  ASSERT_EQ(kCount, done.size());
+  for (const IoCompletion& c : done) EXPECT_TRUE(c.status.ok()) << c.status.ToString();
+  EXPECT_EQ(0, std::memcmp(out.get(), in.get(), kBlock * kCount));
+}
+
+TEST_P(IoQueueTest, ReadPastEndIsShortReadNamingFileAndOffset) {
+  QUEUE_OR_SKIP(queue, 4);
+  const std::string path = JoinPath(dir_.path(), "small");
+  ASSERT_TRUE(WriteFileAtomically(env_, path, std::string(100, 'x')).ok());
+  Result<std::unique_ptr<RandomAccessFile>> reader = env_->NewRandomAccessFile(path, FileOptions{});
+  ASSERT_TRUE(reader.ok());
+  std::vector<char> buffer(4096);
+  IoRequest r;
+  r.kind = IoRequest::Kind::kRead;
+  r.reader = reader->get();
+  r.buffer = buffer.data();
+  r.length = 200;  // straddles the end: 100 bytes come, then EOF
+  r.tag = 7;
+  ASSERT_TRUE(queue->Submit(r).ok());
+  r.offset = 4096;  // wholly past the end
+  r.length = 10;
+  r.tag = 8;
+  ASSERT_TRUE(queue->Submit(r).ok());
+  std::vector<IoCompletion> done;
+  ASSERT_TRUE(queue->Reap(2, &done).ok());
+  ASSERT_EQ(2u, done.size());
+  for (const IoCompletion& c : done) {
+    EXPECT_TRUE(c.status.IsCorruption()) << c.status.ToString();
+    EXPECT_NE(std::string::npos, c.status.message().find(path)) << c.status.ToString();
+    EXPECT_NE(std::string::npos, c.status.message().find("short read")) << c.status.ToString();
+    EXPECT_NE(std::string::npos, c.status.message().find(c.tag == 7 ? "offset 0" : "offset 4096"))
+        << c.status.ToString();
+  }
+  // The 100 bytes that were there did arrive.
+  EXPECT_EQ(std::string(100, 'x'), std::string(buffer.data(), 100));
+}
+
+TEST_P(IoQueueTest, OperatingSystemErrorNamesFileAndOffset) {
+  QUEUE_OR_SKIP(queue, 2);
+  // A directory opens read-only but pread on it fails with EISDIR.
+  Result<std::unique_ptr<RandomAccessFile>> reader = env_->NewRandomAccessFile(dir_.path(), FileOptions{});
+  ASSERT_TRUE(reader.ok());
+  char buffer[16];
+  IoRequest r;
+  r.kind = IoRequest::Kind::kRead;
+  r.reader = reader->get();
+  r.offset = 512;
+  r.buffer = buffer;
+  r.length = sizeof(buffer);
+  ASSERT_TRUE(queue->Submit(r).ok());
+  std::vector<IoCompletion> done;
+  ASSERT_TRUE(queue->Reap(1, &done).ok());
+  ASSERT_EQ(1u, done.size());
+  EXPECT_EQ(StatusCode::kIOError, done[0].status.code()) << done[0].status.ToString();
+  EXPECT_NE(std::string::npos, done[0].status.message().find(dir_.path() + " at offset 512"))
+      << done[0].status.ToString();
+}
+
+TEST_P(IoQueueTest, SubmitBeyondDepthIsResourceExhausted) {
+  QUEUE_OR_SKIP(queue, 4);
+  const std::string path = JoinPath(dir_.path(), "f");
+  Result<std::unique_ptr<WritableFile>> writer = env_->NewWritableFile(path, FileOptions{});
+  ASSERT_TRUE(writer.ok());
+  char data[8] = "abcdefg";
+  IoRequest r;
+  r.writer = writer->get();
+  r.buffer = data;
+  r.length = sizeof(data);
+  for (int i = 0; i < 4; ++i) {
+    r.offset = i * sizeof(data);
+    ASSERT_TRUE(queue->Submit(r).ok());
+  }
+  Status s = queue->Submit(r);
+  EXPECT_EQ(StatusCode::kResourceExhausted, s.code()) << s.ToString();
+  EXPECT_EQ(4u, queue->in_flight());
+  // min_completions is bounded by what is in flight.
+  std::vector<IoCompletion> done;
+  ASSERT_TRUE(queue->Reap(100, &done).ok());
+  EXPECT_EQ(4u, done.size());
+  EXPECT_TRUE(queue->Submit(r).ok());
+  ASSERT_TRUE(queue->Reap(1, &done).ok());
+  EXPECT_EQ(5u, done.size());
+  // Nothing in flight: Reap returns at once.
+  ASSERT_TRUE(queue->Reap(1, &done).ok());
+  EXPECT_EQ(5u, done.size());
+}
+
+TEST_P(IoQueueTest, RequestWithoutFileIsInvalid) {
+  QUEUE_OR_SKIP(queue, 2);
+  IoRequest r;
+  EXPECT_EQ(StatusCode::kInvalidArgument, queue->Submit(r).code());
+  EXPECT_EQ(0u, queue->in_flight());
+}
+
+TEST_P(IoQueueTest, DestroyingTheQueueFinishesSubmittedWrites) {
+  const std::string path = JoinPath(dir_.path(), "late");
+  Result<std::unique_ptr<WritableFile>> writer = env_->NewWritableFile(path, FileOptions{});
+  ASSERT_TRUE(writer.ok());
+  std::string data(1 << 20, '\0');
+  Fill(data.data(), data.size(), 3);
+  {
+    QUEUE_OR_SKIP(queue, 16);
+    for (unsigned i = 0; i < 16; ++i) {
+      IoRequest r;
+      r.writer = writer->get();
+      r.offset = i * (data.size() / 16);
+      r.buffer = data.data() + r.offset;
+      r.length = data.size() / 16;
+      ASSERT_TRUE(queue->Submit(r).ok());
+    }
+  }
+  Result<std::string> back = ReadFileToString(env_, path, 1 << 21);
+  ASSERT_TRUE(back.ok());
+  EXPECT_TRUE(*back == data);
+}
+
+TEST_P(IoQueueTest, FilesWithoutDescriptorWork) {
+  QUEUE_OR_SKIP(queue, 8);
+  std::unique_ptr<MemEnv> mem = NewMemEnv();
+  Result<std::unique_ptr<WritableFile>> writer = mem->NewWritableFile("/m", FileOptions{});
+  ASSERT_TRUE(writer.ok());
+  ASSERT_LT((*writer)->fd(), 0);
+  const std::string data = "hello, memory";
+  IoRequest r;
+  r.writer = writer->get();
+  r.buffer = const_cast<char*>(data.data());
+  r.length = data.size();
+  r.offset = 5;
+  ASSERT_TRUE(queue->Submit(r).ok());
+  std::vector<IoCompletion> done;
+  ASSERT_TRUE(queue->Reap(1, &done).ok());
+  ASSERT_EQ(1u, done.size());
+  EXPECT_TRUE(done[0].status.ok());
+  Result<std::string> back = ReadFileToString(mem.get(), "/m", 100);
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(std::string(5, '\0') + data, *back);
+}
+
+TEST_P(IoQueueTest, ZeroLengthRequestCompletes) {
+  QUEUE_OR_SKIP(queue, 2);
+  Result<std::unique_ptr<WritableFile>> writer = env_->NewWritableFile(JoinPath(dir_.path(), "z"), FileOptions{});
+  ASSERT_TRUE(writer.ok());
+  IoRequest r;
+  r.writer = writer->get();
+  r.tag = 42;
+  ASSERT_TRUE(queue->Submit(r).ok());
+  std::vector<IoCompletion> done;
+  ASSERT_TRUE(queue->Reap(1, &done).ok());
+  ASSERT_EQ(1u, done.size());
+  EXPECT_EQ(42u, done[0].tag);
+  EXPECT_TRUE(done[0].status.ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(Engines, IoQueueTest, ::testing::Values("io_uring", "threads"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param == "io_uring" ? std::string("Uring") : std::string("Threads");
+                         });
+
+TEST(IoEngineSelection, EnvironmentForcesThreads) {
+  ScopedEnvVar var("LIFELINE_IO_ENGINE", "threads");
+  Result<std::unique_ptr<IoQueue>> q = Env::Default()->NewIoQueue(IoQueueOptions{});
+  ASSERT_TRUE(q.ok()) << q.status().ToString();
+  EXPECT_STREQ("threads", (*q)->engine());
+}
+
+TEST(IoEngineSelection, EnvironmentForcesUringOrFails) {
+  ScopedEnvVar var("LIFELINE_IO_ENGINE", "uring");
+  Result<std::unique_ptr<IoQueue>> q = Env::Default()->NewIoQueue(IoQueueOptions{});
+  if (q.ok()) {
+    EXPECT_STREQ("io_uring", (*q)->engine());
+  } else {
+    EXPECT_TRUE(q.status().IsNotSupported()) << q.status().ToString();
+  }
+}
+
+TEST(IoEngineSelection, UnknownEngineIsRejected) {
+  ScopedEnvVar var("LIFELINE_IO_ENGINE", "carrier-pigeon");
+  Result<std::unique_ptr<IoQueue>> q = Env::Default()->NewIoQueue(IoQueueOptions{});
+  ASSERT_FALSE(q.ok());
+  EXPECT_EQ(StatusCode::kInvalidArgument, q.status().code());
+  EXPECT_NE(std::string::npos, q.status().message().find("carrier-pigeon"));
+}
+
+TEST(IoEngineSelection, DefaultIsUringWhenTheKernelAllowsIt) {
+  ::unsetenv("LIFELINE_IO_ENGINE");
+  Result<std::unique_ptr<IoQueue>> q = Env::Default()->NewIoQueue(IoQueueOptions{});
+  ASSERT_TRUE(q.ok()) << q.status().ToString();
+  const bool uring_works = internal::NewUringIoQueue(IoQueueOptions{}).ok();
+  EXPECT_STREQ(uring_works ? "io_uring" : "threads", (*q)->engine());
+}
+
+TEST(IoEngineSelection, FallsBackToThreadsWithOneWarningWhenUringIsForbidden) {
+  ::unsetenv("LIFELINE_IO_ENGINE");
+  std::vector<std::string> warnings;
+  SetLogSink([&](LogLevel level, std::string_view message) {
+    if (level == LogLevel::kWarning) warnings.emplace_back(message);
+  });
+  internal::SetUringUnavailableForTesting(EPERM);
+  Result<std::unique_ptr<IoQueue>> first = Env::Default()->NewIoQueue(IoQueueOptions{});
+  Result<std::unique_ptr<IoQueue>> second = Env::Default()->NewIoQueue(IoQueueOptions{});
+  Result<std::unique_ptr<IoQueue>> forced = [] {
+    ScopedEnvVar var("LIFELINE_IO_ENGINE", "uring");
+    return Env::Default()->NewIoQueue(IoQueueOptions{});
+  }();
+  internal::SetUringUnavailableForTesting(0);
+  SetLogSink(nullptr);
+
+  ASSERT_TRUE(first.ok() && second.ok());
+  EXPECT_STREQ("threads", (*first)->engine());
+  EXPECT_STREQ("threads", (*second)->engine());
+  ASSERT_EQ(1u, warnings.size());  // once per process, not once per queue
+  EXPECT_NE(std::string::npos, warnings[0].find("io_uring is unavailable")) << warnings[0];
+  EXPECT_NE(std::string::npos, warnings[0].find(std::strerror(EPERM))) << warnings[0];
+  // Asking for io_uring explicitly is an error, not a silent fallback.
+  ASSERT_FALSE(forced.ok());
+  EXPECT_TRUE(forced.status().IsNotSupported()) << forced.status().ToString();
+}
+
+TEST(IoEngineSelection, NonPosixEnvsUseThreads) {
+  std::unique_ptr<MemEnv> mem = NewMemEnv();
+  Result<std::unique_ptr<IoQueue>> q = mem->NewIoQueue(IoQueueOptions{});
+  ASSERT_TRUE(q.ok());
+  EXPECT_STREQ("threads", (*q)->engine());
+  FaultInjectionEnv fault(Env::Default());
+  q = fault.NewIoQueue(IoQueueOptions{});
+  ASSERT_TRUE(q.ok());
+  EXPECT_STREQ("threads", (*q)->engine());
+}
+
+}  // namespace
+}  // namespace lifeline

@@ -1,0 +1,265 @@
+// Env::Default(): POSIX files and directories.
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <string>
+
+#include "lib/src/env/io_queue_internal.h"
+#include "lifeline/env.h"
+
+namespace lifeline {
+namespace internal {
+
+namespace {
+std::atomic<bool> direct_io_refused_for_testing{false};
+}  // namespace
+
+void SetDirectIoRefusedForTesting(bool refused) { direct_io_refused_for_testing.store(refused); }
+
+std::string AtOffset(uint64_t offset) { return " at offset " + std::to_string(offset); }
+
+}  // namespace internal
+
+namespace {
+
+using internal::AtOffset;
+
+// Opens `path`, adding O_DIRECT when asked. A file system that refuses O_DIRECT answers EINVAL;
+// the file is then opened buffered and *direct reports false.
+int OpenMaybeDirect(const std::string& path, int flags, bool want_direct, bool* direct) {
+  *direct = false;
+  if (want_direct) {
+    int fd;
+    if (internal::direct_io_refused_for_testing.load()) {
+      fd = -1;
+      errno = EINVAL;
+    } else {
+      do {
+        fd = ::open(path.c_str(), flags | O_DIRECT, 0644);
+      } while (fd < 0 && errno == EINTR);
+    }
+    if (fd >= 0) {
+      *direct = true;
+      return fd;
+    }
+    if (errno != EINVAL) return -1;
+  }
+  int fd;
+  do {
+    fd = ::open(path.c_str(), flags, 0644);
+  } while (fd < 0 && errno == EINTR);
+  return fd;
+}
+
+class PosixWritableFile final : public WritableFile {
+ public:
+  PosixWritableFile(std::string path, int fd, bool direct) : path_(std::move(path)), fd_(fd), direct_(direct) {}
+  ~PosixWritableFile() override {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  Status WriteAt(uint64_t offset, const void* src, size_t n) override {
+    const char* p = static_cast<const char*>(src);
+    while (n > 0) {
+      ssize_t w = ::pwrite(fd_, p, n, static_cast<off_t>(offset));
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        return Status::FromErrno(errno, path_ + AtOffset(offset));
+      }
+      if (w == 0) return Status::IOError(path_ + AtOffset(offset), "write made no progress");
+      p += w;
+      n -= static_cast<size_t>(w);
+      offset += static_cast<uint64_t>(w);
+    }
+    return Status::OK();
+  }
+
+  Status Truncate(uint64_t size) override {
+    int rc;
+    do {
+      rc = ::ftruncate(fd_, static_cast<off_t>(size));
+    } while (rc < 0 && errno == EINTR);
+    return rc < 0 ? Status::FromErrno(errno, path_) : Status::OK();
+  }
+
+  Status Sync() override {
+    int rc;
+    do {
+      rc = ::fdatasync(fd_);
+    } while (rc < 0 && errno == EINTR);
+    return rc < 0 ? Status::FromErrno(errno, path_) : Status::OK();
+  }
+
+  Status Close() override {
+    if (fd_ < 0) return Status::OK();
+    const int fd = fd_;
+    fd_ = -1;
+    // close(2) must not be retried on EINTR: the descriptor is gone either way on Linux.
+    return ::close(fd) < 0 && errno != EINTR ? Status::FromErrno(errno, path_) : Status::OK();
+  }
+
+  const std::string& path() const override { return path_; }
+  bool direct() const override { return direct_; }
+  int fd() const override { return fd_; }
+
+ private:
+  const std::string path_;
+  int fd_;
+  const bool direct_;
+};
+
+class PosixRandomAccessFile final : public RandomAccessFile {
+ public:
+  PosixRandomAccessFile(std::string path, int fd, bool direct) : path_(std::move(path)), fd_(fd), direct_(direct) {}
+  ~PosixRandomAccessFile() override { ::close(fd_); }
+
+  Status ReadAt(uint64_t offset, void* dst, size_t n) const override {
+    char* p = static_cast<char*>(dst);
+    const uint64_t start = offset;
+    const size_t wanted = n;
+    while (n > 0) {
+      ssize_t r = ::pread(fd_, p, n, static_cast<off_t>(offset));
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        return Status::FromErrno(errno, path_ + AtOffset(offset));
+      }
+      if (r == 0) {
+        return Status::Corruption(path_ + AtOffset(start), "short read: wanted " + std::to_string(wanted) +
+                                                             " bytes, the file ends after " +
+                                                             std::to_string(wanted - n));
+      }
+      p += r;
+      n -= static_cast<size_t>(r);
+      offset += static_cast<uint64_t>(r);
+    }
+    return Status::OK();
+  }
+
+  Result<uint64_t> Size() const override {
+    struct stat st;
+    if (::fstat(fd_, &st) < 0) return Status::FromErrno(errno, path_);
+    return static_cast<uint64_t>(st.st_size);
+  }
+
+  const std::string& path() const override { return path_; }
+  bool direct() const override { return direct_; }
+  int fd() const override { return fd_; }
+
+ private:
+  const std::string path_;
+  const int fd_;
+  const bool direct_;
+};
+
+class PosixEnv final : public Env {
+ public:
+  Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path,
+                                                        const FileOptions& options) override {
+    bool direct;
+    const int fd = OpenMaybeDirect(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, options.direct_io, &direct);
+    if (fd < 0) return Status::FromErrno(errno, path);
+    return std::unique_ptr<WritableFile>(new PosixWritableFile(path, fd, direct));
+  }
+
+  Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(const std::string& path,
+                                                                const FileOptions& options) override {
+    bool direct;
+    const int fd = OpenMaybeDirect(path, O_RDONLY | O_CLOEXEC, options.direct_io, &direct);
+    if (fd < 0) return Status::FromErrno(errno, path);
+    return std::unique_ptr<RandomAccessFile>(new PosixRandomAccessFile(path, fd, direct));
+  }
+
+  Status CreateDir(const std::string& path) override {
+    if (path.empty()) return Status::InvalidArgument("CreateDir", "empty path");
+    // Create each missing component from the top; EEXIST is fine as long as it is a directory.
+    size_t pos = 0;
+    while (pos != std::string::npos) {
+      pos = path.find('/', pos + 1);
+      const std::string prefix = path.substr(0, pos);
+      if (prefix.empty() || prefix.back() == '/') continue;
+      if (::mkdir(prefix.c_str(), 0755) == 0) continue;
+      const int err = errno;
+      // An existing directory is fine whatever mkdir said (EROFS or EACCES can win over EEXIST).
+      if (IsDirectory(prefix)) continue;
+      return Status::FromErrno(err == EEXIST ? ENOTDIR : err, prefix);
+    }
+    return Status::OK();
+  }
+
+  Status RemoveFile(const std::string& path) override {
+    return ::unlink(path.c_str()) < 0 ? Status::FromErrno(errno, path) : Status::OK();
+  }
+
+  Status RemoveDir(const std::string& path) override {
+    return ::rmdir(path.c_str()) < 0 ? Status::FromErrno(errno, path) : Status::OK();
+  }
+
+  Status RenameFile(const std::string& from, const std::string& to) override {
+    return ::rename(from.c_str(), to.c_str()) < 0 ? Status::FromErrno(errno, from + " -> " + to) : Status::OK();
+  }
+
+  Result<std::vector<std::string>> GetChildren(const std::string& dir) override {
+    DIR* d = ::opendir(dir.c_str());
+    if (d == nullptr) return Status::FromErrno(errno, dir);
+    std::vector<std::string> names;
+    int err;
+    for (;;) {
+      errno = 0;  // readdir tells the end from an error only through errno
+      const struct dirent* e = ::readdir(d);
+      err = errno;
+      if (e == nullptr) break;
+      const char* n = e->d_name;
+      if (!(n[0] == '.' && (n[1] == '\0' || (n[1] == '.' && n[2] == '\0')))) names.emplace_back(n);
+    }
+    ::closedir(d);
+    if (err != 0) return Status::FromErrno(err, dir);
+    return names;
+  }
+
+  bool FileExists(const std::string& path) override { return ::access(path.c_str(), F_OK) == 0; }
+
+  bool IsDirectory(const std::string& path) override {
+    struct stat st;
+    return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+  }
+
+  Result<uint64_t> GetFileSize(const std::string& path) override {
+    struct stat st;
+    if (::stat(path.c_str(), &st) < 0) return Status::FromErrno(errno, path);
+    if (S_ISDIR(st.st_mode)) return Status::FromErrno(EISDIR, path);
+    return static_cast<uint64_t>(st.st_size);
+  }
+
+  Status SyncDir(const std::string& dir) override {
+    int fd;
+    do {
+      fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    } while (fd < 0 && errno == EINTR);
+    if (fd < 0) return Status::FromErrno(errno, dir);
+    int rc;
+    do {
+      rc = ::fsync(fd);
+    } while (rc < 0 && errno == EINTR);
+    const int err = errno;
+    ::close(fd);
+    return rc < 0 ? Status::FromErrno(err, dir) : Status::OK();
+  }
+
+  Result<std::unique_ptr<IoQueue>> NewIoQueue(const IoQueueOptions& options) override {
+    return internal::NewPosixIoQueue(options);
+  }
+};
+
+}  // namespace
+
+Env* Env::Default() {
+  static Env* const env = new PosixEnv();  // never deleted: files may outlive static destruction
+  return env;
+}
+
+}  // namespace lifeline

@@ -1,0 +1,278 @@
+#include "lib/src/saver.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <unordered_map>
+
+#include "formats/checksum.h"
+#include "formats/geometry.h"
+#include "lib/src/aligned_buffer.h"
+#include "lib/src/checkpoint_layout.h"
+
+namespace lifeline {
+namespace {
+
+format::Region RegionOf(const TensorShard& s) {
+  format::Region r;
+  r.offsets = s.offsets;
+  r.shape = s.shape;
+  r.flat_begin = s.flat_begin;
+  r.flat_end = s.flat_end;
+  return r;
+}
+
+uint64_t ReplicaHash(const std::string& name, const format::Region& r) {
+  std::string key = name;
+  key.push_back('\0');
+  auto put = [&key](int64_t v) { key.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+  for (int64_t v : r.offsets) put(v);
+  for (int64_t v : r.shape) put(v);
+  put(r.flat_begin);
+  put(r.flat_end);
+  return format::Checksum64(key);
+}
+
+// Streams bytes into aligned blocks and writes each full block at the next file offset through an
+// IoQueue, keeping up to `blocks` writes in flight. Bytes are hashed where they land, while hot.
+class BlockStreamWriter {
+ public:
+  BlockStreamWriter(WritableFile* file, IoQueue* queue, size_t block_bytes, size_t blocks)
+      : file_(file), queue_(queue), block_bytes_(block_bytes) {
+    for (size_t i = 0; i < blocks; ++i) {
+      buffers_.emplace_back(block_bytes);
+      free_.push_back(i);
+    }
+  }
+
+  Status Init() {
+    for (const AlignedBuffer& b : buffers_)
+      if (b.data() == nullptr)
+        return Status::ResourceExhausted(file_->path(), "cannot allocate write staging buffers");
+    return AcquireBlock();
+  }
+
+  uint64_t position() const { return flushed_ + fill_; }
+
+  Status Append(const uint8_t* src, size_t n, format::StreamingChecksum* hasher) {
+    while (n > 0) {
+      const size_t take = std::min(n, block_bytes_ - fill_);
+      uint8_t* dst = buffers_[current_].data() + fill_;
+      std::memcpy(dst, src, take);
+      if (hasher != nullptr) hasher->Update(dst, take);
+      fill_ += take;
+      src += take;
+      n -= take;
+      if (fill_ == block_bytes_) {
+        LL_RETURN_IF_ERROR(SubmitCurrent(block_bytes_));
+        LL_RETURN_IF_ERROR(AcquireBlock());
+      }
+    }
+    return Status::OK();
+  }
+
+  // Writes the partial last block, zero-padded to the direct-I/O alignment, and waits for every
+  // write. *file_size receives the padded length.
+  Status Finish(uint64_t* file_size) {
+    if (fill_ > 0) {
+      const size_t padded = AlignUp(fill_, kDirectIoAlignment);
+      std::memset(buffers_[current_].data() + fill_, 0, padded - fill_);
+      LL_RETURN_IF_ERROR(SubmitCurrent(padded));
+    } else {
+      free_.push_back(current_);
+    }
+    LL_RETURN_IF_ERROR(Drain());
+    *file_size = flushed_;
+    return Status::OK();
+  }
+
+  // Waits for writes in flight (used on the error path so no buffer is freed under the kernel).
+  Status Drain() {
+    while (queue_->in_flight() > 0) LL_RETURN_IF_ERROR(ReapSome(1));
+    return first_error_;
+  }
+
+ private:
+  Status SubmitCurrent(size_t length) {
+    IoRequest req;
+    req.kind = IoRequest::Kind::kWrite;
+    req.writer = file_;
+    req.offset = flushed_;
+    req.buffer = buffers_[current_].data();
+    req.length = length;
+    req.tag = current_;
+    while (queue_->in_flight() >= queue_->depth()) LL_RETURN_IF_ERROR(ReapSome(1));
+    LL_RETURN_IF_ERROR(queue_->Submit(req));
+    flushed_ += length;
+    fill_ = 0;
+    return Status::OK();
+  }
+
+  Status AcquireBlock() {
+    while (free_.empty()) LL_RETURN_IF_ERROR(ReapSome(1));
+    current_ = free_.back();
+    free_.pop_back();
+    fill_ = 0;
+    return Status::OK();
+  }
+
+  Status ReapSome(size_t min) {
+    completions_.clear();
+    LL_RETURN_IF_ERROR(queue_->Reap(min, &completions_));
+    for (const IoCompletion& c : completions_) {
+      free_.push_back(static_cast<size_t>(c.tag));
+      if (!c.status.ok() && first_error_.ok()) first_error_ = c.status;
+    }
+    return first_error_;
+  }
+
+  WritableFile* file_;
+  IoQueue* queue_;
+  const size_t block_bytes_;
+  std::vector<AlignedBuffer> buffers_;
+  std::vector<size_t> free_;
+  std::vector<IoCompletion> completions_;
+  size_t current_ = 0;
+  size_t fill_ = 0;       // bytes in the current block
+  uint64_t flushed_ = 0;  // bytes submitted (file offset of the current block)
+  Status first_error_;
+};
+
+}  // namespace
+
+Result<RankSavePlan> PlanRankSave(const SaveRequest& request, uint64_t replica_split_bytes) {
+  RankSavePlan plan;
+  std::unordered_map<std::string, uint32_t> by_name;
+  for (size_t i = 0; i < request.tensors.size(); ++i) {
+    const TensorShard& s = request.tensors[i];
+    const std::string what = "tensor '" + s.name + "'";
+    if (s.name.empty() || s.name.size() > format::kMaxNameBytes || s.name.find('\0') != std::string::npos)
+      return Status::InvalidArgument("tensor #" + std::to_string(i), "name must be 1 to 4096 bytes without NUL");
+    if (DTypeSize(s.dtype) == 0) return Status::InvalidArgument(what, "invalid dtype");
+    if (s.global_shape.size() > format::kMaxRank) return Status::InvalidArgument(what, "too many dimensions");
+    const format::Region region = RegionOf(s);
+    LL_RETURN_IF_ERROR(format::ValidateRegion(region, s.global_shape, what, /*untrusted=*/false));
+    if (s.replica_count == 0 || s.replica_index >= s.replica_count)
+      return Status::InvalidArgument(what, "replica index " + std::to_string(s.replica_index) + " not below count " +
+                                               std::to_string(s.replica_count));
+    if (region.num_elements() > 0 && s.data == nullptr) return Status::InvalidArgument(what, "data is null");
+
+    auto [it, inserted] = by_name.emplace(s.name, static_cast<uint32_t>(plan.tensors.size()));
+    if (inserted) {
+      plan.tensors.push_back(format::TensorInfo{s.name, s.dtype, s.global_shape});
+    } else {
+      const format::TensorInfo& t = plan.tensors[it->second];
+      if (t.dtype != s.dtype || t.shape != s.global_shape)
+        return Status::InvalidArgument(what, "declared twice with different dtype or global shape");
+    }
+    const uint32_t tensor = it->second;
+    const size_t elem = DTypeSize(s.dtype);
+    const auto* base = static_cast<const uint8_t*>(s.data);
+    const int64_t n = region.num_elements();
+    if (n == 0) continue;
+    if (s.replica_count == 1) {
+      plan.fragments.push_back(PlannedFragment{tensor, region, base});
+    } else if (static_cast<uint64_t>(n) * elem > replica_split_bytes) {
+      const int64_t parts = s.replica_count, i_part = s.replica_index;
+      const int64_t per = n / parts, extra = n % parts;
+      const int64_t begin = i_part * per + std::min(i_part, extra);
+      const int64_t len = per + (i_part < extra ? 1 : 0);
+      if (len > 0)
+        plan.fragments.push_back(PlannedFragment{tensor, format::SubRegion(region, begin, begin + len),
+                                                 base + static_cast<uint64_t>(begin) * elem});
+    } else if (ReplicaHash(s.name, region) % s.replica_count == s.replica_index) {
+      plan.fragments.push_back(PlannedFragment{tensor, region, base});
+    }
+  }
+  return plan;
+}
+
+Result<format::CheckpointIndex> WriteRankData(Env* env, const std::string& step_dir, const RankSavePlan& plan,
+                                              const SaveRequest& request, const RankWriteOptions& o) {
+  if (o.chunk_bytes == 0 || o.chunk_bytes % 8 != 0)
+    return Status::InvalidArgument("chunk_bytes must be a positive multiple of 8");
+  format::CheckpointIndex index;
+  index.kind = format::IndexKind::kRankIndex;
+  index.step = o.step;
+  index.rank = o.rank;
+  index.world_size = o.world_size;
+  index.run_id = o.run_id;
+  index.chunk_bytes = o.chunk_bytes;
+  index.created_unix_ns = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
+  index.tensors = plan.tensors;
+  index.metadata_json = o.rank == 0 ? request.metadata_json : std::string();
+
+  const std::string name = DataFileName(o.run_hash, o.rank, o.world_size);
+  const std::string path = JoinPath(step_dir, name);
+  FileOptions fopt;
+  fopt.direct_io = o.direct_io;
+  LL_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, env->NewWritableFile(path, fopt));
+  IoQueueOptions qopt;
+  qopt.depth = std::max(1u, o.queue_depth);
+  LL_ASSIGN_OR_RETURN(std::unique_ptr<IoQueue> queue, env->NewIoQueue(qopt));
+
+  // Blocks: as many as the budget and the queue allow, at least two so copying overlaps writing.
+  uint64_t block = std::max<uint64_t>(AlignUp(o.write_block_bytes, kDirectIoAlignment), kDirectIoAlignment);
+  if (o.memory_budget < 2 * block) block = std::max<uint64_t>(AlignDown(o.memory_budget / 2, kDirectIoAlignment), kDirectIoAlignment);
+  const size_t blocks = std::clamp<uint64_t>(o.memory_budget / block, 2, qopt.depth + 1);
+  BlockStreamWriter writer(file.get(), queue.get(), block, blocks);
+
+  auto fail = [&](Status s) -> Status {
+    writer.Drain().IgnoreError();
+    file->Close().IgnoreError();
+    return s.Annotate("saving step " + std::to_string(o.step) + " on rank " + std::to_string(o.rank) + " to " + path);
+  };
+
+  Status s = writer.Init();
+  if (!s.ok()) return fail(s);
+  uint8_t header[kDataHeaderBytes];
+  EncodeDataHeader(o.rank, o.world_size, o.step, o.run_hash, header);
+  s = writer.Append(header, sizeof(header), nullptr);
+  if (!s.ok()) return fail(s);
+
+  format::StreamingChecksum hasher;
+  index.fragments.reserve(plan.fragments.size());
+  for (const PlannedFragment& pf : plan.fragments) {
+    const format::TensorInfo& t = plan.tensors[pf.tensor];
+    const uint64_t raw = static_cast<uint64_t>(pf.region.num_elements()) * DTypeSize(t.dtype);
+    format::FragmentInfo f;
+    f.tensor = pf.tensor;
+    f.region = pf.region;
+    f.file = 0;
+    f.offset = writer.position();
+    f.codec = format::Codec::kNone;
+    f.first_chunk = index.chunks.size();
+    for (uint64_t done = 0; done < raw && s.ok();) {
+      const uint64_t n = std::min(o.chunk_bytes, raw - done);
+      hasher.Reset();
+      s = writer.Append(pf.source + done, n, &hasher);
+      index.chunks.push_back(format::ChunkInfo{n, hasher.Digest()});
+      done += n;
+    }
+    if (!s.ok()) return fail(s);
+    f.num_chunks = index.chunks.size() - f.first_chunk;
+    index.fragments.push_back(std::move(f));
+  }
+  for (const auto& [obj_name, bytes] : request.objects) {
+    format::ObjectInfo obj;
+    obj.name = obj_name;
+    obj.rank = o.rank;
+    obj.file = 0;
+    obj.offset = writer.position();
+    obj.length = bytes.size();
+    obj.checksum = format::Checksum64(bytes);
+    s = writer.Append(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), nullptr);
+    if (!s.ok()) return fail(s);
+    index.objects.push_back(std::move(obj));
+  }
+  uint64_t file_size = 0;
+  s = writer.Finish(&file_size);
+  if (s.ok()) s = file->Sync();
+  if (s.ok()) s = file->Close();
+  if (!s.ok()) return fail(s);
+  index.files.push_back(format::FileInfo{name, o.rank, file_size});
+  return index;
+}
+
+}  // namespace lifeline
