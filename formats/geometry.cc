@@ -287,36 +287,38 @@ Status ValidateRegion(const Region& region, const std::vector<int64_t>& tensor_s
                 std::to_string(region.shape.size()) + " extents but the tensor has " +
                 std::to_string(n) + " dimensions");
   }
-  const std::string box_desc = "box offsets " + ShapeString(region.offsets) + " shape " +
-                               ShapeString(region.shape) + " in tensor shape " +
-                               ShapeString(tensor_shape);
+  // Descriptions are built only on failure: this runs once per fragment of a million-fragment index.
+  auto box_desc = [&] {
+    return "box offsets " + ShapeString(region.offsets) + " shape " + ShapeString(region.shape) +
+           " in tensor shape " + ShapeString(tensor_shape);
+  };
   for (size_t d = 0; d < n; ++d) {
-    const std::string dim = " in dimension " + std::to_string(d) + " (" + box_desc + ")";
+    auto dim = [&] { return " in dimension " + std::to_string(d) + " (" + box_desc() + ")"; };
     if (tensor_shape[d] < 0) {
-      return fail("tensor extent " + std::to_string(tensor_shape[d]) + " is negative" + dim);
+      return fail("tensor extent " + std::to_string(tensor_shape[d]) + " is negative" + dim());
     }
     if (region.offsets[d] < 0) {
-      return fail("offset " + std::to_string(region.offsets[d]) + " is negative" + dim);
+      return fail("offset " + std::to_string(region.offsets[d]) + " is negative" + dim());
     }
     if (region.shape[d] < 0) {
-      return fail("extent " + std::to_string(region.shape[d]) + " is negative" + dim);
+      return fail("extent " + std::to_string(region.shape[d]) + " is negative" + dim());
     }
     int64_t box_end;
     if (__builtin_add_overflow(region.offsets[d], region.shape[d], &box_end) ||
         box_end > tensor_shape[d]) {
       return fail("offset " + std::to_string(region.offsets[d]) + " + extent " +
                   std::to_string(region.shape[d]) + " exceeds the tensor extent " +
-                  std::to_string(tensor_shape[d]) + dim);
+                  std::to_string(tensor_shape[d]) + dim());
     }
   }
   int64_t volume;
   if (!CheckedVolume(region.shape, &volume)) {
-    return fail("box volume overflows int64 (" + box_desc + ")");
+    return fail("box volume overflows int64 (" + box_desc() + ")");
   }
   if (region.flat_begin < 0 || region.flat_begin > region.flat_end || region.flat_end > volume) {
     return fail("flat range [" + std::to_string(region.flat_begin) + ", " +
                 std::to_string(region.flat_end) + ") is not inside the box's " +
-                std::to_string(volume) + " elements (" + box_desc + ")");
+                std::to_string(volume) + " elements (" + box_desc() + ")");
   }
   return Status::OK();
 }

@@ -132,8 +132,9 @@ Status CheckDataHeader(const uint8_t* block, uint32_t rank, uint32_t world_size,
   if (std::memcmp(block, kDataMagic, 8) != 0) return Status::Corruption(path, "data file header: bad magic");
   if (GetU64(block + kDataHeaderChecked) != format::Checksum64(block, kDataHeaderChecked))
     return Status::Corruption(path, "data file header: checksum mismatch at offset 0");
-  if (GetU32(block + 8) != kDataVersion)
-    return Status::Corruption(path, "data file header: unsupported version " + std::to_string(GetU32(block + 8)));
+  if (GetU32(block + 8) != kDataVersion)  // intact but newer: not ours to call damaged
+    return Status::NotSupported(path, "data file format version " + std::to_string(GetU32(block + 8)) +
+                                          " is newer than this reader's " + std::to_string(kDataVersion));
   const uint64_t hash = std::strtoull(std::string(run_hash).c_str(), nullptr, 16);
   if (GetU32(block + 12) != rank || GetU32(block + 16) != world_size || GetU64(block + 24) != step ||
       GetU64(block + 32) != hash)

@@ -158,56 +158,68 @@ Result<LoadResult> Checkpointer::Load(std::optional<uint64_t> step, const LoadRe
   ropt.queue_depth = options_.queue_depth;
   ropt.direct_io = options_.direct_io;
 
+  auto complete_steps = [&]() -> Result<std::vector<uint64_t>> {
+    LL_ASSIGN_OR_RETURN(std::vector<CheckpointInfo> all, ScanCheckpoints(env, options_.directory));
+    std::vector<uint64_t> steps;
+    for (const CheckpointInfo& info : all)
+      if (info.complete) steps.push_back(info.step);
+    return steps;
+  };
   std::vector<uint64_t> candidates;
   if (step.has_value()) {
     candidates.push_back(*step);
   } else {
-    LL_ASSIGN_OR_RETURN(std::vector<CheckpointInfo> all, ScanCheckpoints(env, options_.directory));
-    for (const CheckpointInfo& info : all)
-      if (info.complete) candidates.push_back(info.step);
+    LL_ASSIGN_OR_RETURN(candidates, complete_steps());
     if (candidates.empty()) return Status::NotFound(options_.directory, "no complete checkpoint");
   }
   Status last;
-  for (uint64_t candidate : candidates) {
-    bool request_mismatch = false;
-    auto attempt = [&]() -> Result<LoadResult> {
-      LL_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader,
-                          CheckpointReader::Open(env, options_.directory, candidate, ropt));
-      // A tensor the newest checkpoint does not hold is the caller's mismatch, not damage: falling
-      // back to an older checkpoint that has it would silently resume from the past.
-      std::set<std::string_view> stored;
-      for (const format::TensorInfo& t : reader->manifest().tensors) stored.insert(t.name);
-      for (const TensorShard& t : request.tensors) {
-        if (!stored.count(t.name)) {
-          request_mismatch = true;
-          return Status::NotFound(reader->step_dir(), "tensor '" + t.name + "' is not in the checkpoint of step " +
-                                                          std::to_string(candidate));
+  for (int round = 0;; ++round) {
+    for (uint64_t candidate : candidates) {
+      bool request_mismatch = false;
+      auto attempt = [&]() -> Result<LoadResult> {
+        LL_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader,
+                            CheckpointReader::Open(env, options_.directory, candidate, ropt));
+        // A tensor the newest checkpoint does not hold is the caller's mismatch, not damage: falling
+        // back to an older checkpoint that has it would silently resume from the past.
+        std::set<std::string_view> stored;
+        for (const format::TensorInfo& t : reader->manifest().tensors) stored.insert(t.name);
+        for (const TensorShard& t : request.tensors) {
+          if (!stored.count(t.name)) {
+            request_mismatch = true;
+            return Status::NotFound(reader->step_dir(), "tensor '" + t.name + "' is not in the checkpoint of step " +
+                                                            std::to_string(candidate));
+          }
         }
-      }
-      LL_ASSIGN_OR_RETURN(LoadStats stats, reader->Load(request.tensors));
-      LoadResult result;
-      result.step = reader->step();
-      result.saved_world_size = reader->manifest().world_size;
-      result.metadata_json = reader->manifest().metadata_json;
-      result.bytes_read = stats.bytes_read;
-      result.bytes_scattered = stats.bytes_scattered;
-      const uint32_t owner = request.objects_of_rank.value_or(options_.rank);
-      for (const format::ObjectInfo& obj : reader->manifest().objects) {
-        if (obj.rank != owner) continue;
-        LL_ASSIGN_OR_RETURN(std::string bytes, reader->ReadObject(obj));
-        result.objects.emplace_back(obj.name, std::move(bytes));
-      }
-      return result;
-    };
-    auto result = attempt();
-    if (result.ok() || step.has_value() || request_mismatch) return result;
-    // With no step asked for, a damaged newest checkpoint falls back to the next older one.
-    last = result.status();
-    if (!last.IsCorruption() && !last.IsNotFound()) return last;
-    Log(LogLevel::kWarning, "checkpoint of step " + std::to_string(candidate) + " unusable, trying an older one: " +
-                                last.ToString());
+        LL_ASSIGN_OR_RETURN(LoadStats stats, reader->Load(request.tensors));
+        LoadResult result;
+        result.step = reader->step();
+        result.saved_world_size = reader->manifest().world_size;
+        result.metadata_json = reader->manifest().metadata_json;
+        result.bytes_read = stats.bytes_read;
+        result.bytes_scattered = stats.bytes_scattered;
+        const uint32_t owner = request.objects_of_rank.value_or(options_.rank);
+        for (const format::ObjectInfo& obj : reader->manifest().objects) {
+          if (obj.rank != owner) continue;
+          LL_ASSIGN_OR_RETURN(std::string bytes, reader->ReadObject(obj));
+          result.objects.emplace_back(obj.name, std::move(bytes));
+        }
+        return result;
+      };
+      auto result = attempt();
+      if (result.ok() || step.has_value() || request_mismatch) return result;
+      // With no step asked for, a damaged newest checkpoint falls back to the next older one.
+      last = result.status();
+      if (!last.IsCorruption() && !last.IsNotFound()) return last;
+      Log(LogLevel::kWarning, "checkpoint of step " + std::to_string(candidate) + " unusable, trying an older one: " +
+                                  last.ToString());
+    }
+    // Retention of a concurrent save may have removed the checkpoints listed above, which means a
+    // newer one was committed meanwhile: look again when the newest complete step has changed.
+    if (round == 2) return last;
+    LL_ASSIGN_OR_RETURN(std::vector<uint64_t> again, complete_steps());
+    if (again.empty() || again.front() == candidates.front()) return last;
+    candidates = std::move(again);
   }
-  return last;
 }
 
 Result<std::vector<CheckpointInfo>> Checkpointer::List() { return ScanCheckpoints(impl_->env, options_.directory); }
@@ -225,7 +237,9 @@ Status Checkpointer::CollectGarbage() {
   std::optional<uint64_t> newest_complete;
   uint32_t kept = 0;
   for (const CheckpointInfo& info : all) {  // newest first
-    LL_ASSIGN_OR_RETURN(StepState state, ScanStep(env, info.directory, info.step));
+    Result<StepState> scanned = ScanStep(env, info.directory, info.step);
+    if (scanned.status().IsNotFound() && !env->FileExists(info.directory)) continue;  // another rank's GC
+    LL_ASSIGN_OR_RETURN(StepState state, std::move(scanned));
     if (info.complete) {
       if (!newest_complete) newest_complete = info.step;
       if (options_.keep_last == 0 || kept < options_.keep_last) {

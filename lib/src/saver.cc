@@ -224,7 +224,12 @@ Result<format::CheckpointIndex> WriteRankData(Env* env, const std::string& step_
     return s.Annotate("saving step " + std::to_string(o.step) + " on rank " + std::to_string(o.rank) + " to " + path);
   };
 
-  Status s = writer.Init();
+  uint64_t total = kDataHeaderBytes;
+  for (const PlannedFragment& pf : plan.fragments)
+    total += static_cast<uint64_t>(pf.region.num_elements()) * DTypeSize(plan.tensors[pf.tensor].dtype);
+  for (const auto& object : request.objects) total += object.second.size();
+  Status s = file->Allocate(AlignUp(total, kDirectIoAlignment));
+  if (s.ok()) s = writer.Init();
   if (!s.ok()) return fail(s);
   uint8_t header[kDataHeaderBytes];
   EncodeDataHeader(o.rank, o.world_size, o.step, o.run_hash, header);

@@ -413,7 +413,9 @@ TEST_F(HostileFilesTest, EveryHostileFileGivesAClearErrorAndNeverEscapes) {
     // reader merges the indexes, which is what the index cases attack).
     ASSERT_TRUE(WriteWholeFile(index_path_, c.manifest ? valid_index_ : c.bytes));
     ::unlink(manifest_path_.c_str());
-    if (c.manifest) ASSERT_TRUE(WriteWholeFile(manifest_path_, c.bytes));
+    if (c.manifest) {
+      ASSERT_TRUE(WriteWholeFile(manifest_path_, c.bytes));
+    }
     const std::string& attacked = c.manifest ? manifest_path_ : index_path_;
 
     PathRecordingEnv recorder(Env::Default());

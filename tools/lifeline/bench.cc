@@ -11,7 +11,15 @@
 // load: the model's shape comes from the checkpoint's metadata; every rank allocates the targets
 // of its layout before the clock starts; the time runs until every Load returned. Then every
 // element is compared with the value function (outside the timing), and the per-rank objects of
-// rank r mod saved-world-size are checked.
+// rank r mod saved-world-size are checked. Exit 1 when the load fails or anything differs.
+//
+// --json fields. save: bytes (unique tensor bytes written, replicas counted once), bytes_on_disk,
+// seconds, gbps (bytes / seconds / 1e9), baseline_seconds, baseline_gbps, speedup_vs_buffered
+// (baseline_seconds / seconds), prepare_seconds (opening and filling, not timed), ranks, tp, dp,
+// step, hidden, layers, tensors, dir, direct_io. load: bytes (total bytes of all ranks' targets,
+// replicas counted on every rank that holds one), unique_bytes, bytes_read (from storage,
+// alignment slack included), seconds, gbps (bytes / seconds / 1e9), mismatches (elements),
+// objects_checked, object_mismatches, saved_world_size, ranks, tp, dp, step, hidden, layers.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -191,6 +199,7 @@ int RunSave(const SaveOptions& o) {
   const std::string metadata = ModelMetadataJson(*shape, *layout, step);
   const uint64_t unique_bytes = ModelBytes(*shape);
 
+  const double prepare_start = NowSeconds();
   std::vector<RankOutcome> outcomes(world);
   std::vector<std::unique_ptr<Checkpointer>> checkpointers(world);
   std::vector<RankState> states(world);
@@ -229,6 +238,7 @@ int RunSave(const SaveOptions& o) {
   }
   ready.wait();
   const double t0 = NowSeconds();
+  const double prepare_seconds = t0 - prepare_start;
   go.count_down();
   for (std::thread& t : threads) t.join();
   Status failure = FirstFailure(outcomes);
@@ -271,6 +281,7 @@ int RunSave(const SaveOptions& o) {
                         {"bytes_on_disk", bytes_on_disk},
                         {"seconds", seconds},
                         {"gbps", gbps},
+                        {"prepare_seconds", prepare_seconds},
                         {"direct_io", base_options->direct_io}};
     if (baseline_seconds) {
       j["baseline_seconds"] = *baseline_seconds;
@@ -334,6 +345,7 @@ int RunLoad(const CommonOptions& o) {
   if (!base_options.ok()) return ReportFailure(kCommand, base_options.status(), o.json);
   const std::vector<ModelTensor> tensors = ModelTensors(shape);
 
+  const double prepare_start = NowSeconds();
   std::vector<RankOutcome> outcomes(world);
   std::latch ready(world);
   std::latch go(1);
@@ -377,6 +389,7 @@ int RunLoad(const CommonOptions& o) {
   }
   ready.wait();
   const double t0 = NowSeconds();
+  const double prepare_seconds = t0 - prepare_start;
   go.count_down();
   for (std::thread& t : threads) t.join();
   const Status failure = FirstFailure(outcomes);
@@ -413,6 +426,7 @@ int RunLoad(const CommonOptions& o) {
                {"mismatches", mismatches},
                {"objects_checked", objects_checked},
                {"object_mismatches", object_mismatches},
+               {"prepare_seconds", prepare_seconds},
                {"direct_io", base_options->direct_io}});
   } else {
     std::cout << "loaded step " << step << " (saved by " << Ranks(saved_world) << ") into " << Ranks(world) << " (tp "

@@ -59,6 +59,9 @@ class WritableFile {
   virtual Status WriteAt(uint64_t offset, const void* src, size_t n) = 0;
   // Sets the file's length (used to drop the alignment padding after direct writes).
   virtual Status Truncate(uint64_t size) = 0;
+  // Reserves storage for the first `size` bytes (fallocate), so later writes do not grow the file
+  // one extent at a time. A file system that cannot reserve is not an error; the default does nothing.
+  virtual Status Allocate(uint64_t size) { return Status::OK(); }
   // Makes every byte written so far durable (fdatasync).
   virtual Status Sync() = 0;
   virtual Status Close() = 0;

@@ -49,6 +49,7 @@ class FaultWritableFile final : public WritableFile {
     return target_->WriteAt(offset, src, n);
   }
   Status Truncate(uint64_t size) override { return target_->Truncate(size); }
+  Status Allocate(uint64_t size) override { return target_->Allocate(size); }
   Status Sync() override {
     if (state_->fail_syncs.load() && state_->Matches(path())) {
       return Status::FromErrno(EIO, path() + " (injected fsync failure)");
