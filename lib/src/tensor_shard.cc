@@ -14,8 +14,8 @@ int64_t Product(const std::vector<int64_t>& v) {
 TensorShard TensorShard::Whole(std::string name, DType dtype, std::vector<int64_t> shape, void* data) {
   std::vector<int64_t> offsets(shape.size(), 0);
   std::vector<int64_t> box = shape;
-  return BoxFlat(std::move(name), dtype, std::move(shape), std::move(offsets), std::move(box), 0,
-                 Product(box), data);
+  const int64_t n = Product(shape);
+  return BoxFlat(std::move(name), dtype, std::move(shape), std::move(offsets), std::move(box), 0, n, data);
 }
 
 TensorShard TensorShard::Box(std::string name, DType dtype, std::vector<int64_t> global_shape,

@@ -35,6 +35,8 @@ struct Command {
 void AddBenchCommands(CLI::App& root, std::vector<Command>* commands);
 void AddInspectCommand(CLI::App& root, std::vector<Command>* commands);
 void AddVerifyCommand(CLI::App& root, std::vector<Command>* commands);
+// Adds `bench index` under the `bench` command (bench_index.cc).
+void AddBenchIndexCommand(CLI::App* bench, std::vector<Command>* commands);
 
 // Prints `j` on stdout as one JSON document (invalid UTF-8 from a damaged file is replaced, not
 // fatal).
