@@ -86,9 +86,18 @@ class BlockStreamWriter {
     return Status::OK();
   }
 
-  // Waits for writes in flight (used on the error path so no buffer is freed under the kernel).
+  // Waits for every write in flight, failed or not (used on the error path so that no buffer is
+  // freed while the kernel or an I/O thread still reads it).
   Status Drain() {
-    while (queue_->in_flight() > 0) LL_RETURN_IF_ERROR(ReapSome(1));
+    while (queue_->in_flight() > 0) {
+      completions_.clear();
+      Status s = queue_->Reap(1, &completions_);
+      if (!s.ok()) {  // the queue is unusable; its destructor waits for what is left
+        if (first_error_.ok()) first_error_ = s;
+        break;
+      }
+      Record(completions_);
+    }
     return first_error_;
   }
 
@@ -119,11 +128,15 @@ class BlockStreamWriter {
   Status ReapSome(size_t min) {
     completions_.clear();
     LL_RETURN_IF_ERROR(queue_->Reap(min, &completions_));
-    for (const IoCompletion& c : completions_) {
+    Record(completions_);
+    return first_error_;
+  }
+
+  void Record(const std::vector<IoCompletion>& completions) {
+    for (const IoCompletion& c : completions) {
       free_.push_back(static_cast<size_t>(c.tag));
       if (!c.status.ok() && first_error_.ok()) first_error_ = c.status;
     }
-    return first_error_;
   }
 
   WritableFile* file_;
@@ -220,6 +233,7 @@ Result<format::CheckpointIndex> WriteRankData(Env* env, const std::string& step_
 
   auto fail = [&](Status s) -> Status {
     writer.Drain().IgnoreError();
+    queue.reset();  // waits for anything Drain could not reap, before the writer's buffers go
     file->Close().IgnoreError();
     return s.Annotate("saving step " + std::to_string(o.step) + " on rank " + std::to_string(o.rank) + " to " + path);
   };

@@ -351,7 +351,9 @@ class FailedSaveTest : public CommitTest {
     auto list = c->List();
     ASSERT_TRUE(list.ok());
     for (const CheckpointInfo& i : *list)
-      if (i.step == 2) EXPECT_FALSE(i.complete);
+      if (i.step == 2) {
+        EXPECT_FALSE(i.complete);
+      }
     for (const std::string& name : ListDir(StepDir(2)))
       EXPECT_EQ(name.find(".tmp-"), std::string::npos) << "temporary file left: " << name;
   }

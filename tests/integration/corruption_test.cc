@@ -12,6 +12,7 @@
 
 #include <gtest/gtest.h>
 
+#include "formats/index_codec.h"
 #include "lib/src/checkpoint_layout.h"
 #include "lib/src/checkpoint_reader.h"
 #include "tests/integration/test_util.h"
@@ -74,11 +75,6 @@ class PathRecordingEnv : public EnvWrapper {
 };
 
 // Little-endian field access in encoded indexes (formats/SPEC.md, "Index file").
-uint64_t GetU64(const std::string& b, size_t at) {
-  uint64_t v;
-  std::memcpy(&v, b.data() + at, 8);
-  return v;
-}
 void PutU64(std::string* b, size_t at, uint64_t v) { std::memcpy(b->data() + at, &v, 8); }
 void PutU32(std::string* b, size_t at, uint32_t v) { std::memcpy(b->data() + at, &v, 4); }
 
@@ -470,6 +466,21 @@ TEST_F(HostileFilesTest, DamagedManifestIsRebuiltFromIntactIndexes) {
   EXPECT_TRUE(r.status().IsCorruption()) << r.status().ToString();
   EXPECT_NE(r.status().message().find(manifest_path_), std::string::npos) << r.status().ToString();
   ExpectFallsBackTo(2);
+}
+
+TEST_F(HostileFilesTest, DecoderRejectsEscapingFileNames) {
+  // The patched encodings are intact byte-wise (checksums resealed): only the name check stands
+  // between them and a path outside the checkpoint.
+  for (const std::string& name : {relative_escape_, absolute_escape_}) {
+    auto decoded = format::DecodeIndex(WithFileName(valid_index_, name), index_path_);
+    ASSERT_FALSE(decoded.ok()) << name;
+    EXPECT_TRUE(decoded.status().IsCorruption()) << decoded.status().ToString();
+    EXPECT_NE(decoded.status().message().find("unsafe file name"), std::string::npos) << decoded.status().ToString();
+    EXPECT_NE(decoded.status().message().find(index_path_), std::string::npos) << decoded.status().ToString();
+  }
+  // The unpatched specimen decodes, so the rejection above is the name's doing.
+  EXPECT_TRUE(format::DecodeIndex(valid_index_, index_path_).ok());
+  EXPECT_TRUE(format::DecodeIndex(WithFileName(valid_index_, DataFileName(Hash(), 0, 1)), index_path_).ok());
 }
 
 TEST_F(HostileFilesTest, IndexOfAnotherStepOrRankIsRejected) {

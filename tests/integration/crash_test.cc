@@ -89,7 +89,9 @@ uint64_t CheckAfterCrash(MemEnv* env, const std::string& where) {
       auto other = LoadWholeAndCompare(c->get(), info.step, Tensors(info.step), &diff);
       if (info.complete) {
         EXPECT_TRUE(other.ok()) << "step " << info.step << ": " << other.status().ToString();
-        if (other.ok()) EXPECT_EQ(diff, "") << "step " << info.step;
+        if (other.ok()) {
+          EXPECT_EQ(diff, "") << "step " << info.step;
+        }
       } else {
         EXPECT_TRUE(other.status().IsNotFound()) << "partial step " << info.step << ": " << other.status().ToString();
       }
@@ -138,11 +140,14 @@ void CrashAtEveryPoint(uint32_t keep_last, bool threads) {
     env->SimulateCrash();
     const uint64_t latest = CheckAfterCrash(env.get(), where);
     ASSERT_TRUE(latest == 1 || latest == 2) << where << ": newest complete step is " << latest;
-    if (AllOk(st)) EXPECT_EQ(latest, 2u) << where << ": every rank's save succeeded but the step is not there";
+    if (AllOk(st)) {
+      EXPECT_EQ(latest, 2u) << where << ": every rank's save succeeded but the step is not there";
+    }
     // One operation commits: before it the old step is the newest, from it on the new one.
     if (latest == 2 && first_committed < 0) first_committed = k;
-    if (first_committed >= 0 && !threads)
+    if (first_committed >= 0 && !threads) {
       EXPECT_EQ(latest, 2u) << where << ": step 2 was committed at " << first_committed << " operations";
+    }
     if (keep_last == 1 && k % 7 == 0) CheckRecovery(env.get());
     if (::testing::Test::HasFailure()) return;  // one crash point's story is enough to read
   }
@@ -169,7 +174,9 @@ TEST(CrashTest, CrashDuringTheFirstSaveLeavesNothingOrIt) {
     env->SimulateCrash();
     const uint64_t latest = CheckAfterCrash(env.get(), "first save, crash after " + std::to_string(k));
     EXPECT_TRUE(latest == 0 || latest == 1);
-    if (AllOk(st)) EXPECT_EQ(latest, 1u);
+    if (AllOk(st)) {
+      EXPECT_EQ(latest, 1u);
+    }
     if (latest == 0) {
       auto c = Checkpointer::Open(Options(env.get(), 0));
       ASSERT_TRUE(c.ok());
