@@ -10,6 +10,10 @@ struct lifeline_checkpointer {
   lifeline::LoadResult last_load;
 };
 
+struct lifeline_ticket {
+  lifeline::SaveTicket impl;
+};
+
 namespace {
 
 thread_local std::string g_last_error;
@@ -70,6 +74,13 @@ void lifeline_options_init(lifeline_options* o) {
   o->load_memory_budget = d.load_memory_budget;
   o->queue_depth = d.queue_depth;
   o->direct_io = d.direct_io ? 1 : 0;
+  o->staging_budget_bytes = d.staging_budget_bytes;
+  o->staging_slots = d.staging_slots;
+  o->skip_when_busy = d.busy_policy == lifeline::BusyPolicy::kSkip ? 1 : 0;
+  o->copy_threads = d.copy_threads;
+  o->memory_tier = d.memory_tier ? 1 : 0;
+  o->codec = static_cast<int32_t>(d.codec);
+  o->drain_keep_last = d.drain_keep_last;
 }
 
 int lifeline_open(const lifeline_options* o, lifeline_checkpointer** out) {
@@ -86,6 +97,17 @@ int lifeline_open(const lifeline_options* o, lifeline_checkpointer** out) {
   if (o->load_memory_budget) opt.load_memory_budget = o->load_memory_budget;
   if (o->queue_depth) opt.queue_depth = o->queue_depth;
   opt.direct_io = o->direct_io != 0;
+  if (o->staging_budget_bytes) opt.staging_budget_bytes = o->staging_budget_bytes;
+  if (o->staging_slots) opt.staging_slots = o->staging_slots;
+  opt.busy_policy = o->skip_when_busy ? lifeline::BusyPolicy::kSkip : lifeline::BusyPolicy::kWait;
+  if (o->copy_threads) opt.copy_threads = o->copy_threads;
+  opt.memory_tier = o->memory_tier != 0;
+  if (o->memory_tier_directory != nullptr) opt.memory_tier_directory = o->memory_tier_directory;
+  if (o->codec < 0 || o->codec > 2)
+    return Fail(lifeline::Status::InvalidArgument("lifeline_open", "codec must be 0, 1 or 2"));
+  opt.codec = static_cast<lifeline::SaveCodec>(o->codec);
+  if (o->drain_directory != nullptr) opt.drain_directory = o->drain_directory;
+  opt.drain_keep_last = o->drain_keep_last;
   auto c = lifeline::Checkpointer::Open(std::move(opt));
   if (!c.ok()) return Fail(c.status());
   auto* handle = new (std::nothrow) lifeline_checkpointer;
@@ -97,20 +119,89 @@ int lifeline_open(const lifeline_options* o, lifeline_checkpointer** out) {
 
 void lifeline_close(lifeline_checkpointer* c) { delete c; }
 
-int lifeline_save(lifeline_checkpointer* c, uint64_t step, const lifeline_tensor* tensors, size_t num_tensors,
-                  const lifeline_object* objects, size_t num_objects, const char* metadata_json) {
-  if (c == nullptr) return Fail(lifeline::Status::InvalidArgument("lifeline_save: NULL checkpointer"));
+namespace {
+
+lifeline::Result<lifeline::SaveRequest> ToRequest(const lifeline_tensor* tensors, size_t num_tensors,
+                                                  const lifeline_object* objects, size_t num_objects,
+                                                  const char* metadata_json) {
   auto shards = ToShards(tensors, num_tensors);
-  if (!shards.ok()) return Fail(shards.status());
+  if (!shards.ok()) return shards.status();
   lifeline::SaveRequest req;
   req.tensors = std::move(*shards);
+  if (num_objects > 0 && objects == nullptr) return lifeline::Status::InvalidArgument("objects is NULL");
   for (size_t i = 0; i < num_objects; ++i) {
     if (objects[i].name == nullptr || (objects[i].size > 0 && objects[i].data == nullptr))
-      return Fail(lifeline::Status::InvalidArgument("object #" + std::to_string(i), "name and data are required"));
+      return lifeline::Status::InvalidArgument("object #" + std::to_string(i), "name and data are required");
     req.objects.emplace_back(objects[i].name, std::string(static_cast<const char*>(objects[i].data), objects[i].size));
   }
   if (metadata_json != nullptr) req.metadata_json = metadata_json;
-  return Done(c->impl->Save(step, req));
+  return req;
+}
+
+int NullTicket(const char* where) {
+  return Fail(lifeline::Status::InvalidArgument(where, "NULL ticket"));
+}
+
+}  // namespace
+
+int lifeline_save(lifeline_checkpointer* c, uint64_t step, const lifeline_tensor* tensors, size_t num_tensors,
+                  const lifeline_object* objects, size_t num_objects, const char* metadata_json) {
+  if (c == nullptr) return Fail(lifeline::Status::InvalidArgument("lifeline_save: NULL checkpointer"));
+  auto req = ToRequest(tensors, num_tensors, objects, num_objects, metadata_json);
+  if (!req.ok()) return Fail(req.status());
+  return Done(c->impl->Save(step, *req).WaitPersisted());
+}
+
+int lifeline_save_async(lifeline_checkpointer* c, uint64_t step, const lifeline_tensor* tensors, size_t num_tensors,
+                        const lifeline_object* objects, size_t num_objects, const char* metadata_json,
+                        lifeline_ticket** out) {
+  if (c == nullptr || out == nullptr)
+    return Fail(lifeline::Status::InvalidArgument("lifeline_save_async: NULL checkpointer or out"));
+  auto req = ToRequest(tensors, num_tensors, objects, num_objects, metadata_json);
+  if (!req.ok()) return Fail(req.status());
+  auto* t = new (std::nothrow) lifeline_ticket;
+  if (t == nullptr) return Fail(lifeline::Status::ResourceExhausted("lifeline_save_async: out of memory"));
+  t->impl = c->impl->Save(step, *req);
+  *out = t;
+  return LIFELINE_OK;
+}
+
+int lifeline_ticket_wait_snapshot(lifeline_ticket* t) {
+  return t == nullptr ? NullTicket("lifeline_ticket_wait_snapshot") : Done(t->impl.WaitSnapshot());
+}
+
+int lifeline_ticket_wait_tensor(lifeline_ticket* t, size_t index) {
+  return t == nullptr ? NullTicket("lifeline_ticket_wait_tensor") : Done(t->impl.WaitTensor(index));
+}
+
+int lifeline_ticket_wait_persisted(lifeline_ticket* t) {
+  return t == nullptr ? NullTicket("lifeline_ticket_wait_persisted") : Done(t->impl.WaitPersisted());
+}
+
+int lifeline_ticket_wait_committed(lifeline_ticket* t, double timeout_seconds) {
+  return t == nullptr ? NullTicket("lifeline_ticket_wait_committed") : Done(t->impl.WaitCommitted(timeout_seconds));
+}
+
+void lifeline_ticket_progress(const lifeline_ticket* t, lifeline_save_progress* out) {
+  if (out == nullptr) return;
+  const lifeline::SaveProgress p = t != nullptr ? t->impl.Progress() : lifeline::SaveTicket().Progress();
+  *out = lifeline_save_progress{};
+  out->step = p.step;
+  out->phase = static_cast<int32_t>(p.phase);
+  out->code = static_cast<int32_t>(p.status.code());
+  out->bytes_total = p.bytes_total;
+  out->bytes_copied = p.bytes_copied;
+  out->bytes_stored = p.bytes_stored;
+  out->stall_seconds = p.stall_seconds;
+  out->snapshot_seconds = p.snapshot_seconds;
+  out->persist_seconds = p.persist_seconds;
+}
+
+void lifeline_ticket_free(lifeline_ticket* t) { delete t; }
+
+int lifeline_flush(lifeline_checkpointer* c) {
+  if (c == nullptr) return Fail(lifeline::Status::InvalidArgument("lifeline_flush: NULL checkpointer"));
+  return Done(c->impl->Flush());
 }
 
 int lifeline_wait_for_commit(lifeline_checkpointer* c, uint64_t step, double timeout_seconds) {

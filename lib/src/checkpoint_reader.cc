@@ -6,6 +6,7 @@
 #include <unordered_map>
 
 #include "formats/checksum.h"
+#include "formats/codec.h"
 #include "formats/geometry.h"
 #include "formats/index_codec.h"
 #include "lib/src/aligned_buffer.h"
@@ -177,6 +178,77 @@ Status ChecksumMismatch(const format::CheckpointIndex& m, const std::string& pat
                                       std::to_string(length) + " bytes");
 }
 
+// Raw (decoded) bytes of chunk `chunk` (an index into m.chunks) of fragment `fragment`.
+uint64_t ChunkRawBytes(const format::CheckpointIndex& m, uint32_t fragment, uint64_t chunk) {
+  const format::FragmentInfo& f = m.fragments[fragment];
+  const uint64_t raw = static_cast<uint64_t>(f.region.num_elements()) * DTypeSize(m.tensors[f.tensor].dtype);
+  return std::min(m.chunk_bytes, raw - (chunk - f.first_chunk) * m.chunk_bytes);
+}
+
+std::string ChunkPlace(const format::CheckpointIndex& m, const std::string& path, uint32_t fragment, uint64_t chunk,
+                       uint64_t offset) {
+  const format::FragmentInfo& f = m.fragments[fragment];
+  return path + " at byte offset " + std::to_string(offset) + ", tensor '" + m.tensors[f.tensor].name + "' (chunk " +
+         std::to_string(chunk - f.first_chunk) + " of fragment " + std::to_string(fragment) + ", " +
+         RegionString(f.region) + ")";
+}
+
+// Decodes the chunks of fragments stored with a codec into one buffer of a chunk's raw size, from
+// which they are used like uncompressed chunks. Its memory is taken out of the read budget.
+class ChunkDecoder {
+ public:
+  // Notes that `chunk` will be read; Corruption when its stored length exceeds what its codec can
+  // produce from its raw size (the index is damaged; reading it could exhaust memory).
+  Status Plan(const format::CheckpointIndex& m, const std::string& path, uint32_t fragment, uint64_t chunk,
+              uint64_t offset) {
+    const format::FragmentInfo& f = m.fragments[fragment];
+    if (f.codec == format::Codec::kNone) return Status::OK();
+    const uint64_t raw = ChunkRawBytes(m, fragment, chunk);
+    const uint64_t stored = m.chunks[chunk].stored_length;
+    if (stored > format::ChunkCodec::MaxEncodedSize(f.codec, raw))
+      return Status::Corruption(ChunkPlace(m, path, fragment, chunk, offset),
+                                "stored length " + std::to_string(stored) + " exceeds the largest encoding of " +
+                                    std::to_string(raw) + " raw bytes");
+    max_raw_ = std::max(max_raw_, raw);
+    if (f.codec == format::Codec::kZstdByteGroup && DTypeSize(m.tensors[f.tensor].dtype) > 1) grouped_ = true;
+    return Status::OK();
+  }
+
+  // Bytes of memory decoding the planned chunks takes: the decoded chunk, and for byte grouping
+  // the codec's buffer of the still-grouped bytes.
+  uint64_t footprint() const { return max_raw_ * (grouped_ ? 2 : 1); }
+
+  // The raw bytes of a chunk whose stored bytes (checksum already verified) are `data`: `data`
+  // itself without a codec, else the decoded bytes, valid until the next call.
+  Result<const uint8_t*> Raw(const format::CheckpointIndex& m, const std::string& path, uint32_t fragment,
+                             uint64_t chunk, uint64_t offset, const uint8_t* data) {
+    const format::FragmentInfo& f = m.fragments[fragment];
+    if (f.codec == format::Codec::kNone) return data;
+    if (buffer_.data() == nullptr) {
+      buffer_ = AlignedBuffer(max_raw_);
+      if (buffer_.data() == nullptr)
+        return Status::ResourceExhausted(path, "cannot allocate " + std::to_string(max_raw_) + " bytes to decode chunks");
+    }
+    const uint64_t raw = ChunkRawBytes(m, fragment, chunk);
+    LL_RETURN_IF_ERROR(codec_.Decode(f.codec, DTypeSize(m.tensors[f.tensor].dtype), data,
+                                     m.chunks[chunk].stored_length, buffer_.data(), raw,
+                                     ChunkPlace(m, path, fragment, chunk, offset)));
+    return static_cast<const uint8_t*>(buffer_.data());
+  }
+
+ private:
+  uint64_t max_raw_ = 0;
+  bool grouped_ = false;
+  format::ChunkCodec codec_;
+  AlignedBuffer buffer_;
+};
+
+// The options with the decoder's memory taken out of the read staging budget.
+ReaderOptions AfterDecoding(ReaderOptions options, const ChunkDecoder& decoder) {
+  options.memory_budget -= std::min(options.memory_budget, decoder.footprint());
+  return options;
+}
+
 }  // namespace
 
 Result<std::vector<CheckpointInfo>> ScanCheckpoints(Env* env, const std::string& root) {
@@ -282,8 +354,6 @@ Result<LoadStats> CheckpointReader::Load(const std::vector<TensorShard>& targets
     source_chunk.clear();
     for (uint32_t f : fragments_of[t]) {
       const format::FragmentInfo& frag = m.fragments[f];
-      if (frag.codec != format::Codec::kNone)
-        return Status::NotSupported(step_dir_, "tensor '" + m.tensors[t].name + "' uses a codec this reader cannot decode");
       const int64_t n = frag.region.num_elements();
       for (uint64_t k = 0; k < frag.num_chunks; ++k) {
         const int64_t b = static_cast<int64_t>(k * elems_per_chunk);
@@ -316,9 +386,12 @@ Result<LoadStats> CheckpointReader::Load(const std::vector<TensorShard>& targets
   const std::vector<uint32_t> chunk_fragment = ChunkFragments(m);
   std::vector<ReadSpan> spans;
   std::vector<size_t> first_copy;  // per span: its range in `copies`
+  ChunkDecoder decoder;
   for (size_t i = 0; i < copies.size();) {
     const uint64_t c = copies[i].chunk;
-    spans.push_back(ReadSpan{m.fragments[chunk_fragment[c]].file, chunk_offset[c], m.chunks[c].stored_length, spans.size()});
+    const uint32_t file = m.fragments[chunk_fragment[c]].file;
+    LL_RETURN_IF_ERROR(decoder.Plan(m, JoinPath(step_dir_, m.files[file].name), chunk_fragment[c], c, chunk_offset[c]));
+    spans.push_back(ReadSpan{file, chunk_offset[c], m.chunks[c].stored_length, spans.size()});
     first_copy.push_back(i);
     while (i < copies.size() && copies[i].chunk == c) ++i;
   }
@@ -328,11 +401,14 @@ Result<LoadStats> CheckpointReader::Load(const std::vector<TensorShard>& targets
             [](const ReadSpan& a, const ReadSpan& b) { return a.file != b.file ? a.file < b.file : a.offset < b.offset; });
 
   LoadStats stats;
-  SpanReader reader(env_, step_dir_, m, options_);
-  Status s = reader.Run(ordered, [&](const ReadSpan& span, const uint8_t* data) -> Status {
+  const ReaderOptions staging = AfterDecoding(options_, decoder);
+  SpanReader reader(env_, step_dir_, m, staging);
+  Status s = reader.Run(ordered, [&](const ReadSpan& span, const uint8_t* stored) -> Status {
     const uint64_t c = copies[first_copy[span.tag]].chunk;
-    if (format::Checksum64(data, span.length) != m.chunks[c].checksum)
+    if (format::Checksum64(stored, span.length) != m.chunks[c].checksum)
       return ChecksumMismatch(m, reader.FilePath(span.file), chunk_fragment[c], c, span.offset, span.length);
+    LL_ASSIGN_OR_RETURN(const uint8_t* data,
+                        decoder.Raw(m, reader.FilePath(span.file), chunk_fragment[c], c, span.offset, stored));
     const format::FragmentInfo& frag = m.fragments[chunk_fragment[c]];
     const size_t elem = DTypeSize(m.tensors[frag.tensor].dtype);
     const uint64_t elems_per_chunk = m.chunk_bytes / elem;
@@ -355,7 +431,15 @@ Result<LoadStats> CheckpointReader::Load(const std::vector<TensorShard>& targets
 
 Status CheckpointReader::Verify(VerifyReport* report) {
   const format::CheckpointIndex& m = manifest_;
-  SpanReader reader(env_, step_dir_, m, options_);
+  const std::vector<uint64_t> chunk_offset = ChunkOffsets(m);
+  const std::vector<uint32_t> chunk_fragment = ChunkFragments(m);
+  ChunkDecoder decoder;
+  for (uint64_t c = 0; c < m.chunks.size(); ++c) {
+    const uint32_t file = m.fragments[chunk_fragment[c]].file;
+    LL_RETURN_IF_ERROR(decoder.Plan(m, JoinPath(step_dir_, m.files[file].name), chunk_fragment[c], c, chunk_offset[c]));
+  }
+  const ReaderOptions staging = AfterDecoding(options_, decoder);
+  SpanReader reader(env_, step_dir_, m, staging);
   // Data-file headers first: they say which rank, step and attempt wrote each file.
   const std::string run_hash = RunHash(m.run_id);
   for (uint32_t i = 0; i < m.files.size(); ++i) {
@@ -366,8 +450,6 @@ Status CheckpointReader::Verify(VerifyReport* report) {
     LL_RETURN_IF_ERROR(file->ReadAt(0, header.data(), kDataHeaderBytes));
     LL_RETURN_IF_ERROR(CheckDataHeader(header.data(), m.files[i].rank, m.world_size, m.step, run_hash, file->path()));
   }
-  const std::vector<uint64_t> chunk_offset = ChunkOffsets(m);
-  const std::vector<uint32_t> chunk_fragment = ChunkFragments(m);
   std::vector<ReadSpan> spans;
   spans.reserve(m.chunks.size() + m.objects.size());
   for (uint64_t c = 0; c < m.chunks.size(); ++c)
@@ -383,6 +465,9 @@ Status CheckpointReader::Verify(VerifyReport* report) {
     if (span.tag < m.chunks.size()) {
       if (sum != m.chunks[span.tag].checksum)
         return ChecksumMismatch(m, reader.FilePath(span.file), chunk_fragment[span.tag], span.tag, span.offset, span.length);
+      // A frame that does not decode to its chunk's length would fail every load of it.
+      LL_RETURN_IF_ERROR(
+          decoder.Raw(m, reader.FilePath(span.file), chunk_fragment[span.tag], span.tag, span.offset, data).status());
       ++local.chunks_checked;
     } else {
       const format::ObjectInfo& obj = m.objects[span.tag - m.chunks.size()];

@@ -25,7 +25,9 @@ namespace lifeline {
 Result<std::vector<CheckpointInfo>> ScanCheckpoints(Env* env, const std::string& root);
 
 struct ReaderOptions {
-  uint64_t memory_budget = 256ull << 20;  // bytes of read staging in flight during Load/Verify
+  // Bytes of read staging in flight during Load/Verify, including the buffer compressed chunks are
+  // decoded into (one chunk's raw size; twice that with byte grouping).
+  uint64_t memory_budget = 256ull << 20;
   unsigned queue_depth = 16;
   bool direct_io = true;
 };
@@ -61,11 +63,13 @@ class CheckpointReader {
   // intersect a target and verifying each chunk's checksum before using it. Fails with NotFound
   // naming the tensor when a target's tensor is absent, InvalidArgument when its dtype or global
   // shape differs from the stored one, Corruption when part of a target is covered by no stored
-  // fragment or a checksum fails (naming tensor, file and offset).
+  // fragment, a checksum fails, or a compressed chunk does not decode to its raw length (naming
+  // tensor, file and offset). Chunks are checksummed as stored, then decoded.
   Result<LoadStats> Load(const std::vector<TensorShard>& targets);
 
-  // Reads every chunk and object and checks its checksum. On the first mismatch returns Corruption
-  // naming the tensor (or object), the file and the byte offset of the bad chunk.
+  // Reads every chunk and object and checks its checksum, and decodes every compressed chunk. On
+  // the first mismatch or undecodable chunk returns Corruption naming the tensor (or object), the
+  // file and the byte offset of the bad chunk.
   Status Verify(VerifyReport* report);
 
   // The bytes of one per-rank object, checksum-verified.

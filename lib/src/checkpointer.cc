@@ -1,61 +1,103 @@
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
+#include <cstring>
 #include <set>
-#include <thread>
 
 #include "formats/index_codec.h"
+#include "lib/src/aligned_buffer.h"
 #include "lib/src/checkpoint_layout.h"
 #include "lib/src/checkpoint_reader.h"
+#include "lib/src/commit.h"
+#include "lib/src/copy_engine.h"
+#include "lib/src/drainer.h"
+#include "lib/src/memory_tier.h"
+#include "lib/src/persist_pipeline.h"
+#include "lib/src/save_job.h"
 #include "lib/src/saver.h"
+#include "lib/src/staging_arena.h"
 #include "lib/src/step_scan.h"
 #include "lifeline/checkpoint.h"
 #include "lifeline/log.h"
 
 namespace lifeline {
 
+// Members are destroyed bottom-up: the pipeline first (it waits for every copy and feeds the
+// drainer), then the copy threads, the drainer, and the memory the saves used.
 struct Checkpointer::Impl {
   Env* env = nullptr;
   std::string run_hash;
+  std::unique_ptr<MemoryTier> tier;
+  std::unique_ptr<StagingArena> arena;
+  std::unique_ptr<Drainer> drainer;
+  std::unique_ptr<CopyEngine> copier;
+  std::unique_ptr<PersistPipeline> pipeline;
+  // The newest job of each staging slot (caller's thread only): what the slot holds.
+  std::vector<std::shared_ptr<internal::SaveJob>> slot_job;
+  bool warned_streaming = false;
 };
 
 namespace {
 
-// Removes a step directory so that it stops being visible first: one rank index goes before
-// anything else, so a crash half-way leaves a partial step, never a complete one with holes.
-Status RemoveStep(Env* env, const StepState& state) {
-  const std::string& dir = state.info.directory;
-  if (state.info.complete) {
-    Status s = env->RemoveFile(JoinPath(dir, IndexFileName(state.run_hash, 0, state.info.world_size)));
-    if (!s.ok() && !s.IsNotFound()) return s;
-    LL_RETURN_IF_ERROR(env->SyncDir(dir));
+format::Codec FormatCodec(SaveCodec codec) {
+  switch (codec) {
+    case SaveCodec::kNone: return format::Codec::kNone;
+    case SaveCodec::kZstd: return format::Codec::kZstd;
+    case SaveCodec::kZstdByteGroup: return format::Codec::kZstdByteGroup;
   }
-  return RemoveDirRecursively(env, dir);
+  return format::Codec::kNone;
 }
 
-std::string ParentDir(const std::string& path) {
-  size_t end = path.size();
-  while (end > 1 && path[end - 1] == '/') --end;
-  const size_t slash = path.rfind('/', end - 1);
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : path.substr(0, slash);
-}
-
-// Creates `dir` and its missing parents durably: a directory entry survives a crash only once
-// its parent is synced, and without that a whole checkpoint root could vanish with the machine.
-Status CreateDirDurably(Env* env, const std::string& dir) {
-  std::vector<std::string> created;  // deepest first
-  for (std::string p = dir; !p.empty() && p != "/" && p != "." && !env->IsDirectory(p); p = ParentDir(p))
-    created.push_back(p);
-  LL_RETURN_IF_ERROR(env->CreateDir(dir));
-  for (auto it = created.rbegin(); it != created.rend(); ++it) LL_RETURN_IF_ERROR(env->SyncDir(ParentDir(*it)));
-  return Status::OK();
+// Splits the staged image into pieces of at most one chunk: the unit of copying, hashing and
+// per-tensor readiness.
+void PlanPieces(internal::SaveJob& job) {
+  const RankSavePlan& plan = job.plan;
+  const uint64_t chunk = job.write_options.chunk_bytes;
+  job.pieces.reserve(job.index.chunks.size() + job.objects.size());
+  for (size_t i = 0; i < plan.fragments.size(); ++i) {
+    const PlannedFragment& pf = plan.fragments[i];
+    const format::FragmentInfo& f = job.index.fragments[i];
+    for (uint64_t k = 0; k < f.num_chunks; ++k) {
+      internal::CopyPiece p;
+      p.source = pf.source + k * chunk;
+      p.image_offset = job.layout.fragment_offset[i] + k * chunk;
+      p.length = job.index.chunks[f.first_chunk + k].stored_length;
+      p.target = f.first_chunk + k;
+      p.request_tensor = pf.request_index;
+      job.pieces.push_back(p);
+    }
+  }
+  for (size_t i = 0; i < job.objects.size(); ++i) {
+    internal::CopyPiece p;
+    p.source = reinterpret_cast<const uint8_t*>(job.objects[i].second.data());
+    p.image_offset = job.layout.object_offset[i];
+    p.length = job.objects[i].second.size();
+    p.target = i;
+    p.object = true;
+    job.pieces.push_back(p);
+  }
 }
 
 }  // namespace
 
 Checkpointer::Checkpointer(CheckpointerOptions options) : options_(std::move(options)), impl_(new Impl) {}
-Checkpointer::~Checkpointer() = default;
+
+Checkpointer::~Checkpointer() {
+  Impl& m = *impl_;
+  m.pipeline.reset();
+  m.copier.reset();
+  m.drainer.reset();
+  if (m.tier != nullptr && options_.memory_tier_cleanup_on_close) {
+    // Snapshots durable on disk are no longer needed in memory; one whose disk copy failed is the
+    // only copy, and stays for the next process.
+    for (const auto& job : m.slot_job) {
+      if (job == nullptr) continue;
+      const SaveProgress p = job->Progress();
+      if (p.phase == SavePhase::kPersisted || p.phase == SavePhase::kCommitted) m.tier->Withdraw(job->step).IgnoreError();
+    }
+    m.tier->RemoveSlotFiles();
+  }
+  if (m.arena != nullptr) m.arena->ReleaseAll(/*unlink_files=*/false);
+}
 
 Result<std::unique_ptr<Checkpointer>> Checkpointer::Open(CheckpointerOptions options) {
   if (options.directory.empty()) return Status::InvalidArgument("checkpoint directory is empty");
@@ -64,102 +106,194 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::Open(CheckpointerOptions opt
                                    std::to_string(options.world_size) + " is not a valid rank");
   if (options.chunk_bytes == 0 || options.chunk_bytes % 8 != 0)
     return Status::InvalidArgument("chunk_bytes must be a positive multiple of 8");
+  if (options.write_block_bytes == 0 || options.write_block_bytes % kDirectIoAlignment != 0)
+    return Status::InvalidArgument("write_block_bytes must be a positive multiple of 4096");
+  if (options.staging_slots == 0 || options.staging_slots > 16)
+    return Status::InvalidArgument("staging_slots must be 1 to 16");
   if (options.run_id.empty()) options.run_id = RunIdFromEnvironment();
+  options.copy_threads = std::clamp(options.copy_threads, 1u, 64u);
   std::unique_ptr<Checkpointer> c(new Checkpointer(std::move(options)));
-  c->impl_->env = c->options_.env != nullptr ? c->options_.env : Env::Default();
-  c->impl_->run_hash = RunHash(c->options_.run_id);
-  LL_RETURN_IF_ERROR(CreateDirDurably(c->impl_->env, c->options_.directory));
+  const CheckpointerOptions& o = c->options_;
+  Impl& m = *c->impl_;
+  m.env = o.env != nullptr ? o.env : Env::Default();
+  m.run_hash = RunHash(o.run_id);
+  LL_RETURN_IF_ERROR(CreateDirDurably(m.env, o.directory));
+
+  std::vector<std::string> shm_paths;
+  if (o.memory_tier) {
+    LL_ASSIGN_OR_RETURN(m.tier, MemoryTier::Open(o.memory_tier_directory, o.directory, m.run_hash, o.rank,
+                                                 o.world_size, o.staging_slots));
+    for (unsigned k = 0; k < o.staging_slots; ++k) shm_paths.push_back(m.tier->SlotPath(k));
+  }
+  m.arena = std::make_unique<StagingArena>(o.staging_slots, o.staging_budget_bytes, std::move(shm_paths));
+  m.slot_job.resize(o.staging_slots);
+  if (!o.drain_directory.empty()) {
+    DrainConfig d;
+    d.source_root = o.directory;
+    d.target_root = o.drain_directory;
+    d.run_hash = m.run_hash;
+    d.rank = o.rank;
+    d.world_size = o.world_size;
+    d.keep_last = o.drain_keep_last;
+    d.direct_io = o.direct_io;
+    m.drainer = std::make_unique<Drainer>(m.env, std::move(d));
+  }
+  m.copier = std::make_unique<CopyEngine>(o.copy_threads);
+  PersistConfig p;
+  p.root = o.directory;
+  p.run_hash = m.run_hash;
+  p.rank = o.rank;
+  p.world_size = o.world_size;
+  p.keep_last = o.keep_last;
+  p.queue_depth = o.queue_depth;
+  p.direct_io = o.direct_io;
+  p.register_buffers = o.register_buffers;
+  Drainer* drainer = m.drainer.get();
+  m.pipeline = std::make_unique<PersistPipeline>(m.env, std::move(p), m.arena.get(), [drainer](internal::SaveJob& job) {
+    if (drainer != nullptr) drainer->Enqueue(job.step, job.disk_index);
+  });
   return c;
 }
 
-Status Checkpointer::Save(uint64_t step, const SaveRequest& request) {
-  Env* env = impl_->env;
+SaveTicket Checkpointer::Save(uint64_t step, const SaveRequest& request) {
+  const auto t0 = internal::SaveJob::Clock::now();
+  Impl& m = *impl_;
   const CheckpointerOptions& o = options_;
-  const std::string& hash = impl_->run_hash;
+  auto job = std::make_shared<internal::SaveJob>(step, m.env, o.directory);
   const std::string where = "saving step " + std::to_string(step) + " on rank " + std::to_string(o.rank);
+  auto refuse = [&](Status s, SavePhase phase) {
+    job->InitCounters(request.tensors.size());
+    job->FinishWithoutCopy(std::move(s), phase);
+    return SaveTicket(job);
+  };
 
   std::set<std::string_view> object_names;
   for (const auto& [name, bytes] : request.objects) {
     if (name.empty() || name.size() > format::kMaxNameBytes || !object_names.insert(name).second)
-      return Status::InvalidArgument(where, "object names must be unique and 1 to 4096 bytes: '" + name + "'");
+      return refuse(Status::InvalidArgument(where, "object names must be unique and 1 to 4096 bytes: '" + name + "'"),
+                    SavePhase::kFailed);
   }
-  LL_ASSIGN_OR_RETURN(RankSavePlan plan, PlanRankSave(request, o.replica_split_bytes));
-
-  const std::string step_dir = JoinPath(o.directory, StepDirName(step));
-  LL_RETURN_IF_ERROR(env->CreateDir(step_dir));
-  LL_RETURN_IF_ERROR(env->SyncDir(o.directory));
-  {
-    LL_ASSIGN_OR_RETURN(StepState state, ScanStep(env, step_dir, step));
-    if (state.info.complete)
-      return Status::AlreadyExists(step_dir, "step " + std::to_string(step) + " is already committed");
-  }
-  // A previous attempt of this very run and rank (a retried save) must not be mistaken for ours.
-  const std::string index_path = JoinPath(step_dir, IndexFileName(hash, o.rank, o.world_size));
-  Status s = env->RemoveFile(index_path);
-  if (!s.ok() && !s.IsNotFound()) return s.Annotate(where);
-
-  RankWriteOptions w;
+  Result<RankSavePlan> plan = PlanRankSave(request, o.replica_split_bytes);
+  if (!plan.ok()) return refuse(plan.status().Annotate(where), SavePhase::kFailed);
+  job->plan = std::move(*plan);
+  job->objects = request.objects;
+  job->metadata_json = request.metadata_json;
+  RankWriteOptions& w = job->write_options;
   w.step = step;
   w.rank = o.rank;
   w.world_size = o.world_size;
   w.run_id = o.run_id;
-  w.run_hash = hash;
+  w.run_hash = m.run_hash;
   w.chunk_bytes = o.chunk_bytes;
   w.write_block_bytes = o.write_block_bytes;
   w.memory_budget = o.save_memory_budget;
   w.queue_depth = o.queue_depth;
   w.direct_io = o.direct_io;
-  LL_ASSIGN_OR_RETURN(format::CheckpointIndex index, WriteRankData(env, step_dir, plan, request, w));
-  LL_ASSIGN_OR_RETURN(std::string encoded, format::EncodeIndex(index));
-  LL_RETURN_IF_ERROR(WriteFileAtomically(env, index_path, encoded).Annotate(where));
+  w.codec = FormatCodec(o.codec);
+  w.codec_level = o.codec_level;
+  job->layout = LayoutImage(job->plan, job->objects);
+  job->bytes_total = job->layout.bytes - kDataHeaderBytes;
+  job->block_bytes = o.write_block_bytes;
+  const uint64_t padded = AlignUp(job->layout.bytes, kDirectIoAlignment);
 
-  // Commit: the rank that completes the set of indexes writes the manifest.
-  LL_ASSIGN_OR_RETURN(StepState state, ScanStep(env, step_dir, step));
-  if (!state.info.complete || state.run_hash != hash || state.info.world_size != o.world_size) return Status::OK();
-  auto manifest = MergeRankIndexes(env, step_dir, hash, o.world_size, step);
-  if (!manifest.ok()) return manifest.status().Annotate("step " + std::to_string(step) + " cannot be committed");
-  // The last index was the commit point: the step is visible now. The manifest only spares readers
-  // the merge, so failing to write it must not report a save failure (a retry would find the step
-  // committed and get AlreadyExists).
-  Result<std::string> manifest_bytes = format::EncodeIndex(*manifest);
-  Status written = manifest_bytes.ok()
-                       ? WriteFileAtomically(env, JoinPath(step_dir, ManifestFileName(hash, o.world_size)), *manifest_bytes)
-                       : manifest_bytes.status();
-  if (!written.ok())
-    Log(LogLevel::kWarning, where + ": step committed, but its manifest was not written (readers merge the rank "
-                                    "indexes instead): " + written.ToString());
-  Status gc = CollectGarbage();
-  if (!gc.ok()) Log(LogLevel::kWarning, "garbage collection after step " + std::to_string(step) + ": " + gc.ToString());
-  return Status::OK();
+  std::optional<unsigned> slot;
+  if (padded <= m.arena->slot_limit()) {
+    slot = m.arena->Acquire(o.busy_policy == BusyPolicy::kWait);
+    if (!slot) {
+      const std::optional<uint64_t> busy = m.arena->OldestBusyStep();
+      job->AddStall(internal::SaveJob::Clock::now() - t0);
+      return refuse(Status::Unavailable(where, "skipped: step " + (busy ? std::to_string(*busy) : std::string("?")) +
+                                                   " is still being persisted and all " +
+                                                   std::to_string(o.staging_slots) + " staging slots are busy"),
+                    SavePhase::kSkipped);
+    }
+    Status reserved = m.arena->Reserve(*slot, padded);
+    if (!reserved.ok()) {
+      Log(LogLevel::kWarning, where + ": cannot stage the snapshot (" + reserved.ToString() +
+                                  "); streaming it to disk instead, which blocks until it is written");
+      m.arena->Release(*slot);
+      slot.reset();
+    }
+  } else if (!m.warned_streaming) {
+    m.warned_streaming = true;
+    Log(LogLevel::kWarning, where + ": the snapshot (" + std::to_string(padded) + " bytes) exceeds a staging slot (" +
+                                std::to_string(m.arena->slot_limit()) +
+                                " bytes: staging_budget_bytes / staging_slots); streaming it to disk instead, which "
+                                "blocks until it is written");
+  }
+
+  if (!slot) {
+    job->InitCounters(request.tensors.size(), /*streamed=*/true);
+    m.pipeline->Submit(job);
+    job->AddStall(internal::SaveJob::Clock::now() - t0);
+    return SaveTicket(job);
+  }
+
+  // The slot's previous snapshot leaves the memory tier before its bytes are overwritten.
+  std::shared_ptr<internal::SaveJob>& previous = m.slot_job[*slot];
+  if (m.tier != nullptr && previous != nullptr) {
+    Status s = m.tier->Withdraw(previous->step);
+    if (!s.ok()) Log(LogLevel::kWarning, "memory tier: withdrawing step " + std::to_string(previous->step) + ": " + s.ToString());
+  }
+  previous = job;
+  m.arena->SetStep(*slot, step);
+  job->slot = slot;
+  job->image = m.arena->data(*slot);
+  EncodeDataHeader(o.rank, o.world_size, step, m.run_hash, job->image);
+  std::memset(job->image + job->layout.bytes, 0, padded - job->layout.bytes);
+  job->index = RawImageIndex(job->plan, job->objects, job->metadata_json, job->layout, w);
+  PlanPieces(*job);
+  job->InitCounters(request.tensors.size());
+  if (m.tier != nullptr) {
+    MemoryTier* tier = m.tier.get();
+    const unsigned k = *slot;
+    job->on_copied = [tier, k](internal::SaveJob& j) {
+      Result<std::string> encoded = format::EncodeIndex(j.index);
+      Status s = encoded.ok() ? tier->Publish(j.step, k, *encoded) : encoded.status();
+      if (s.ok()) {
+        j.MarkMemoryTier();
+      } else {
+        Log(LogLevel::kWarning, "memory tier: step " + std::to_string(j.step) + " not published: " + s.ToString());
+      }
+    };
+  }
+  m.copier->Submit(job);
+  m.pipeline->Submit(job);
+  job->AddStall(internal::SaveJob::Clock::now() - t0);
+  return SaveTicket(job);
+}
+
+Status Checkpointer::Flush() {
+  Status s = impl_->pipeline->Flush();
+  if (impl_->drainer != nullptr) {
+    Status d = impl_->drainer->Flush();
+    if (s.ok()) s = d;
+  }
+  return s;
+}
+
+const std::string& Checkpointer::memory_tier_directory() const {
+  static const std::string kNone;
+  return impl_->tier != nullptr ? impl_->tier->root() : kNone;
 }
 
 Status Checkpointer::WaitForCommit(uint64_t step, double timeout_seconds) {
-  const std::string step_dir = JoinPath(options_.directory, StepDirName(step));
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_seconds);
-  auto pause = std::chrono::milliseconds(1);
-  for (;;) {
-    if (impl_->env->IsDirectory(step_dir)) {
-      LL_ASSIGN_OR_RETURN(StepState state, ScanStep(impl_->env, step_dir, step));
-      if (state.info.complete) return Status::OK();
-      if (std::chrono::steady_clock::now() >= deadline)
-        return Status::Aborted(step_dir, "not committed after " + std::to_string(timeout_seconds) + " s: " + state.info.problem);
-    } else if (std::chrono::steady_clock::now() >= deadline) {
-      return Status::Aborted(step_dir, "not committed after " + std::to_string(timeout_seconds) + " s: no such step");
-    }
-    std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, std::chrono::milliseconds(100));
-  }
+  return WaitForCommitIn(impl_->env, options_.directory, step, timeout_seconds);
 }
 
-Result<LoadResult> Checkpointer::Load(std::optional<uint64_t> step, const LoadRequest& request) {
-  Env* env = impl_->env;
+namespace {
+
+// Loads from one root (the checkpoint directory or the memory tier). With no step asked for, a
+// damaged newest checkpoint falls back to the next older complete one.
+Result<LoadResult> LoadFromRoot(Env* env, const std::string& root, std::optional<uint64_t> step,
+                                const LoadRequest& request, const CheckpointerOptions& options_) {
   ReaderOptions ropt;
   ropt.memory_budget = options_.load_memory_budget;
   ropt.queue_depth = options_.queue_depth;
   ropt.direct_io = options_.direct_io;
 
   auto complete_steps = [&]() -> Result<std::vector<uint64_t>> {
-    LL_ASSIGN_OR_RETURN(std::vector<CheckpointInfo> all, ScanCheckpoints(env, options_.directory));
+    LL_ASSIGN_OR_RETURN(std::vector<CheckpointInfo> all, ScanCheckpoints(env, root));
     std::vector<uint64_t> steps;
     for (const CheckpointInfo& info : all)
       if (info.complete) steps.push_back(info.step);
@@ -170,7 +304,7 @@ Result<LoadResult> Checkpointer::Load(std::optional<uint64_t> step, const LoadRe
     candidates.push_back(*step);
   } else {
     LL_ASSIGN_OR_RETURN(candidates, complete_steps());
-    if (candidates.empty()) return Status::NotFound(options_.directory, "no complete checkpoint");
+    if (candidates.empty()) return Status::NotFound(root, "no complete checkpoint");
   }
   Status last;
   for (int round = 0;; ++round) {
@@ -178,7 +312,7 @@ Result<LoadResult> Checkpointer::Load(std::optional<uint64_t> step, const LoadRe
       bool request_mismatch = false;
       auto attempt = [&]() -> Result<LoadResult> {
         LL_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader,
-                            CheckpointReader::Open(env, options_.directory, candidate, ropt));
+                            CheckpointReader::Open(env, root, candidate, ropt));
         // A tensor the newest checkpoint does not hold is the caller's mismatch, not damage: falling
         // back to an older checkpoint that has it would silently resume from the past.
         std::set<std::string_view> stored;
@@ -222,6 +356,39 @@ Result<LoadResult> Checkpointer::Load(std::optional<uint64_t> step, const LoadRe
   }
 }
 
+}  // namespace
+
+Result<LoadResult> Checkpointer::Load(std::optional<uint64_t> step, const LoadRequest& request) {
+  Impl& m = *impl_;
+  if (m.tier != nullptr) {
+    // The memory tier wins when it holds the asked-for step, or a newest step at least as new as
+    // the disk's: same bytes, read at memory speed, checksums verified all the same.
+    auto newest_complete = [](const Result<std::vector<CheckpointInfo>>& list, std::optional<uint64_t> want) {
+      std::optional<uint64_t> found;
+      if (!list.ok()) return found;
+      for (const CheckpointInfo& info : *list)
+        if (info.complete && (!want || info.step == *want)) return std::optional<uint64_t>(info.step);
+      return found;
+    };
+    const std::optional<uint64_t> in_memory = newest_complete(m.tier->List(), step);
+    bool use_tier = in_memory.has_value();
+    if (use_tier && !step) {
+      const std::optional<uint64_t> on_disk = newest_complete(ScanCheckpoints(m.env, options_.directory), std::nullopt);
+      use_tier = !on_disk || *in_memory >= *on_disk;
+    }
+    if (use_tier) {
+      Result<LoadResult> r = LoadFromRoot(m.tier->env(), m.tier->root(), *in_memory, request, options_);
+      if (r.ok()) {
+        r->from_memory_tier = true;
+        return r;
+      }
+      Log(LogLevel::kWarning, "memory tier: step " + std::to_string(*in_memory) + " unusable, loading from disk: " +
+                                  r.status().ToString());
+    }
+  }
+  return LoadFromRoot(m.env, options_.directory, step, request, options_);
+}
+
 Result<std::vector<CheckpointInfo>> Checkpointer::List() { return ScanCheckpoints(impl_->env, options_.directory); }
 
 Result<std::optional<uint64_t>> Checkpointer::LatestStep() {
@@ -231,37 +398,11 @@ Result<std::optional<uint64_t>> Checkpointer::LatestStep() {
   return std::optional<uint64_t>();
 }
 
-Status Checkpointer::CollectGarbage() {
-  Env* env = impl_->env;
-  LL_ASSIGN_OR_RETURN(std::vector<CheckpointInfo> all, List());
-  std::optional<uint64_t> newest_complete;
-  uint32_t kept = 0;
-  for (const CheckpointInfo& info : all) {  // newest first
-    Result<StepState> scanned = ScanStep(env, info.directory, info.step);
-    if (scanned.status().IsNotFound() && !env->FileExists(info.directory)) continue;  // another rank's GC
-    LL_ASSIGN_OR_RETURN(StepState state, std::move(scanned));
-    if (info.complete) {
-      if (!newest_complete) newest_complete = info.step;
-      if (options_.keep_last == 0 || kept < options_.keep_last) {
-        ++kept;
-        // Leftovers of other attempts at this step are never read again.
-        char world[16];
-        std::snprintf(world, sizeof(world), "of-%06u.", info.world_size);
-        for (const std::string& name : state.children) {
-          const bool ours = name.rfind(state.run_hash + ".", 0) == 0 && name.find(world) != std::string::npos;
-          if (!ours && (ParseIndexFileName(name) || (name.size() > 17 && name[16] == '.'))) {
-            Status s = env->RemoveFile(JoinPath(info.directory, name));
-            if (!s.ok() && !s.IsNotFound()) return s;
-          }
-        }
-        continue;
-      }
-      LL_RETURN_IF_ERROR(RemoveStep(env, state));
-    } else if (newest_complete && info.step < *newest_complete) {
-      LL_RETURN_IF_ERROR(RemoveStep(env, state));
-    }
-  }
-  return env->SyncDir(options_.directory);
+Result<std::vector<CheckpointInfo>> Checkpointer::ListMemoryTier() {
+  if (impl_->tier == nullptr) return std::vector<CheckpointInfo>();
+  return impl_->tier->List();
 }
+
+Status Checkpointer::CollectGarbage() { return CollectGarbageIn(impl_->env, options_.directory, options_.keep_last); }
 
 }  // namespace lifeline

@@ -6,6 +6,7 @@
 #include <unordered_map>
 
 #include "formats/checksum.h"
+#include "formats/codec.h"
 #include "formats/geometry.h"
 #include "lib/src/aligned_buffer.h"
 #include "lib/src/checkpoint_layout.h"
@@ -184,7 +185,7 @@ Result<RankSavePlan> PlanRankSave(const SaveRequest& request, uint64_t replica_s
     const int64_t n = region.num_elements();
     if (n == 0) continue;
     if (s.replica_count == 1) {
-      plan.fragments.push_back(PlannedFragment{tensor, region, base});
+      plan.fragments.push_back(PlannedFragment{tensor, region, base, static_cast<uint32_t>(i)});
     } else if (static_cast<uint64_t>(n) * elem > replica_split_bytes) {
       const int64_t parts = s.replica_count, i_part = s.replica_index;
       const int64_t per = n / parts, extra = n % parts;
@@ -192,18 +193,18 @@ Result<RankSavePlan> PlanRankSave(const SaveRequest& request, uint64_t replica_s
       const int64_t len = per + (i_part < extra ? 1 : 0);
       if (len > 0)
         plan.fragments.push_back(PlannedFragment{tensor, format::SubRegion(region, begin, begin + len),
-                                                 base + static_cast<uint64_t>(begin) * elem});
+                                                 base + static_cast<uint64_t>(begin) * elem, static_cast<uint32_t>(i)});
     } else if (ReplicaHash(s.name, region) % s.replica_count == s.replica_index) {
-      plan.fragments.push_back(PlannedFragment{tensor, region, base});
+      plan.fragments.push_back(PlannedFragment{tensor, region, base, static_cast<uint32_t>(i)});
     }
   }
   return plan;
 }
 
-Result<format::CheckpointIndex> WriteRankData(Env* env, const std::string& step_dir, const RankSavePlan& plan,
-                                              const SaveRequest& request, const RankWriteOptions& o) {
-  if (o.chunk_bytes == 0 || o.chunk_bytes % 8 != 0)
-    return Status::InvalidArgument("chunk_bytes must be a positive multiple of 8");
+namespace {
+
+format::CheckpointIndex IndexSkeleton(const RankSavePlan& plan, const std::string& metadata_json,
+                                      const RankWriteOptions& o) {
   format::CheckpointIndex index;
   index.kind = format::IndexKind::kRankIndex;
   index.step = o.step;
@@ -214,8 +215,72 @@ Result<format::CheckpointIndex> WriteRankData(Env* env, const std::string& step_
   index.created_unix_ns = static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
   index.tensors = plan.tensors;
-  index.metadata_json = o.rank == 0 ? request.metadata_json : std::string();
+  index.metadata_json = o.rank == 0 ? metadata_json : std::string();
+  return index;
+}
 
+uint64_t RawBytes(const RankSavePlan& plan, const PlannedFragment& pf) {
+  return static_cast<uint64_t>(pf.region.num_elements()) * DTypeSize(plan.tensors[pf.tensor].dtype);
+}
+
+}  // namespace
+
+ImageLayout LayoutImage(const RankSavePlan& plan, const std::vector<std::pair<std::string, std::string>>& objects) {
+  ImageLayout layout;
+  uint64_t at = kDataHeaderBytes;
+  layout.fragment_offset.reserve(plan.fragments.size());
+  for (const PlannedFragment& pf : plan.fragments) {
+    layout.fragment_offset.push_back(at);
+    at += RawBytes(plan, pf);
+  }
+  for (const auto& object : objects) {
+    layout.object_offset.push_back(at);
+    at += object.second.size();
+  }
+  layout.bytes = at;
+  return layout;
+}
+
+format::CheckpointIndex RawImageIndex(const RankSavePlan& plan, const std::vector<std::pair<std::string, std::string>>& objects,
+                                      const std::string& metadata_json, const ImageLayout& layout,
+                                      const RankWriteOptions& o) {
+  format::CheckpointIndex index = IndexSkeleton(plan, metadata_json, o);
+  index.fragments.reserve(plan.fragments.size());
+  for (size_t i = 0; i < plan.fragments.size(); ++i) {
+    const PlannedFragment& pf = plan.fragments[i];
+    format::FragmentInfo f;
+    f.tensor = pf.tensor;
+    f.region = pf.region;
+    f.file = 0;
+    f.offset = layout.fragment_offset[i];
+    f.codec = format::Codec::kNone;
+    f.first_chunk = index.chunks.size();
+    const uint64_t raw = RawBytes(plan, pf);
+    for (uint64_t done = 0; done < raw; done += o.chunk_bytes)
+      index.chunks.push_back(format::ChunkInfo{std::min(o.chunk_bytes, raw - done), 0});
+    f.num_chunks = index.chunks.size() - f.first_chunk;
+    index.fragments.push_back(std::move(f));
+  }
+  for (size_t i = 0; i < objects.size(); ++i) {
+    format::ObjectInfo obj;
+    obj.name = objects[i].first;
+    obj.rank = o.rank;
+    obj.file = 0;
+    obj.offset = layout.object_offset[i];
+    obj.length = objects[i].second.size();
+    index.objects.push_back(std::move(obj));
+  }
+  const std::string name = DataFileName(o.run_hash, o.rank, o.world_size);
+  index.files.push_back(format::FileInfo{name, o.rank, AlignUp(layout.bytes, kDirectIoAlignment)});
+  return index;
+}
+
+Result<format::CheckpointIndex> WriteRankData(Env* env, const std::string& step_dir, const RankSavePlan& plan,
+                                              const std::vector<std::pair<std::string, std::string>>& objects,
+                                              const std::string& metadata_json, const RankWriteOptions& o) {
+  if (o.chunk_bytes == 0 || o.chunk_bytes % 8 != 0)
+    return Status::InvalidArgument("chunk_bytes must be a positive multiple of 8");
+  format::CheckpointIndex index = IndexSkeleton(plan, metadata_json, o);
   const std::string name = DataFileName(o.run_hash, o.rank, o.world_size);
   const std::string path = JoinPath(step_dir, name);
   FileOptions fopt;
@@ -241,7 +306,7 @@ Result<format::CheckpointIndex> WriteRankData(Env* env, const std::string& step_
   uint64_t total = kDataHeaderBytes;
   for (const PlannedFragment& pf : plan.fragments)
     total += static_cast<uint64_t>(pf.region.num_elements()) * DTypeSize(plan.tensors[pf.tensor].dtype);
-  for (const auto& object : request.objects) total += object.second.size();
+  for (const auto& object : objects) total += object.second.size();
   Status s = file->Allocate(AlignUp(total, kDirectIoAlignment));
   if (s.ok()) s = writer.Init();
   if (!s.ok()) return fail(s);
@@ -251,6 +316,10 @@ Result<format::CheckpointIndex> WriteRankData(Env* env, const std::string& step_
   if (!s.ok()) return fail(s);
 
   format::StreamingChecksum hasher;
+  format::ChunkCodec codec;
+  std::vector<uint8_t> encoded(o.codec == format::Codec::kNone
+                                   ? 0
+                                   : format::ChunkCodec::MaxEncodedSize(o.codec, o.chunk_bytes));
   index.fragments.reserve(plan.fragments.size());
   for (const PlannedFragment& pf : plan.fragments) {
     const format::TensorInfo& t = plan.tensors[pf.tensor];
@@ -260,20 +329,32 @@ Result<format::CheckpointIndex> WriteRankData(Env* env, const std::string& step_
     f.region = pf.region;
     f.file = 0;
     f.offset = writer.position();
-    f.codec = format::Codec::kNone;
+    f.codec = o.codec;
     f.first_chunk = index.chunks.size();
     for (uint64_t done = 0; done < raw && s.ok();) {
       const uint64_t n = std::min(o.chunk_bytes, raw - done);
       hasher.Reset();
-      s = writer.Append(pf.source + done, n, &hasher);
-      index.chunks.push_back(format::ChunkInfo{n, hasher.Digest()});
+      uint64_t stored = n;
+      if (o.codec == format::Codec::kNone) {
+        s = writer.Append(pf.source + done, n, &hasher);
+      } else {
+        Result<size_t> len = codec.Encode(o.codec, DTypeSize(t.dtype), o.codec_level, pf.source + done, n,
+                                          encoded.data(), encoded.size());
+        if (!len.ok()) {
+          s = len.status().Annotate("tensor '" + t.name + "'");
+          break;
+        }
+        stored = *len;
+        s = writer.Append(encoded.data(), stored, &hasher);
+      }
+      index.chunks.push_back(format::ChunkInfo{stored, hasher.Digest()});
       done += n;
     }
     if (!s.ok()) return fail(s);
     f.num_chunks = index.chunks.size() - f.first_chunk;
     index.fragments.push_back(std::move(f));
   }
-  for (const auto& [obj_name, bytes] : request.objects) {
+  for (const auto& [obj_name, bytes] : objects) {
     format::ObjectInfo obj;
     obj.name = obj_name;
     obj.rank = o.rank;

@@ -17,9 +17,10 @@ namespace lifeline {
 
 // A piece this rank writes: `region` of tensor `tensor`, whose packed bytes start at `source`.
 struct PlannedFragment {
-  uint32_t tensor = 0;
+  uint32_t tensor = 0;    // index into RankSavePlan::tensors
   format::Region region;
   const uint8_t* source = nullptr;
+  uint32_t request_index = 0;  // the SaveRequest tensor it comes from
 };
 
 struct RankSavePlan {
@@ -45,13 +46,33 @@ struct RankWriteOptions {
   uint64_t memory_budget = 64ull << 20;
   unsigned queue_depth = 16;
   bool direct_io = true;
+  format::Codec codec = format::Codec::kNone;
+  int codec_level = 1;
 };
 
 // Writes the data file `step_dir/<data file name>` and returns the rank index describing it (not
 // yet published). On failure the partial data file is left for garbage collection; nothing visible
 // changes.
+// With a codec, each chunk is encoded on the way (stored lengths and checksums of the stored bytes
+// go in the index). `objects` are the per-rank objects, written raw after the fragments.
 Result<format::CheckpointIndex> WriteRankData(Env* env, const std::string& step_dir, const RankSavePlan& plan,
-                                              const SaveRequest& request, const RankWriteOptions& options);
+                                              const std::vector<std::pair<std::string, std::string>>& objects,
+                                              const std::string& metadata_json, const RankWriteOptions& options);
+
+// The data-file image of a staged snapshot: the 4096-byte header, then every fragment's raw bytes
+// in plan order, then the objects. Offsets are those of the data file when no codec is used.
+struct ImageLayout {
+  uint64_t bytes = 0;                     // header + data, before padding
+  std::vector<uint64_t> fragment_offset;  // per plan fragment
+  std::vector<uint64_t> object_offset;    // per object
+};
+ImageLayout LayoutImage(const RankSavePlan& plan, const std::vector<std::pair<std::string, std::string>>& objects);
+
+// The rank index of a staged snapshot written raw (codec none) at the offsets of `layout`, with
+// chunk lengths set and checksums zero (the copy fills them in).
+format::CheckpointIndex RawImageIndex(const RankSavePlan& plan, const std::vector<std::pair<std::string, std::string>>& objects,
+                                      const std::string& metadata_json, const ImageLayout& layout,
+                                      const RankWriteOptions& options);
 
 }  // namespace lifeline
 

@@ -17,6 +17,7 @@ const char* StatusCodeName(StatusCode code) {
     case StatusCode::kResourceExhausted: return "ResourceExhausted";
     case StatusCode::kFailedPrecondition: return "FailedPrecondition";
     case StatusCode::kAborted: return "Aborted";
+    case StatusCode::kUnavailable: return "Unavailable";
   }
   return "Unknown";
 }

@@ -80,6 +80,38 @@ int main(void) {
   CHECK(lifeline_save(c, 7, &again, 1, NULL, 0, NULL) == LIFELINE_ALREADY_EXISTS, "re-saving a committed step");
   lifeline_close(c);
 
+  /* The lazy form: the buffer may change once the snapshot is taken; the checkpoint keeps the
+   * values it had at the call. */
+  lifeline_options_init(&o);
+  o.directory = dir;
+  o.run_id = "c-api-async";
+  CHECK(lifeline_open(&o, &c) == LIFELINE_OK, "open async saver");
+  float live[kRows * kCols];
+  memcpy(live, full, sizeof(full));
+  lifeline_tensor lt = {"w", LIFELINE_F32, 2, global, NULL, NULL, 0, -1, 0, 0, live};
+  lifeline_ticket* ticket = NULL;
+  CHECK(lifeline_save_async(c, 9, &lt, 1, NULL, 0, NULL, &ticket) == LIFELINE_OK, "save_async");
+  CHECK(lifeline_ticket_wait_tensor(ticket, 0) == LIFELINE_OK, "wait_tensor");
+  CHECK(lifeline_ticket_wait_snapshot(ticket) == LIFELINE_OK, "wait_snapshot");
+  for (int i = 0; i < kRows * kCols; ++i) live[i] = -1.0f;
+  CHECK(lifeline_ticket_wait_committed(ticket, 30) == LIFELINE_OK, "wait_committed: %s", lifeline_last_error());
+  lifeline_save_progress progress;
+  lifeline_ticket_progress(ticket, &progress);
+  CHECK(progress.step == 9 && progress.phase == LIFELINE_PHASE_COMMITTED && progress.code == LIFELINE_OK &&
+            progress.bytes_total == sizeof(full) + 0 && progress.bytes_copied == sizeof(full),
+        "progress of a committed save (phase %d, %llu bytes)", progress.phase, (unsigned long long)progress.bytes_total);
+  CHECK(lifeline_ticket_wait_tensor(ticket, 1) == LIFELINE_INVALID_ARGUMENT, "wait_tensor out of range");
+  lifeline_ticket_free(ticket);
+  lifeline_ticket* repeat = NULL;
+  CHECK(lifeline_save_async(c, 9, &lt, 1, NULL, 0, NULL, &repeat) == LIFELINE_OK, "save_async of a committed step");
+  CHECK(lifeline_ticket_wait_persisted(repeat) == LIFELINE_ALREADY_EXISTS, "its error comes from the ticket");
+  lifeline_ticket_free(repeat);
+  CHECK(lifeline_flush(c) == LIFELINE_ALREADY_EXISTS, "flush reports it too");
+  memset(got, 0, sizeof(got));
+  CHECK(lifeline_load(c, 9, &whole, 1, &step) == LIFELINE_OK && step == 9, "load step 9");
+  CHECK(memcmp(got, full, sizeof(full)) == 0, "step 9 holds the values at save time");
+  lifeline_close(c);
+
   char cmd[128];
   snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
   if (system(cmd) != 0) return 1;

@@ -138,13 +138,13 @@ TEST_F(CommitTest, MissingRankIndexHidesTheStepUntilTheLastRankSaves) {
   // Once committed, a step is never written again, by this job or a restarted one.
   auto again = Open(0, 3);
   RankState none;
-  Status s = again->Save(2, RequestOf(none, 0, 2));
+  Status s = again->Save(2, RequestOf(none, 0, 2)).WaitPersisted();
   EXPECT_TRUE(s.IsAlreadyExists()) << s.ToString();
   CheckpointerOptions other = Options(1, 2);
   other.run_id = "commit-test-restarted";
   auto restarted = Checkpointer::Open(other);
   ASSERT_TRUE(restarted.ok());
-  s = (*restarted)->Save(2, RequestOf(none, 1, 2));
+  s = (*restarted)->Save(2, RequestOf(none, 1, 2)).WaitPersisted();
   EXPECT_TRUE(s.IsAlreadyExists()) << s.ToString();
   ExpectLatestLoads(2);
 }
@@ -247,7 +247,7 @@ TEST_F(CommitTest, ConcurrentRanksSavingManySteps) {
       }
       for (uint64_t step = 1; step <= 6 && status[r].ok(); ++step) {
         std::vector<RankState> rs = BuildRanks(Tensors(step), BoxFlatLayout(2, 2, 0), true);
-        status[r] = (*c)->Save(step * 10, RequestOf(rs[r], r, step));
+        status[r] = (*c)->Save(step * 10, RequestOf(rs[r], r, step)).WaitPersisted();
       }
     });
   }
@@ -340,7 +340,7 @@ class FailedSaveTest : public CommitTest {
     auto c = Checkpointer::Open(o);
     if (!c.ok()) return c.status();
     std::vector<RankState> rs = BuildRanks(Tensors(2), DimLayout(world, 0), true);
-    return (*c)->Save(2, RequestOf(rs[rank], rank, 2));
+    return (*c)->Save(2, RequestOf(rs[rank], rank, 2)).WaitPersisted();
   }
 
   // After a failed save: step 1 is still the newest, step 2 is listed as not complete, no temporary

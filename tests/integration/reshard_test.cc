@@ -301,7 +301,7 @@ TEST(ReplicaTest, ReplicaWriterIsTheSameWhateverTheOrderOfSaves) {
     o.replica_split_bytes = 2048;
     auto ckpt = Checkpointer::Open(o);
     ASSERT_TRUE(ckpt.ok());
-    Status s = (*ckpt)->Save(kStep, RequestOf(ranks[r], r, kSalt));
+    Status s = (*ckpt)->Save(kStep, RequestOf(ranks[r], r, kSalt)).WaitPersisted();
     ASSERT_TRUE(s.ok()) << s.ToString();
   }
   LoadAndCheck(dir, tensors, FlatLayout(2), kStep, kSalt, 3);

@@ -449,7 +449,7 @@ inline std::vector<Status> SaveSomeRanks(const CheckpointerOptions& base, const 
       status[r] = ckpt.status();
       return;
     }
-    status[r] = (*ckpt)->Save(step, RequestOf(ranks[r], r, salt));
+    status[r] = (*ckpt)->Save(step, RequestOf(ranks[r], r, salt)).WaitPersisted();
   };
   if (threads) {
     std::vector<std::thread> ts;

@@ -307,7 +307,7 @@ int RunSave(const SaveOptions& o) {
       }
       ready.count_down();
       go.wait();
-      if (out.status.ok()) out.status = checkpointers[r]->Save(step, request);
+      if (out.status.ok()) out.status = checkpointers[r]->Save(step, request).WaitPersisted();
     });
   }
   ready.wait();

@@ -55,7 +55,7 @@ int RunIndexBench(const IndexBenchOptions& o) {
       for (uint64_t i = 0; i < per_rank; ++i)
         req.tensors.push_back(TensorShard::Box("t." + std::to_string(i), DType::kF32, {world}, {int64_t{r}}, {1},
                                                &values[i]));
-      results[r] = (*ckpt)->Save(step, req);
+      results[r] = (*ckpt)->Save(step, req).WaitPersisted();
     });
   }
   for (std::thread& t : threads) t.join();

@@ -37,6 +37,8 @@ void AddInspectCommand(CLI::App& root, std::vector<Command>* commands);
 void AddVerifyCommand(CLI::App& root, std::vector<Command>* commands);
 // Adds `bench index` under the `bench` command (bench_index.cc).
 void AddBenchIndexCommand(CLI::App* bench, std::vector<Command>* commands);
+// Adds `bench compress` under the `bench` command (bench_compress.cc).
+void AddBenchCompressCommand(CLI::App* bench, std::vector<Command>* commands);
 
 // Prints `j` on stdout as one JSON document (invalid UTF-8 from a damaged file is replaced, not
 // fatal).

@@ -26,7 +26,8 @@ typedef enum lifeline_code {
   LIFELINE_NOT_SUPPORTED = 6,
   LIFELINE_RESOURCE_EXHAUSTED = 7,
   LIFELINE_FAILED_PRECONDITION = 8,
-  LIFELINE_ABORTED = 9
+  LIFELINE_ABORTED = 9,
+  LIFELINE_UNAVAILABLE = 10
 } lifeline_code;
 
 /* Same values as lifeline::DType and the on-disk dtype codes (formats/SPEC.md). */
@@ -70,7 +71,42 @@ typedef struct lifeline_options {
   uint64_t load_memory_budget;
   uint32_t queue_depth;
   int32_t direct_io;           /* non-zero: O_DIRECT */
+  /* Lazy snapshots and the memory tier (see lifeline::CheckpointerOptions). */
+  uint64_t staging_budget_bytes;
+  uint32_t staging_slots;
+  int32_t skip_when_busy;      /* non-zero: BusyPolicy::kSkip, else kWait */
+  uint32_t copy_threads;
+  int32_t memory_tier;         /* non-zero: back the staging slots with shared memory */
+  const char* memory_tier_directory; /* NULL: the default under /dev/shm */
+  int32_t codec;               /* 0 none, 1 zstd, 2 zstd with byte grouping */
+  const char* drain_directory; /* NULL: no second level */
+  uint32_t drain_keep_last;
 } lifeline_options;
+
+/* Phases of a save: same values as lifeline::SavePhase. */
+typedef enum lifeline_save_phase {
+  LIFELINE_PHASE_COPYING = 0,
+  LIFELINE_PHASE_PERSISTING = 1,
+  LIFELINE_PHASE_PERSISTED = 2,
+  LIFELINE_PHASE_COMMITTED = 3,
+  LIFELINE_PHASE_FAILED = 4,
+  LIFELINE_PHASE_SKIPPED = 5
+} lifeline_save_phase;
+
+typedef struct lifeline_save_progress {
+  uint64_t step;
+  int32_t phase;               /* lifeline_save_phase */
+  int32_t code;                /* lifeline_code of the first error, LIFELINE_OK when none */
+  uint64_t bytes_total;
+  uint64_t bytes_copied;
+  uint64_t bytes_stored;
+  double stall_seconds;
+  double snapshot_seconds;
+  double persist_seconds;
+} lifeline_save_progress;
+
+/* A handle on one asynchronous save; see lifeline::SaveTicket. Safe to use from any thread. */
+typedef struct lifeline_ticket lifeline_ticket;
 
 typedef struct lifeline_checkpointer lifeline_checkpointer;
 
@@ -80,10 +116,28 @@ void lifeline_options_init(lifeline_options* options);
 int lifeline_open(const lifeline_options* options, lifeline_checkpointer** out);
 void lifeline_close(lifeline_checkpointer* checkpointer);
 
-/* Saves this rank's share of `step`; see lifeline::Checkpointer::Save. */
+/* Saves this rank's share of `step` and returns once it is persisted (blocking); see
+ * lifeline_save_async for the lazy form. */
 int lifeline_save(lifeline_checkpointer* checkpointer, uint64_t step, const lifeline_tensor* tensors,
                   size_t num_tensors, const lifeline_object* objects, size_t num_objects,
                   const char* metadata_json);
+
+/* Starts saving this rank's share of `step` and returns at once with a ticket (free it with
+ * lifeline_ticket_free; freeing does not cancel the save). The tensors' memory must stay valid
+ * and unchanged until lifeline_ticket_wait_snapshot returns; errors are reported by the waits. */
+int lifeline_save_async(lifeline_checkpointer* checkpointer, uint64_t step, const lifeline_tensor* tensors,
+                        size_t num_tensors, const lifeline_object* objects, size_t num_objects,
+                        const char* metadata_json, lifeline_ticket** out);
+int lifeline_ticket_wait_snapshot(lifeline_ticket* ticket);
+int lifeline_ticket_wait_tensor(lifeline_ticket* ticket, size_t index);
+int lifeline_ticket_wait_persisted(lifeline_ticket* ticket);
+int lifeline_ticket_wait_committed(lifeline_ticket* ticket, double timeout_seconds);
+/* Non-blocking. */
+void lifeline_ticket_progress(const lifeline_ticket* ticket, lifeline_save_progress* out);
+void lifeline_ticket_free(lifeline_ticket* ticket);
+
+/* Waits until every save started so far is persisted. */
+int lifeline_flush(lifeline_checkpointer* checkpointer);
 
 int lifeline_wait_for_commit(lifeline_checkpointer* checkpointer, uint64_t step, double timeout_seconds);
 

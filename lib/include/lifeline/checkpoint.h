@@ -1,9 +1,9 @@
 // Saving and loading sharded training state in Lifeline's universal format.
 //
-// Each rank describes the pieces of tensors it holds (TensorShard) and calls Save; the checkpoint
-// becomes visible, atomically, once every rank's index is durable. Any later job, with any world
-// size and any sharding, loads it by describing the pieces it wants: the planner intersects them
-// with what is stored and reads only the bytes needed, verifying every chunk's checksum.
+// Each rank describes the pieces of tensors it holds (TensorShard) and calls Save. Save returns a
+// ticket at once: background threads copy the state into a host staging arena (computing the
+// checksums in the same pass), then persist it with direct I/O. The training loop only has to wait
+// for the copy, and only before it mutates the state:
 //
 //   lifeline::CheckpointerOptions opt;
 //   opt.directory = "/ckpt/run7"; opt.rank = rank; opt.world_size = world;
@@ -11,11 +11,19 @@
 //   lifeline::SaveRequest req;
 //   req.tensors.push_back(lifeline::TensorShard::Box("w", DType::kBF16, {8192, 8192}, {4096, 0},
 //                                                    {4096, 8192}, ptr));
-//   LL_RETURN_IF_ERROR((*ckpt)->Save(step, req));
+//   lifeline::SaveTicket t = (*ckpt)->Save(step, req);
+//   forward_backward();                      // reads the state while it is being copied
+//   LL_RETURN_IF_ERROR(t.WaitSnapshot());    // before the optimizer writes it
+//   optimizer_step();
 //
-// Thread safety: a Checkpointer is used by one thread at a time (external synchronisation).
-// Different Checkpointers, in one process or many, may save the same step concurrently: that is
-// how ranks cooperate, through the file system alone.
+// The checkpoint becomes visible, atomically, once every rank's index is durable. Any later job,
+// with any world size and any sharding, loads it by describing the pieces it wants: the planner
+// intersects them with what is stored and reads only the bytes needed, verifying every checksum.
+//
+// Thread safety: a Checkpointer is used by one thread at a time (external synchronisation); its
+// background threads are its own. A SaveTicket may be used from any thread. Different
+// Checkpointers, in one process or many, may save the same step concurrently: that is how ranks
+// cooperate, through the file system alone.
 #ifndef LIFELINE_CHECKPOINT_H_
 #define LIFELINE_CHECKPOINT_H_
 
@@ -52,7 +60,9 @@ struct TensorShard {
   int64_t flat_end = 0;          // exclusive
   uint32_t replica_index = 0;
   uint32_t replica_count = 1;
-  void* data = nullptr;          // (flat_end - flat_begin) elements; only read by Save
+  // (flat_end - flat_begin) elements. Save reads it until the ticket's snapshot is complete (or,
+  // per tensor, until TensorCopied); the caller keeps it alive and unchanged until then.
+  void* data = nullptr;
 
   static TensorShard Whole(std::string name, DType dtype, std::vector<int64_t> shape, void* data);
   static TensorShard Box(std::string name, DType dtype, std::vector<int64_t> global_shape,
@@ -95,6 +105,7 @@ struct LoadResult {
   std::string metadata_json;
   uint64_t bytes_read = 0;      // from storage, including alignment slack
   uint64_t bytes_scattered = 0; // into the targets
+  bool from_memory_tier = false;
 };
 
 struct CheckpointInfo {
@@ -106,6 +117,19 @@ struct CheckpointInfo {
   uint64_t created_unix_ns = 0;
   std::string directory;       // path of the step directory
   std::string problem;         // why it is not complete, when it is not
+};
+
+// How data files are encoded on disk. The memory tier always holds raw bytes.
+enum class SaveCodec {
+  kNone,
+  kZstd,           // zstd per chunk
+  kZstdByteGroup,  // bytes of each element grouped by significance, then zstd (floating point)
+};
+
+// What Save does when every staging slot still holds a checkpoint that is being persisted.
+enum class BusyPolicy {
+  kWait,  // block inside Save until the oldest one is persisted (counted as stall)
+  kSkip,  // return at once with a ticket whose status is Unavailable, naming the busy step
 };
 
 struct CheckpointerOptions {
@@ -129,37 +153,149 @@ struct CheckpointerOptions {
   // A replicated fragment larger than this is split into replica_count equal parts, each written
   // by one replica; smaller ones are written whole by one replica chosen by hashing.
   uint64_t replica_split_bytes = 1ull << 20;
+
+  // ---- lazy snapshots: the host staging arena ----
+  // Host memory for snapshots. The arena is divided into `staging_slots` slots, each sized to the
+  // snapshot it holds and kept for the next one (no allocation per checkpoint in steady state). A
+  // snapshot larger than budget / staging_slots is not staged: it is streamed to disk through
+  // `save_memory_budget` of buffers, and its snapshot completes only when its data is on disk.
+  uint64_t staging_budget_bytes = 32ull << 30;
+  // Snapshots that may exist at once: 2 lets step N+1 be copied while step N is being persisted.
+  unsigned staging_slots = 2;
+  BusyPolicy busy_policy = BusyPolicy::kWait;
+  unsigned copy_threads = 2;  // threads copying state into the arena
+
+  // ---- the memory tier ----
+  // Back the slots with named shared memory under `memory_tier_directory`, so that a restarted
+  // process on this node loads the newest snapshot from memory even when its disk copy never
+  // finished. Load prefers the memory tier when its newest complete step is at least as new as the
+  // disk's. Needs every rank of the saved job on this node to be complete (single-node jobs).
+  bool memory_tier = false;
+  // Empty: /dev/shm/lifeline-<uid>/<hash of the checkpoint directory's absolute path>.
+  std::string memory_tier_directory;
+  // On orderly destruction, remove this rank's snapshots from the memory tier once they are durable
+  // on disk (false keeps them, e.g. for a process that is about to be restarted on purpose).
+  bool memory_tier_cleanup_on_close = true;
+
+  // ---- persistence ----
+  SaveCodec codec = SaveCodec::kNone;  // per checkpoint; see formats/SPEC.md §12
+  int codec_level = 1;                 // zstd level
+  bool register_buffers = true;              // io_uring fixed buffers for the arena, when allowed
+
+  // ---- multi-level: drain committed checkpoints to a second directory ----
+  // Empty: off. Otherwise each committed checkpoint is copied in the background, rank by rank, into
+  // this directory (typically a shared file system), committed there by the same protocol, and
+  // kept there by its own retention.
+  std::string drain_directory;
+  uint32_t drain_keep_last = 0;  // 0 keeps all
+};
+
+enum class SavePhase {
+  kCopying,     // the state is being copied into the staging arena (or streamed to disk)
+  kPersisting,  // copied; the caller may mutate the state; being written to disk
+  kPersisted,   // this rank's data and index are durable
+  kCommitted,   // every rank's index is present: the checkpoint is visible (as far as known)
+  kFailed,      // status() says why; nothing visible changed
+  kSkipped,     // not taken (BusyPolicy::kSkip); status() is Unavailable and names the busy step
+};
+
+const char* SavePhaseName(SavePhase phase);
+
+// What a save has done so far; a consistent copy, taken without blocking.
+struct SaveProgress {
+  uint64_t step = 0;
+  SavePhase phase = SavePhase::kCopying;
+  Status status;                    // the first error, or OK
+  uint64_t bytes_total = 0;         // raw bytes this rank writes (fragments and objects)
+  uint64_t bytes_copied = 0;        // of bytes_total, copied into the arena so far
+  uint64_t bytes_stored = 0;        // bytes of the data file on disk (after the codec), once persisted
+  double stall_seconds = 0;         // time callers spent blocked in Save and WaitSnapshot/WaitTensor
+  double snapshot_seconds = 0;      // from Save to the end of the copy
+  double persist_seconds = 0;       // from Save to this rank's index being durable
+  bool staged = true;               // false: too large for the arena, streamed straight to disk
+  bool memory_tier = false;         // published to the memory tier
+};
+
+namespace internal {
+class SaveJob;
+}
+
+// A handle on one Save. Copyable; all copies refer to the same save. Safe for concurrent use.
+// Destroying tickets never cancels a save: the Checkpointer finishes it (or its destructor waits).
+class SaveTicket {
+ public:
+  SaveTicket() = default;  // refers to no save: every wait returns FailedPrecondition
+  explicit SaveTicket(std::shared_ptr<internal::SaveJob> job) : job_(std::move(job)) {}
+
+  uint64_t step() const;
+
+  // Blocks until this rank's state has been copied; afterwards the caller may mutate it and the
+  // checkpoint still holds the values at the time of Save. Returns the save's error if it failed
+  // or was skipped (the state is then no longer read either).
+  Status WaitSnapshot() const;
+  // Per tensor: request.tensors[i] has been copied (or needs no copy on this rank), so it may be
+  // mutated before the whole snapshot is done. Out-of-range i is InvalidArgument.
+  Status WaitTensor(size_t i) const;
+  bool TensorCopied(size_t i) const;
+
+  // Blocks until this rank's data and index are durable (or the save failed).
+  Status WaitPersisted() const;
+  // Blocks until every rank's index is present (the checkpoint is visible), polling the file
+  // system; Aborted naming the missing ranks after `timeout_seconds`.
+  Status WaitCommitted(double timeout_seconds) const;
+
+  // Non-blocking.
+  SaveProgress Progress() const;
+  bool valid() const { return job_ != nullptr; }
+
+ private:
+  std::shared_ptr<internal::SaveJob> job_;
 };
 
 class Checkpointer {
  public:
   static Result<std::unique_ptr<Checkpointer>> Open(CheckpointerOptions options);
+  // Waits for every save still in progress to be persisted (and drained), then, unless
+  // memory_tier_cleanup_on_close is false, removes this rank's memory-tier snapshots that are
+  // durable on disk.
   ~Checkpointer();
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
 
-  // Writes this rank's share of step `step` and publishes its index; the rank whose index
-  // completes the set writes the manifest and applies retention. Returns when this rank's data
-  // and index are durable. AlreadyExists when the step is already committed. On failure nothing
-  // visible changes: earlier checkpoints are untouched and this one stays invisible.
-  Status Save(uint64_t step, const SaveRequest& request);
+  // Starts saving this rank's share of step `step` and returns at once (or, under
+  // BusyPolicy::kWait, once a staging slot is free). The state is copied in the background; see
+  // SaveTicket for what to wait for. Afterwards this rank's data and index are persisted and
+  // published; the rank whose index completes the set writes the manifest and applies retention.
+  // Errors (an invalid request, AlreadyExists when the step is committed, I/O failures) are
+  // reported by the ticket. On failure nothing visible changes: earlier checkpoints are untouched
+  // and this one stays invisible. Saves are persisted in the order they were started.
+  SaveTicket Save(uint64_t step, const SaveRequest& request);
 
   // Waits until step `step` is committed (every rank's index present), polling the file system.
   Status WaitForCommit(uint64_t step, double timeout_seconds);
 
-  // Loads step `step`, or the newest complete checkpoint when empty, into the request's targets.
-  // NotFound when there is no complete checkpoint (partial ones are never used).
+  // Loads step `step`, or the newest complete checkpoint when empty, into the request's targets:
+  // from the memory tier when it holds a complete checkpoint at least as new as the disk's newest
+  // (checksums verified; damage falls back to disk), else from disk. NotFound when there is no
+  // complete checkpoint (partial ones are never used).
   Result<LoadResult> Load(std::optional<uint64_t> step, const LoadRequest& request);
 
   // Every step directory under the root, newest first, complete or not.
   Result<std::vector<CheckpointInfo>> List();
+  // The same for the memory tier (empty when it is off).
+  Result<std::vector<CheckpointInfo>> ListMemoryTier();
   // The newest complete step, or nullopt when there is none.
   Result<std::optional<uint64_t>> LatestStep();
   // Removes partial checkpoints older than the newest complete one and, when keep_last > 0,
   // complete ones beyond the newest keep_last.
   Status CollectGarbage();
 
+  // Waits until every save started so far is persisted (and drained); the first error among them.
+  Status Flush();
+
   const CheckpointerOptions& options() const { return options_; }
+  // Where the memory tier lives ("" when off).
+  const std::string& memory_tier_directory() const;
 
  private:
   explicit Checkpointer(CheckpointerOptions options);

@@ -22,6 +22,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "lifeline/status.h"
@@ -81,6 +82,7 @@ struct IoRequest {
   void* buffer = nullptr;
   size_t length = 0;
   uint64_t tag = 0;  // returned in the completion
+  int buffer_index = -1;  // >= 0: `buffer` lies inside registered buffer #buffer_index (RegisterBuffers)
 };
 
 struct IoCompletion {
@@ -107,6 +109,16 @@ class IoQueue {
   virtual unsigned depth() const = 0;
   // "io_uring" or "threads".
   virtual const char* engine() const = 0;
+  // Registers long-lived memory regions (each page-aligned) for faster transfers: requests whose
+  // buffer_index names one of them skip the per-request page pinning (io_uring fixed buffers).
+  // Replaces any earlier registration; waits for nothing, so call it with nothing in flight
+  // (FailedPrecondition otherwise). InvalidArgument for an empty or misaligned region.
+  // NotSupported when the engine cannot (thread pool, or the kernel/RLIMIT_MEMLOCK refuses); requests
+  // with buffer_index still work then, as ordinary transfers. An empty list unregisters.
+  // The regions must stay mapped until they are unregistered or the queue is destroyed.
+  virtual Status RegisterBuffers(const std::vector<std::pair<void*, size_t>>& /*regions*/) {
+    return Status::NotSupported("io queue", "buffer registration");
+  }
 };
 
 class Env {

@@ -27,6 +27,7 @@ enum class StatusCode : int {
   kResourceExhausted = 7,  // a memory budget or queue depth that cannot be honoured
   kFailedPrecondition = 8, // an operation issued in the wrong state
   kAborted = 9,            // stopped on purpose (shutdown, simulated crash)
+  kUnavailable = 10,       // not now: e.g. a save skipped because the previous one is still persisting
 };
 
 const char* StatusCodeName(StatusCode code);
@@ -46,6 +47,7 @@ class [[nodiscard]] Status {
   static Status ResourceExhausted(std::string_view a, std::string_view b = {}) { return Make(StatusCode::kResourceExhausted, a, b); }
   static Status FailedPrecondition(std::string_view a, std::string_view b = {}) { return Make(StatusCode::kFailedPrecondition, a, b); }
   static Status Aborted(std::string_view a, std::string_view b = {}) { return Make(StatusCode::kAborted, a, b); }
+  static Status Unavailable(std::string_view a, std::string_view b = {}) { return Make(StatusCode::kUnavailable, a, b); }
   // An I/O error from errno `err`, naming `context` (usually the path).
   static Status FromErrno(int err, std::string_view context);
 
@@ -57,6 +59,7 @@ class [[nodiscard]] Status {
   bool IsCorruption() const { return code() == StatusCode::kCorruption; }
   bool IsAlreadyExists() const { return code() == StatusCode::kAlreadyExists; }
   bool IsNotSupported() const { return code() == StatusCode::kNotSupported; }
+  bool IsUnavailable() const { return code() == StatusCode::kUnavailable; }
 
   // "Corruption: index-r00001: bad magic".
   std::string ToString() const;

@@ -4,11 +4,19 @@
 // the SQE's user_data, so steady-state operation allocates nothing. A request is one SQE at a
 // time: short transfers, -EAGAIN and transfers above kMaxSqeBytes are continued by re-preparing
 // the slot's SQE for the remainder.
+//
+// Registered (fixed) buffers: each region is registered as pieces of at most kFixedPieceBytes,
+// and an SQE whose buffer lies in a registered region uses the fixed opcode on the piece that
+// holds it. A transfer that crosses a piece boundary is cut there and continued in the next piece,
+// like a short transfer, so every byte of a registered region goes out without per-request pinning.
 #include <liburing.h>
+#include <sys/resource.h>
+#include <sys/uio.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -27,8 +35,21 @@ namespace {
 constexpr size_t kMaxSqeBytes = size_t{1} << 30;
 constexpr unsigned kMaxDepth = 32768;  // IORING_MAX_ENTRIES
 constexpr unsigned kPeekBatch = 64;
+// The kernel refuses a registered buffer (one iovec) larger than 1 GiB.
+constexpr size_t kFixedPieceBytes = size_t{1} << 30;
 
 std::atomic<int> uring_refused_for_testing{0};
+std::atomic<size_t> fixed_piece_bytes_for_testing{0};
+
+std::string DescribeRegistrationFailure(int err, size_t bytes, size_t pieces) {
+  std::string text = std::strerror(err);
+  text += " (" + std::to_string(bytes) + " bytes in " + std::to_string(pieces) + " pieces";
+  rlimit limit;
+  if (err == ENOMEM && ::getrlimit(RLIMIT_MEMLOCK, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) {
+    text += "; RLIMIT_MEMLOCK allows " + std::to_string(limit.rlim_cur / 1024) + " KiB";
+  }
+  return text + ")";
+}
 
 unsigned RoundUpPow2(unsigned v) {
   unsigned p = 1;
@@ -124,7 +145,60 @@ class UringIoQueue final : public IoQueue {
   unsigned depth() const override { return depth_; }
   const char* engine() const override { return "io_uring"; }
 
+  Status RegisterBuffers(const std::vector<std::pair<void*, size_t>>& regions) override {
+    // A re-queued remainder would otherwise name a piece of the old registration.
+    if (in_flight_ > 0) {
+      return Status::FailedPrecondition(
+          "io queue", "cannot register buffers with " + std::to_string(in_flight_) + " requests in flight");
+    }
+    for (size_t i = 0; i < regions.size(); ++i) {
+      const auto& [base, length] = regions[i];
+      if (base == nullptr || length == 0) {
+        return Status::InvalidArgument("io queue", "registered buffer #" + std::to_string(i) + " is empty");
+      }
+      // Pieces then start aligned, so cutting an O_DIRECT transfer at a piece boundary keeps it aligned.
+      if (reinterpret_cast<uintptr_t>(base) % kDirectIoAlignment != 0) {
+        return Status::InvalidArgument("io queue", "registered buffer #" + std::to_string(i) + " is not aligned to " +
+                                                       std::to_string(kDirectIoAlignment) + " bytes");
+      }
+    }
+    LL_RETURN_IF_ERROR(UnregisterBuffers());
+    if (regions.empty()) return Status::OK();
+
+    const size_t override_bytes = fixed_piece_bytes_for_testing.load();
+    const size_t piece_bytes = override_bytes != 0 ? override_bytes : kFixedPieceBytes;
+    std::vector<RegisteredRegion> registered;
+    registered.reserve(regions.size());
+    std::vector<iovec> pieces;
+    size_t total = 0;
+    for (const auto& [base, length] : regions) {
+      registered.push_back(RegisteredRegion{reinterpret_cast<uintptr_t>(base), length, pieces.size()});
+      for (size_t at = 0; at < length; at += piece_bytes) {
+        pieces.push_back(iovec{static_cast<char*>(base) + at, std::min(piece_bytes, length - at)});
+      }
+      total += length;
+    }
+    int rc;
+    do {
+      rc = io_uring_register_buffers(&ring_, pieces.data(), static_cast<unsigned>(pieces.size()));
+    } while (rc == -EINTR);
+    if (rc < 0) {
+      return Status::NotSupported("io_uring_register_buffers", DescribeRegistrationFailure(-rc, total, pieces.size()));
+    }
+    regions_ = std::move(registered);
+    piece_bytes_ = piece_bytes;
+    return Status::OK();
+  }
+
+  uint64_t fixed_sqes() const { return fixed_sqes_; }
+
  private:
+  struct RegisteredRegion {
+    uintptr_t base;
+    size_t length;
+    size_t first_piece;  // kernel buffer index of the region's first piece
+  };
+
   struct Slot {
     IoRequest request;
     int fd = -1;
@@ -140,16 +214,50 @@ class UringIoQueue final : public IoQueue {
     Slot& slot = slots_[index];
     const IoRequest& r = slot.request;
     char* buffer = static_cast<char*>(r.buffer) + slot.done;
-    const unsigned length = static_cast<unsigned>(std::min(r.length - slot.done, kMaxSqeBytes));
+    size_t length = std::min(r.length - slot.done, kMaxSqeBytes);
     const uint64_t offset = r.offset + slot.done;
+    const int piece = FixedPiece(r.buffer_index, buffer, &length);
+    const bool write = r.kind == IoRequest::Kind::kWrite;
     // Never null: the SQ has an entry per slot (see Init).
     io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
-    if (r.kind == IoRequest::Kind::kWrite) {
-      io_uring_prep_write(sqe, slot.fd, buffer, length, offset);
+    if (piece >= 0) {
+      ++fixed_sqes_;
+      if (write) {
+        io_uring_prep_write_fixed(sqe, slot.fd, buffer, static_cast<unsigned>(length), offset, piece);
+      } else {
+        io_uring_prep_read_fixed(sqe, slot.fd, buffer, static_cast<unsigned>(length), offset, piece);
+      }
+    } else if (write) {
+      io_uring_prep_write(sqe, slot.fd, buffer, static_cast<unsigned>(length), offset);
     } else {
-      io_uring_prep_read(sqe, slot.fd, buffer, length, offset);
+      io_uring_prep_read(sqe, slot.fd, buffer, static_cast<unsigned>(length), offset);
     }
     io_uring_sqe_set_data64(sqe, index);
+  }
+
+  // The kernel buffer index of the registered piece holding `buffer`, with *length cut so the
+  // transfer ends inside that piece; -1 when `buffer` is not in registered region #buffer_index
+  // (nothing registered, or the caller's index is stale), which makes it an ordinary transfer.
+  int FixedPiece(int buffer_index, const char* buffer, size_t* length) const {
+    if (buffer_index < 0 || static_cast<size_t>(buffer_index) >= regions_.size()) return -1;
+    const RegisteredRegion& region = regions_[static_cast<size_t>(buffer_index)];
+    const uintptr_t address = reinterpret_cast<uintptr_t>(buffer);
+    if (address < region.base || address - region.base >= region.length) return -1;
+    const size_t at = address - region.base;
+    const size_t piece = at / piece_bytes_;
+    const size_t piece_end = std::min((piece + 1) * piece_bytes_, region.length);
+    *length = std::min(*length, piece_end - at);
+    return static_cast<int>(region.first_piece + piece);
+  }
+
+  Status UnregisterBuffers() {
+    if (regions_.empty()) return Status::OK();
+    regions_.clear();
+    int rc;
+    do {
+      rc = io_uring_unregister_buffers(&ring_);
+    } while (rc == -EINTR);
+    return rc < 0 ? Status::FromErrno(-rc, "io_uring_unregister_buffers") : Status::OK();
   }
 
   Status Flush() {
@@ -228,6 +336,9 @@ class UringIoQueue final : public IoQueue {
   std::vector<unsigned> ready_;  // completed slot indices awaiting Reap
   size_t in_flight_ = 0;         // slots in use
   size_t kernel_in_flight_ = 0;  // SQEs submitted whose CQE has not been seen
+  std::vector<RegisteredRegion> regions_;  // indexed by IoRequest::buffer_index; empty: none
+  size_t piece_bytes_ = kFixedPieceBytes;
+  uint64_t fixed_sqes_ = 0;  // SQEs prepared with a fixed-buffer opcode (for tests)
 };
 
 enum class Engine { kAuto, kThreads, kUring };
@@ -244,6 +355,16 @@ Result<Engine> EngineFromEnvironment() {
 }  // namespace
 
 void SetUringUnavailableForTesting(int err) { uring_refused_for_testing.store(err); }
+
+void SetFixedBufferPieceBytesForTesting(size_t bytes) {
+  const size_t aligned = (bytes + kDirectIoAlignment - 1) / kDirectIoAlignment * kDirectIoAlignment;
+  fixed_piece_bytes_for_testing.store(std::min(aligned, kFixedPieceBytes));
+}
+
+uint64_t FixedBufferSqesForTesting(const IoQueue& queue) {
+  const auto* uring = dynamic_cast<const UringIoQueue*>(&queue);
+  return uring != nullptr ? uring->fixed_sqes() : 0;
+}
 
 Result<std::unique_ptr<IoQueue>> NewUringIoQueue(const IoQueueOptions& options) {
   const unsigned depth = std::max(1u, options.depth);

@@ -16,7 +16,7 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i);
   lifeline::SaveRequest save;
   save.tensors.push_back(lifeline::TensorShard::Whole("w", lifeline::DType::kF32, {8, 8}, w.data()));
-  lifeline::Status s = (*ckpt)->Save(1, save);
+  lifeline::Status s = (*ckpt)->Save(1, save).WaitPersisted();
   if (!s.ok()) return std::fprintf(stderr, "%s\n", s.ToString().c_str()), 1;
   lifeline::LoadRequest load;
   load.tensors.push_back(lifeline::TensorShard::Whole("w", lifeline::DType::kF32, {8, 8}, back.data()));

@@ -1,0 +1,47 @@
+// The threads that copy snapshots into the staging arena. Jobs are served in the order they were
+// submitted; every thread works on the oldest job until all its pieces are claimed. A piece is
+// copied in cache-sized steps and hashed right after each step, while it is still in cache, so the
+// checksum costs no second pass over memory.
+//
+// Thread safety: Submit may be called from any thread.
+#ifndef LIFELINE_SRC_COPY_ENGINE_H_
+#define LIFELINE_SRC_COPY_ENGINE_H_
+
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "lib/src/save_job.h"
+
+namespace lifeline {
+
+class CopyEngine {
+ public:
+  explicit CopyEngine(unsigned threads);
+  // Finishes every submitted job first.
+  ~CopyEngine();
+  CopyEngine(const CopyEngine&) = delete;
+  CopyEngine& operator=(const CopyEngine&) = delete;
+
+  void Submit(std::shared_ptr<internal::SaveJob> job);
+  unsigned threads() const { return static_cast<unsigned>(threads_.size()); }
+
+ private:
+  void Run();
+
+  std::mutex mu_;
+  std::condition_variable work_;
+  std::deque<std::shared_ptr<internal::SaveJob>> jobs_;  // GUARDED_BY(mu_)
+  bool stopping_ = false;                                // GUARDED_BY(mu_)
+  std::vector<std::thread> threads_;
+};
+
+// Copies n bytes from src to dst and returns XXH3-64 of them, in one pass over memory.
+uint64_t CopyAndHash(uint8_t* dst, const uint8_t* src, uint64_t n);
+
+}  // namespace lifeline
+
+#endif  // LIFELINE_SRC_COPY_ENGINE_H_

@@ -1,0 +1,129 @@
+#include "lib/src/drainer.h"
+
+#include <chrono>
+
+#include "lib/src/aligned_buffer.h"
+#include "lib/src/checkpoint_layout.h"
+#include "lib/src/commit.h"
+#include "lifeline/log.h"
+
+namespace lifeline {
+
+Drainer::Drainer(Env* env, DrainConfig config) : env_(env), config_(std::move(config)) {
+  thread_ = std::thread([this] { Run(); });
+}
+
+Drainer::~Drainer() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void Drainer::Enqueue(uint64_t step, std::string encoded_index) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    items_.push_back(Item{step, std::move(encoded_index)});
+    ++queued_;
+  }
+  cv_.notify_all();
+}
+
+Status Drainer::Flush() {
+  std::unique_lock<std::mutex> lock(mu_);
+  const size_t target = queued_;
+  cv_.wait(lock, [&] { return done_ >= target; });
+  Status s = std::move(unreported_);
+  unreported_ = Status::OK();
+  return s;
+}
+
+uint64_t Drainer::drained() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return drained_;
+}
+
+bool Drainer::NewerQueuedOrStopping() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stopping_ || !items_.empty();
+}
+
+void Drainer::Run() {
+  for (;;) {
+    Item item;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || !items_.empty(); });
+      if (items_.empty()) return;
+      item = std::move(items_.front());
+      items_.pop_front();
+    }
+    Status s = Drain(item);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (s.ok()) {
+      ++drained_;
+    } else {
+      Log(LogLevel::kWarning, s.ToString());
+      if (!s.IsUnavailable() && unreported_.ok()) unreported_ = s;
+    }
+    ++done_;
+    cv_.notify_all();
+  }
+}
+
+Status Drainer::Drain(const Item& item) {
+  const std::string where = "draining step " + std::to_string(item.step) + " of rank " + std::to_string(config_.rank) +
+                            " to " + config_.target_root;
+  // Only a committed step is worth a copy; wait for the slowest rank, but not past a newer step.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(config_.commit_timeout_seconds);
+  for (;;) {
+    Status s = WaitForCommitIn(env_, config_.source_root, item.step, 1.0);
+    if (s.ok()) break;
+    if (s.code() != StatusCode::kAborted) return s.Annotate(where);
+    if (NewerQueuedOrStopping() || std::chrono::steady_clock::now() >= deadline)
+      return Status::Unavailable(where, "skipped: the step is not committed (" + s.message() + ")");
+  }
+  LL_RETURN_IF_ERROR(CreateDirDurably(env_, config_.target_root).Annotate(where));
+  Result<std::string> step_dir =
+      PrepareStepDir(env_, config_.target_root, item.step, config_.run_hash, config_.rank, config_.world_size);
+  if (step_dir.status().IsAlreadyExists()) return Status::OK();  // drained before (a retried save)
+  if (!step_dir.ok()) return step_dir.status().Annotate(where);
+  const std::string name = DataFileName(config_.run_hash, config_.rank, config_.world_size);
+  const std::string from = JoinPath(JoinPath(config_.source_root, StepDirName(item.step)), name);
+  Status copied = CopyFile(from, JoinPath(*step_dir, name));
+  if (copied.IsNotFound() && !env_->FileExists(from))
+    return Status::Unavailable(where, "skipped: retention removed the step from " + config_.source_root +
+                                          " before it was drained (keep more checkpoints there)");
+  LL_RETURN_IF_ERROR(copied.Annotate(where));
+  return PublishRankIndex(env_, config_.target_root, item.step, config_.run_hash, config_.rank, config_.world_size,
+                          item.index, /*retention=*/true, config_.keep_last)
+      .status()
+      .Annotate(where);
+}
+
+// Data files are written with their padding kept, so their sizes are multiples of the direct-I/O
+// alignment and both sides can bypass the page cache.
+Status Drainer::CopyFile(const std::string& from, const std::string& to) {
+  FileOptions fopt;
+  fopt.direct_io = config_.direct_io;
+  LL_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> in, env_->NewRandomAccessFile(from, fopt));
+  LL_ASSIGN_OR_RETURN(uint64_t size, in->Size());
+  if (size % kDirectIoAlignment != 0) fopt.direct_io = false;
+  LL_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> out, env_->NewWritableFile(to, fopt));
+  AlignedBuffer buffer(config_.buffer_bytes);
+  if (buffer.data() == nullptr) return Status::ResourceExhausted(to, "cannot allocate the drain buffer");
+  Status s = out->Allocate(size);
+  for (uint64_t off = 0; off < size && s.ok();) {
+    const uint64_t n = std::min<uint64_t>(buffer.size(), size - off);
+    s = in->ReadAt(off, buffer.data(), n);
+    if (s.ok()) s = out->WriteAt(off, buffer.data(), n);
+    off += n;
+  }
+  if (s.ok()) s = out->Sync();
+  Status closed = out->Close();
+  return s.ok() ? closed : s;
+}
+
+}  // namespace lifeline

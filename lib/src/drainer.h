@@ -1,0 +1,74 @@
+// Multi-level checkpointing: copies each committed checkpoint, rank by rank, from the checkpoint
+// directory to a second directory (typically a shared file system) in the background, and commits
+// it there by the same protocol, with its own retention. A step is drained only once it is
+// committed in the first directory; one that is still not committed when a newer step is waiting
+// is skipped (the newer one supersedes it).
+//
+// Thread safety: Enqueue and Flush may be called from any thread.
+#ifndef LIFELINE_SRC_DRAINER_H_
+#define LIFELINE_SRC_DRAINER_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "lifeline/env.h"
+#include "lifeline/status.h"
+
+namespace lifeline {
+
+struct DrainConfig {
+  std::string source_root;
+  std::string target_root;
+  std::string run_hash;
+  uint32_t rank = 0;
+  uint32_t world_size = 1;
+  uint32_t keep_last = 0;
+  bool direct_io = true;
+  uint64_t buffer_bytes = 8ull << 20;
+  double commit_timeout_seconds = 1800;  // how long to wait for the other ranks to commit a step
+};
+
+class Drainer {
+ public:
+  Drainer(Env* env, DrainConfig config);
+  // Drains what is queued and committed; skips steps still waiting for other ranks.
+  ~Drainer();
+  Drainer(const Drainer&) = delete;
+  Drainer& operator=(const Drainer&) = delete;
+
+  // Queues this rank's files of `step` (the data file and `encoded_index`, its rank index).
+  void Enqueue(uint64_t step, std::string encoded_index);
+  // Waits until everything queued so far is drained or skipped; the first error since the last Flush.
+  Status Flush();
+  // Steps drained by this rank so far (for tests and metrics).
+  uint64_t drained() const;
+
+ private:
+  struct Item {
+    uint64_t step;
+    std::string index;
+  };
+  void Run();
+  Status Drain(const Item& item);
+  Status CopyFile(const std::string& from, const std::string& to);
+  bool NewerQueuedOrStopping();
+
+  Env* const env_;
+  const DrainConfig config_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Item> items_;        // GUARDED_BY(mu_)
+  size_t queued_ = 0, done_ = 0;  // GUARDED_BY(mu_)
+  uint64_t drained_ = 0;          // GUARDED_BY(mu_)
+  Status unreported_;             // GUARDED_BY(mu_)
+  bool stopping_ = false;         // GUARDED_BY(mu_)
+  std::thread thread_;
+};
+
+}  // namespace lifeline
+
+#endif  // LIFELINE_SRC_DRAINER_H_

@@ -1,0 +1,73 @@
+// The memory tier: snapshots kept in shared memory on this node, laid out exactly like a checkpoint
+// directory (step-N/ with data files, rank indexes and a manifest), so the ordinary reader loads
+// from it and verifies every checksum. Data files are hard links to the staging slots' shared-memory
+// files, so publishing a snapshot copies nothing.
+//
+//   <root>/slots/H.rRRRRRR-of-WWWWWW.slotK   the staging slots of rank R of attempt H
+//   <root>/step-N/...                        published snapshots (commit protocol of SPEC.md)
+//
+// Retention: each rank keeps at most one snapshot per staging slot; reusing a slot withdraws the
+// snapshot it held (index first). When a newer step completes, older complete steps beyond the
+// number of slots, and older partial ones, are removed. Slot files of other attempts (a process
+// that was killed) are unlinked when a new attempt opens the tier; their pages live on, through the
+// step directories' links, until retention removes those steps.
+//
+// The root lives on the real file system (Env::Default()): it is this node's memory, whatever Env
+// the checkpoint directory uses. It is created 0700 and refused if another user owns it.
+//
+// Thread safety: safe for concurrent use; different ranks (processes) share a root.
+#ifndef LIFELINE_SRC_MEMORY_TIER_H_
+#define LIFELINE_SRC_MEMORY_TIER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "lifeline/checkpoint.h"
+#include "lifeline/env.h"
+#include "lifeline/status.h"
+
+namespace lifeline {
+
+class MemoryTier {
+ public:
+  // `root` empty: /dev/shm/lifeline-<uid>/<16 hex of XXH3 of the checkpoint directory's real path>.
+  static Result<std::unique_ptr<MemoryTier>> Open(std::string root, const std::string& checkpoint_dir,
+                                                  std::string run_hash, uint32_t rank, uint32_t world_size,
+                                                  unsigned slots);
+
+  const std::string& root() const { return root_; }
+  Env* env() const { return env_; }
+  // The shared-memory file behind staging slot k of this rank.
+  std::string SlotPath(unsigned k) const;
+
+  // Removes this rank's snapshot of `step` (its index first, then its data link).
+  Status Withdraw(uint64_t step);
+  // Publishes slot k as this rank's snapshot of `step`, described by `encoded_index`; the rank that
+  // completes the step writes its manifest and applies the tier's retention.
+  Status Publish(uint64_t step, unsigned slot, std::string_view encoded_index);
+  // Unlinks this rank's slot files (their memory is freed once no step links to them).
+  void RemoveSlotFiles();
+
+  Result<std::vector<CheckpointInfo>> List() const;
+
+ private:
+  MemoryTier(std::string root, std::string run_hash, uint32_t rank, uint32_t world_size, unsigned slots);
+  Status RemoveStaleSlots();
+
+  Env* const env_;
+  const std::string root_;
+  const std::string run_hash_;
+  const uint32_t rank_;
+  const uint32_t world_size_;
+  const unsigned slots_;
+};
+
+// The default root for a checkpoint directory (see MemoryTier::Open).
+std::string DefaultMemoryTierRoot(const std::string& checkpoint_dir);
+
+}  // namespace lifeline
+
+#endif  // LIFELINE_SRC_MEMORY_TIER_H_

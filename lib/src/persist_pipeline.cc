@@ -1,0 +1,186 @@
+#include "lib/src/persist_pipeline.h"
+
+#include <algorithm>
+
+#include "formats/index_codec.h"
+#include "lib/src/aligned_buffer.h"
+#include "lib/src/checkpoint_layout.h"
+#include "lib/src/commit.h"
+#include "lifeline/log.h"
+
+namespace lifeline {
+
+PersistPipeline::PersistPipeline(Env* env, PersistConfig config, StagingArena* arena,
+                                 std::function<void(internal::SaveJob&)> after_persist)
+    : env_(env), config_(std::move(config)), arena_(arena), after_persist_(std::move(after_persist)) {
+  thread_ = std::thread([this] { Run(); });
+}
+
+PersistPipeline::~PersistPipeline() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void PersistPipeline::Submit(std::shared_ptr<internal::SaveJob> job) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    jobs_.push_back(std::move(job));
+    ++submitted_;
+  }
+  cv_.notify_all();
+}
+
+Status PersistPipeline::Flush() {
+  std::unique_lock<std::mutex> lock(mu_);
+  const size_t target = submitted_;
+  cv_.wait(lock, [&] { return finished_ >= target; });
+  Status s = std::move(unreported_);
+  unreported_ = Status::OK();
+  return s;
+}
+
+void PersistPipeline::Run() {
+  for (;;) {
+    std::shared_ptr<internal::SaveJob> job;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
+      if (jobs_.empty()) return;
+      job = jobs_.front();
+      jobs_.pop_front();
+    }
+    if (!job->finished()) Persist(*job);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++finished_;
+      Status s = job->status();
+      if (!s.ok() && !s.IsUnavailable() && unreported_.ok()) unreported_ = s;
+    }
+    cv_.notify_all();
+  }
+}
+
+void PersistPipeline::Persist(internal::SaveJob& job) {
+  const RankWriteOptions& o = job.write_options;
+  const std::string where = "saving step " + std::to_string(job.step) + " on rank " + std::to_string(config_.rank);
+  auto finish = [&](Status s) {
+    if (!s.ok()) job.Fail(s.Annotate(where));
+    job.WaitCopyStopped();  // nothing may touch the slot once it is released
+    if (job.slot && arena_ != nullptr) arena_->Release(*job.slot);
+  };
+
+  Result<std::string> step_dir =
+      PrepareStepDir(env_, config_.root, job.step, config_.run_hash, config_.rank, config_.world_size);
+  if (!step_dir.ok()) return finish(step_dir.status());
+
+  format::CheckpointIndex written;
+  uint64_t stored = 0;
+  if (job.image != nullptr && o.codec == format::Codec::kNone) {
+    Result<uint64_t> n = WriteImage(job, *step_dir);
+    if (!n.ok()) return finish(n.status());
+    stored = *n;
+    written = job.index;  // its checksums are complete: every block was copied before it was written
+  } else {
+    RankSavePlan plan = job.plan;
+    if (job.image != nullptr) {  // encode from the snapshot, once it is complete
+      job.WaitCopyStopped();
+      if (job.cancelled()) return finish(Status::OK());
+      for (size_t i = 0; i < plan.fragments.size(); ++i) plan.fragments[i].source = job.image + job.layout.fragment_offset[i];
+    }
+    Result<format::CheckpointIndex> index = WriteRankData(env_, *step_dir, plan, job.objects, job.metadata_json, o);
+    if (job.image == nullptr) job.MarkStreamCopied();
+    if (!index.ok()) return finish(index.status());
+    written = std::move(*index);
+    stored = written.files.empty() ? 0 : written.files[0].size;
+  }
+  Result<std::string> encoded = format::EncodeIndex(written);
+  if (!encoded.ok()) return finish(encoded.status());
+  Result<bool> committed = PublishRankIndex(env_, config_.root, job.step, config_.run_hash, config_.rank,
+                                            config_.world_size, *encoded, /*retention=*/true, config_.keep_last);
+  if (!committed.ok()) return finish(committed.status());
+  job.disk_index = std::move(*encoded);
+  finish(Status::OK());
+  job.MarkPersisted(stored, *committed);
+  if (after_persist_) after_persist_(job);
+}
+
+void PersistPipeline::RenewRegistration() {
+  if (!config_.register_buffers || registration_refused_ || arena_ == nullptr) return;
+  const uint64_t generation = arena_->generation();
+  if (generation == registered_generation_) return;
+  registered_ = arena_->Regions();
+  Status s = queue_->RegisterBuffers(registered_);
+  registered_generation_ = generation;
+  if (!s.ok()) {
+    registration_refused_ = true;
+    registered_.clear();
+    Log(LogLevel::kInfo, "staging arena not registered with the I/O queue (" + s.ToString() +
+                             "); writes pin pages per request instead");
+  }
+}
+
+Result<uint64_t> PersistPipeline::WriteImage(internal::SaveJob& job, const std::string& step_dir) {
+  const std::string path = JoinPath(step_dir, DataFileName(config_.run_hash, config_.rank, config_.world_size));
+  FileOptions fopt;
+  fopt.direct_io = config_.direct_io;
+  LL_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, env_->NewWritableFile(path, fopt));
+  if (queue_ == nullptr) {
+    IoQueueOptions qopt;
+    qopt.depth = std::max(1u, config_.queue_depth);
+    LL_ASSIGN_OR_RETURN(queue_, env_->NewIoQueue(qopt));
+  }
+  RenewRegistration();
+  int buffer_index = -1;
+  for (size_t i = 0; i < registered_.size(); ++i) {
+    const auto* base = static_cast<const uint8_t*>(registered_[i].first);
+    if (job.image >= base && job.image < base + registered_[i].second) buffer_index = static_cast<int>(i);
+  }
+
+  const uint64_t padded = AlignUp(job.layout.bytes, kDirectIoAlignment);
+  std::vector<IoCompletion> done;
+  Status first_error = file->Allocate(padded);
+  auto reap = [&](size_t min) {
+    done.clear();
+    Status s = queue_->Reap(min, &done);
+    if (!s.ok() && first_error.ok()) first_error = s;
+    for (const IoCompletion& c : done)
+      if (!c.status.ok() && first_error.ok()) first_error = c.status;
+    return s.ok();
+  };
+  for (uint64_t off = 0; off < padded && first_error.ok();) {
+    const uint64_t len = std::min<uint64_t>(job.block_bytes, padded - off);
+    if (!job.WaitCopiedThrough(off + len)) {
+      first_error = Status::Aborted(path, "the save was cancelled");
+      break;
+    }
+    while (queue_->in_flight() >= queue_->depth() && first_error.ok())
+      if (!reap(1)) break;
+    if (!first_error.ok()) break;
+    IoRequest req;
+    req.kind = IoRequest::Kind::kWrite;
+    req.writer = file.get();
+    req.offset = off;
+    req.buffer = job.image + off;
+    req.length = len;
+    req.buffer_index = buffer_index;
+    first_error = queue_->Submit(req);
+    off += len;
+  }
+  while (queue_->in_flight() > 0)
+    if (!reap(queue_->in_flight())) {
+      queue_.reset();  // unusable: its destructor waits for what the kernel still holds
+      registered_generation_ = ~0ull;
+      break;
+    }
+  if (first_error.ok()) first_error = file->Sync();
+  Status closed = file->Close();
+  if (first_error.ok()) first_error = closed;
+  if (!first_error.ok()) return first_error.Annotate(path);
+  return padded;
+}
+
+}  // namespace lifeline

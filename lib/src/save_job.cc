@@ -1,0 +1,252 @@
+#include "lib/src/save_job.h"
+
+#include <algorithm>
+
+#include "lib/src/commit.h"
+
+namespace lifeline {
+
+const char* SavePhaseName(SavePhase phase) {
+  switch (phase) {
+    case SavePhase::kCopying: return "copying";
+    case SavePhase::kPersisting: return "persisting";
+    case SavePhase::kPersisted: return "persisted";
+    case SavePhase::kCommitted: return "committed";
+    case SavePhase::kFailed: return "failed";
+    case SavePhase::kSkipped: return "skipped";
+  }
+  return "unknown";
+}
+
+namespace internal {
+
+SaveJob::SaveJob(uint64_t step, Env* env, std::string root) : step(step), env(env), root(std::move(root)) {}
+
+void SaveJob::InitCounters(size_t request_tensors, bool streamed) {
+  num_tensors_ = request_tensors;
+  staged_.store(!streamed);
+  tensor_pending_.reset(new std::atomic<uint32_t>[num_tensors_]);
+  for (size_t i = 0; i < num_tensors_; ++i) tensor_pending_[i].store(streamed ? 1 : 0, std::memory_order_relaxed);
+  const uint64_t image_end = layout.bytes;
+  num_blocks_ = block_bytes == 0 ? 0 : (image_end + block_bytes - 1) / block_bytes;
+  block_pending_.reset(new std::atomic<int64_t>[num_blocks_ + 1]);
+  for (size_t b = 0; b <= num_blocks_; ++b) block_pending_[b].store(0, std::memory_order_relaxed);
+  for (const CopyPiece& p : pieces) {
+    if (!p.object) tensor_pending_[p.request_tensor].fetch_add(1, std::memory_order_relaxed);
+    for (uint64_t at = p.image_offset, end = p.image_offset + p.length; at < end;) {
+      const uint64_t b = at / block_bytes, stop = std::min(end, (b + 1) * block_bytes);
+      block_pending_[b].fetch_add(static_cast<int64_t>(stop - at), std::memory_order_relaxed);
+      at = stop;
+    }
+  }
+  pieces_left_.store(pieces.size(), std::memory_order_release);
+}
+
+void SaveJob::PieceDone(size_t i, uint64_t checksum) {
+  const CopyPiece& p = pieces[i];
+  if (!cancelled()) {
+    // Each slot is written by one thread only, before the release below publishes it.
+    if (p.object) {
+      index.objects[p.target].checksum = checksum;
+    } else {
+      index.chunks[p.target].checksum = checksum;
+    }
+    bytes_copied_.fetch_add(p.length, std::memory_order_relaxed);
+  }
+  bool wake = false;
+  if (!p.object && tensor_pending_[p.request_tensor].fetch_sub(1, std::memory_order_acq_rel) == 1) wake = true;
+  for (uint64_t at = p.image_offset, end = p.image_offset + p.length; at < end;) {
+    const uint64_t b = at / block_bytes, stop = std::min(end, (b + 1) * block_bytes);
+    const int64_t n = static_cast<int64_t>(stop - at);
+    if (block_pending_[b].fetch_sub(n, std::memory_order_acq_rel) == n) wake = true;
+    at = stop;
+  }
+  if (pieces_left_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    CompleteCopy();
+  } else if (wake) {
+    std::lock_guard<std::mutex> lock(mu_);  // pairs with the waiters' predicate checks
+    cv_.notify_all();
+  }
+}
+
+void SaveJob::CompleteCopy() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    copied_ = true;
+    copied_at_ = Clock::now();
+    if (phase_ == SavePhase::kCopying) phase_ = SavePhase::kPersisting;
+  }
+  cv_.notify_all();
+  if (on_copied && !cancelled()) on_copied(*this);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    copy_done_ = true;
+  }
+  cv_.notify_all();
+}
+
+void SaveJob::WaitCopyStopped() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return copy_done_; });
+}
+
+bool SaveJob::WaitCopiedThrough(uint64_t end) {
+  if (end == 0 || block_bytes == 0) return !cancelled();
+  const uint64_t last_block = (std::min(end, layout.bytes) + block_bytes - 1) / block_bytes;
+  std::unique_lock<std::mutex> lock(mu_);
+  for (uint64_t b = 0; b < last_block; ++b) {
+    cv_.wait(lock, [&] { return cancelled() || block_pending_[b].load(std::memory_order_acquire) == 0; });
+    if (cancelled()) return false;
+  }
+  return true;
+}
+
+void SaveJob::MarkStreamCopied() {
+  for (size_t i = 0; i < num_tensors_; ++i) tensor_pending_[i].store(0, std::memory_order_release);
+  bytes_copied_.store(bytes_total);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    copied_ = copy_done_ = true;
+    copied_at_ = Clock::now();
+    if (phase_ == SavePhase::kCopying) phase_ = SavePhase::kPersisting;
+  }
+  cv_.notify_all();
+}
+
+void SaveJob::MarkPersisted(uint64_t bytes_stored, bool committed) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    persisted_ = true;
+    committed_ = committed;
+    bytes_stored_ = bytes_stored;
+    persisted_at_ = Clock::now();
+    if (status_.ok()) phase_ = committed ? SavePhase::kCommitted : SavePhase::kPersisted;
+  }
+  cv_.notify_all();
+}
+
+void SaveJob::Fail(Status status) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (status_.ok()) status_ = std::move(status);
+    phase_ = SavePhase::kFailed;
+    cancelled_.store(true, std::memory_order_release);
+    // A streamed job is failed by the thread that was reading the state, once it has stopped.
+    if (!staged_.load()) copied_ = copy_done_ = true;
+  }
+  cv_.notify_all();
+}
+
+void SaveJob::FinishWithoutCopy(Status status, SavePhase phase) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    status_ = std::move(status);
+    phase_ = phase;
+    cancelled_.store(true, std::memory_order_release);
+    copied_ = copy_done_ = true;
+    persisted_ = true;
+    copied_at_ = persisted_at_ = Clock::now();
+  }
+  for (size_t i = 0; i < num_tensors_; ++i) tensor_pending_[i].store(0, std::memory_order_release);
+  cv_.notify_all();
+}
+
+Status SaveJob::WaitSnapshot() {
+  const auto t0 = Clock::now();
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return copied_; });
+  lock.unlock();
+  AddStall(Clock::now() - t0);
+  return status();
+}
+
+Status SaveJob::WaitTensor(size_t i) {
+  if (i >= num_tensors_)
+    return Status::InvalidArgument("step " + std::to_string(step), "tensor #" + std::to_string(i) + " is not in the save request");
+  const auto t0 = Clock::now();
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return copied_ || tensor_pending_[i].load(std::memory_order_acquire) == 0; });
+  lock.unlock();
+  AddStall(Clock::now() - t0);
+  return status();
+}
+
+bool SaveJob::TensorCopied(size_t i) const {
+  return i < num_tensors_ && tensor_pending_[i].load(std::memory_order_acquire) == 0;
+}
+
+Status SaveJob::WaitPersisted() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return persisted_ || (phase_ == SavePhase::kFailed && copy_done_); });
+  return status_;
+}
+
+Status SaveJob::WaitCommitted(double timeout_seconds) {
+  LL_RETURN_IF_ERROR(WaitPersisted());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (committed_) return Status::OK();
+  }
+  LL_RETURN_IF_ERROR(WaitForCommitIn(env, root, step, timeout_seconds));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    committed_ = true;
+    if (status_.ok()) phase_ = SavePhase::kCommitted;
+  }
+  return Status::OK();
+}
+
+Status SaveJob::status() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return status_;
+}
+
+bool SaveJob::finished() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return persisted_ || (phase_ == SavePhase::kFailed && copy_done_);
+}
+
+SaveProgress SaveJob::Progress() const {
+  SaveProgress p;
+  p.step = step;
+  p.bytes_total = bytes_total;
+  p.bytes_copied = bytes_copied_.load(std::memory_order_relaxed);
+  p.stall_seconds = static_cast<double>(stall_ns_.load()) * 1e-9;
+  p.staged = staged_.load();
+  p.memory_tier = memory_tier_.load();
+  std::lock_guard<std::mutex> lock(mu_);
+  p.phase = phase_;
+  p.status = status_;
+  p.bytes_stored = bytes_stored_;
+  if (copied_) p.snapshot_seconds = std::chrono::duration<double>(copied_at_ - started).count();
+  if (persisted_) p.persist_seconds = std::chrono::duration<double>(persisted_at_ - started).count();
+  return p;
+}
+
+}  // namespace internal
+
+// ---- SaveTicket: forwards to the job ----
+
+namespace {
+Status NoSave() { return Status::FailedPrecondition("save ticket", "refers to no save"); }
+}  // namespace
+
+uint64_t SaveTicket::step() const { return job_ ? job_->step : 0; }
+Status SaveTicket::WaitSnapshot() const { return job_ ? job_->WaitSnapshot() : NoSave(); }
+Status SaveTicket::WaitTensor(size_t i) const { return job_ ? job_->WaitTensor(i) : NoSave(); }
+bool SaveTicket::TensorCopied(size_t i) const { return job_ && job_->TensorCopied(i); }
+Status SaveTicket::WaitPersisted() const { return job_ ? job_->WaitPersisted() : NoSave(); }
+Status SaveTicket::WaitCommitted(double timeout_seconds) const {
+  return job_ ? job_->WaitCommitted(timeout_seconds) : NoSave();
+}
+SaveProgress SaveTicket::Progress() const {
+  if (!job_) {
+    SaveProgress p;
+    p.phase = SavePhase::kFailed;
+    p.status = NoSave();
+    return p;
+  }
+  return job_->Progress();
+}
+
+}  // namespace lifeline

@@ -1,0 +1,136 @@
+#include "lib/src/staging_arena.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace lifeline {
+namespace {
+constexpr uint64_t kSlotGranule = 2ull << 20;  // a huge page: the kernel may back slots with THP
+}
+
+StagingSlot::~StagingSlot() { Release(/*unlink_file=*/false); }
+
+void StagingSlot::Release(bool unlink_file) {
+  if (data_ != nullptr) munmap(data_, capacity_);
+  data_ = nullptr;
+  capacity_ = 0;
+  if (fd_ >= 0) close(fd_);
+  fd_ = -1;
+  if (unlink_file && !shm_path_.empty()) unlink(shm_path_.c_str());
+}
+
+Status StagingSlot::Reserve(uint64_t bytes) {
+  if (bytes <= capacity_ && data_ != nullptr) return Status::OK();
+  const uint64_t want = (std::max<uint64_t>(bytes, 1) + kSlotGranule - 1) / kSlotGranule * kSlotGranule;
+  if (data_ != nullptr) munmap(data_, capacity_);
+  data_ = nullptr;
+  capacity_ = 0;
+  void* p = MAP_FAILED;
+  if (shm_path_.empty()) {
+    p = mmap(nullptr, want, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return Status::FromErrno(errno, "staging arena: mmap of " + std::to_string(want) + " bytes");
+    madvise(p, want, MADV_HUGEPAGE);
+  } else {
+    if (fd_ < 0) {
+      fd_ = open(shm_path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+      if (fd_ < 0) return Status::FromErrno(errno, shm_path_);
+    }
+    if (ftruncate(fd_, static_cast<off_t>(want)) != 0) return Status::FromErrno(errno, shm_path_);
+    const int rc = posix_fallocate(fd_, 0, static_cast<off_t>(want));
+    if (rc == ENOSPC)
+      return Status::ResourceExhausted(shm_path_, "shared memory is full (" + std::to_string(want) +
+                                                      " bytes needed for a snapshot slot)");
+    if (rc != 0 && rc != EOPNOTSUPP) return Status::FromErrno(rc, shm_path_);
+    p = mmap(nullptr, want, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+    if (p == MAP_FAILED) return Status::FromErrno(errno, shm_path_ + ": mmap");
+  }
+  data_ = static_cast<uint8_t*>(p);
+  capacity_ = want;
+  return Status::OK();
+}
+
+StagingArena::StagingArena(unsigned slots, uint64_t budget_bytes, std::vector<std::string> shm_paths)
+    : slot_limit_(budget_bytes / std::max(1u, slots) / 4096 * 4096) {
+  slots = std::max(1u, slots);
+  for (unsigned i = 0; i < slots; ++i) slots_.push_back(std::make_unique<StagingSlot>(i < shm_paths.size() ? shm_paths[i] : ""));
+  busy_.assign(slots, false);
+  step_.assign(slots, std::nullopt);
+  last_use_.assign(slots, 0);
+}
+
+StagingArena::~StagingArena() = default;
+
+std::optional<unsigned> StagingArena::Acquire(bool wait) {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    std::optional<unsigned> best;
+    for (unsigned i = 0; i < slots_.size(); ++i)
+      if (!busy_[i] && (!best || last_use_[i] < last_use_[*best])) best = i;
+    if (best) {
+      busy_[*best] = true;
+      last_use_[*best] = ++uses_;
+      step_[*best].reset();
+      return best;
+    }
+    if (!wait) return std::nullopt;
+    released_.wait(lock);
+  }
+}
+
+void StagingArena::Release(unsigned slot) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    busy_[slot] = false;
+  }
+  released_.notify_all();
+}
+
+void StagingArena::SetStep(unsigned slot, uint64_t step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  step_[slot] = step;
+}
+
+std::optional<uint64_t> StagingArena::StepOf(unsigned slot) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return step_[slot];
+}
+
+std::optional<uint64_t> StagingArena::OldestBusyStep() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::optional<uint64_t> oldest;
+  for (unsigned i = 0; i < slots_.size(); ++i)
+    if (busy_[i] && step_[i] && (!oldest || *step_[i] < *oldest)) oldest = step_[i];
+  return oldest;
+}
+
+Status StagingArena::Reserve(unsigned i, uint64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (bytes <= slots_[i]->capacity() && slots_[i]->data() != nullptr) return Status::OK();
+  ++generation_;
+  return slots_[i]->Reserve(bytes);
+}
+
+void StagingArena::ReleaseAll(bool unlink_files) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++generation_;
+  for (auto& s : slots_) s->Release(unlink_files);
+}
+
+std::vector<std::pair<void*, size_t>> StagingArena::Regions() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::pair<void*, size_t>> out;
+  for (const auto& s : slots_)
+    if (s->data() != nullptr) out.emplace_back(s->data(), s->capacity());
+  return out;
+}
+
+uint64_t StagingArena::generation() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return generation_;
+}
+
+}  // namespace lifeline

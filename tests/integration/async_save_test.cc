@@ -1,0 +1,566 @@
+// Lazy asynchronous saves: what is persisted is the state at Save time even when the caller
+// mutates it right after WaitSnapshot; back-pressure when the previous save is still persisting;
+// the memory tier surviving the process that filled it; codecs; the multi-level drain; the
+// io_uring-refused fallback.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "lib/src/env/io_queue_internal.h"
+#include "lifeline/checkpoint.h"
+#include "tests/integration/test_util.h"
+
+namespace lifeline::testing {
+namespace {
+
+// A few multi-chunk tensors plus the usual dtype mix: enough bytes that copying takes a while.
+std::vector<GlobalTensor> StateTensors(uint64_t salt) {
+  std::vector<GlobalTensor> ts = StandardTensors(salt);
+  ts.push_back(MakeTensor("big.a", DType::kF32, {512, 1024}, salt));   // 2 MiB
+  ts.push_back(MakeTensor("big.b", DType::kBF16, {1000, 1031}, salt)); // odd size, ~2 MiB
+  ts.push_back(MakeTensor("big.c", DType::kF64, {3, 77777}, salt));    // ~1.8 MiB
+  return ts;
+}
+
+// One rank holding every tensor whole, in buffers it may mutate.
+struct WholeState {
+  std::vector<GlobalTensor> tensors;
+  std::vector<std::vector<uint8_t>> live;  // what the "training loop" mutates
+
+  explicit WholeState(uint64_t salt) : tensors(StateTensors(salt)) {
+    for (const GlobalTensor& t : tensors) live.push_back(t.bytes);
+  }
+  SaveRequest Request() {
+    SaveRequest req;
+    for (size_t i = 0; i < tensors.size(); ++i)
+      req.tensors.push_back(TensorShard::Whole(tensors[i].name, tensors[i].dtype, tensors[i].shape,
+                                               live[i].empty() ? nullptr : live[i].data()));
+    req.objects.emplace_back("rng", "rng-state");
+    req.metadata_json = "{\"model\": \"test\"}";
+    return req;
+  }
+  void Scribble(size_t i) {
+    for (uint8_t& b : live[i]) b = static_cast<uint8_t>(b ^ 0x5A);
+  }
+  void ScribbleAll() {
+    for (size_t i = 0; i < live.size(); ++i) Scribble(i);
+  }
+};
+
+CheckpointerOptions BaseOptions(const std::string& dir) {
+  CheckpointerOptions o;
+  o.directory = dir;
+  o.run_id = "async-test";
+  o.chunk_bytes = 256 << 10;  // many pieces per tensor
+  o.write_block_bytes = 1 << 20;
+  return o;
+}
+
+std::string LoadAndCompare(Checkpointer* ckpt, std::optional<uint64_t> step, const std::vector<GlobalTensor>& want,
+                           uint64_t* loaded_step = nullptr) {
+  std::string diff;
+  Result<uint64_t> got = LoadWholeAndCompare(ckpt, step, want, &diff);
+  if (!got.ok()) return got.status().ToString();
+  if (loaded_step != nullptr) *loaded_step = *got;
+  return diff;
+}
+
+// ---- consistency --------------------------------------------------------------------------
+
+struct Variant {
+  const char* name;
+  void (*apply)(CheckpointerOptions*);
+};
+
+class ConsistencyTest : public ::testing::TestWithParam<Variant> {};
+
+TEST_P(ConsistencyTest, MutatingRightAfterWaitSnapshotNeverLeaksIntoTheCheckpoint) {
+  TempDir dir;
+  CheckpointerOptions o = BaseOptions(dir.Sub("ckpt"));
+  o.memory_tier_directory = dir.Sub("tier");
+  GetParam().apply(&o);
+  auto ckpt = Checkpointer::Open(o);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
+  WholeState state(1);
+  std::vector<std::vector<GlobalTensor>> saved;
+  std::vector<SaveTicket> tickets;
+  for (uint64_t step = 1; step <= 4; ++step) {
+    // The state at Save time is what each step must hold.
+    std::vector<GlobalTensor> at_save = state.tensors;
+    for (size_t i = 0; i < at_save.size(); ++i) at_save[i].bytes = state.live[i];
+    saved.push_back(std::move(at_save));
+    SaveTicket t = (*ckpt)->Save(step, state.Request());
+    ASSERT_TRUE(t.WaitSnapshot().ok()) << t.Progress().status.ToString();
+    state.ScribbleAll();  // the optimizer step, while the save is still being persisted
+    tickets.push_back(t);
+  }
+  for (const SaveTicket& t : tickets) ASSERT_TRUE(t.WaitPersisted().ok()) << t.Progress().status.ToString();
+  ASSERT_TRUE(tickets.back().WaitCommitted(30).ok());
+  for (uint64_t step = 1; step <= 4; ++step)
+    EXPECT_EQ(LoadAndCompare(ckpt->get(), step, saved[step - 1]), "") << "step " << step;
+  const SaveProgress p = tickets.back().Progress();
+  EXPECT_EQ(p.phase, SavePhase::kCommitted);
+  EXPECT_EQ(p.bytes_copied, p.bytes_total);
+  EXPECT_GT(p.bytes_stored, 0u);
+  EXPECT_EQ(p.staged, std::string(GetParam().name) != "streamed");
+  EXPECT_EQ(p.memory_tier, std::string(GetParam().name) == "memory_tier");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Variants, ConsistencyTest,
+    ::testing::Values(
+        Variant{"staged", [](CheckpointerOptions*) {}},
+        Variant{"one_slot", [](CheckpointerOptions* o) { o->staging_slots = 1; }},
+        Variant{"four_copy_threads", [](CheckpointerOptions* o) { o->copy_threads = 4; }},
+        Variant{"memory_tier", [](CheckpointerOptions* o) { o->memory_tier = true; }},
+        Variant{"zstd", [](CheckpointerOptions* o) { o->codec = SaveCodec::kZstd; }},
+        Variant{"zstd_bytegroup", [](CheckpointerOptions* o) { o->codec = SaveCodec::kZstdByteGroup; }},
+        Variant{"streamed", [](CheckpointerOptions* o) { o->staging_budget_bytes = 1 << 20; }},
+        Variant{"buffered_io", [](CheckpointerOptions* o) { o->direct_io = false; }},
+        Variant{"unregistered", [](CheckpointerOptions* o) { o->register_buffers = false; }}),
+    [](const ::testing::TestParamInfo<Variant>& info) { return std::string(info.param.name); });
+
+TEST(AsyncSaveTest, PerTensorReadinessLetsEachTensorBeUpdatedAsSoonAsItIsCopied) {
+  TempDir dir;
+  auto ckpt = Checkpointer::Open(BaseOptions(dir.Sub("ckpt")));
+  ASSERT_TRUE(ckpt.ok());
+  WholeState state(7);
+  const std::vector<GlobalTensor> at_save = state.tensors;
+  SaveRequest req = state.Request();
+  SaveTicket t = (*ckpt)->Save(1, req);
+  // Update tensors in reverse order, each as soon as its own copy is done.
+  for (size_t i = req.tensors.size(); i-- > 0;) {
+    ASSERT_TRUE(t.WaitTensor(i).ok());
+    EXPECT_TRUE(t.TensorCopied(i));
+    state.Scribble(i);
+  }
+  EXPECT_EQ(t.WaitTensor(req.tensors.size()).code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(t.WaitPersisted().ok()) << t.Progress().status.ToString();
+  EXPECT_EQ(LoadAndCompare(ckpt->get(), 1, at_save), "");
+}
+
+TEST(AsyncSaveTest, ErrorsAreReportedByTheTicket) {
+  TempDir dir;
+  auto ckpt = Checkpointer::Open(BaseOptions(dir.Sub("ckpt")));
+  ASSERT_TRUE(ckpt.ok());
+  WholeState state(3);
+  SaveRequest bad = state.Request();
+  bad.tensors[0].data = nullptr;
+  SaveTicket t = (*ckpt)->Save(1, bad);
+  EXPECT_EQ(t.WaitSnapshot().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(t.Progress().phase, SavePhase::kFailed);
+  EXPECT_NE(t.Progress().status.message().find(state.tensors[0].name), std::string::npos);
+
+  ASSERT_TRUE((*ckpt)->Save(2, state.Request()).WaitPersisted().ok());
+  SaveTicket again = (*ckpt)->Save(2, state.Request());
+  EXPECT_TRUE(again.WaitPersisted().IsAlreadyExists()) << again.Progress().status.ToString();
+  EXPECT_TRUE(again.WaitSnapshot().IsAlreadyExists());
+  EXPECT_TRUE(SaveTicket().WaitSnapshot().code() == StatusCode::kFailedPrecondition);
+  // The failure is also what Flush reports; the earlier checkpoint is intact.
+  EXPECT_FALSE((*ckpt)->Flush().ok());
+  EXPECT_EQ(LoadAndCompare(ckpt->get(), std::nullopt, state.tensors), "");
+}
+
+TEST(AsyncSaveTest, DestroyingTheCheckpointerFinishesItsSaves) {
+  TempDir dir;
+  WholeState state(11);
+  {
+    auto ckpt = Checkpointer::Open(BaseOptions(dir.Sub("ckpt")));
+    ASSERT_TRUE(ckpt.ok());
+    SaveTicket t = (*ckpt)->Save(9, state.Request());
+    ASSERT_TRUE(t.WaitSnapshot().ok());
+  }  // no WaitPersisted
+  auto reopened = Checkpointer::Open(BaseOptions(dir.Sub("ckpt")));
+  ASSERT_TRUE(reopened.ok());
+  uint64_t step = 0;
+  EXPECT_EQ(LoadAndCompare(reopened->get(), std::nullopt, state.tensors, &step), "");
+  EXPECT_EQ(step, 9u);
+}
+
+// ---- back-pressure ------------------------------------------------------------------------
+
+// Holds every write of data files until opened: a disk that is (very) slow.
+class GatedEnv : public EnvWrapper {
+ public:
+  explicit GatedEnv(Env* target) : EnvWrapper(target) {}
+  void Open() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      open_ = true;
+    }
+    cv_.notify_all();
+  }
+  Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path, const FileOptions& options) override {
+    LL_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, target()->NewWritableFile(path, options));
+    if (path.find(".data") == std::string::npos) return file;
+    return std::unique_ptr<WritableFile>(new Gated(this, std::move(file)));
+  }
+
+ private:
+  // No fd(): queues call WriteAt, which waits for the gate.
+  class Gated : public WritableFile {
+   public:
+    Gated(GatedEnv* env, std::unique_ptr<WritableFile> f) : env_(env), f_(std::move(f)) {}
+    Status WriteAt(uint64_t offset, const void* src, size_t n) override {
+      std::unique_lock<std::mutex> lock(env_->mu_);
+      env_->cv_.wait(lock, [&] { return env_->open_; });
+      lock.unlock();
+      return f_->WriteAt(offset, src, n);
+    }
+    Status Truncate(uint64_t size) override { return f_->Truncate(size); }
+    Status Sync() override { return f_->Sync(); }
+    Status Close() override { return f_->Close(); }
+    const std::string& path() const override { return f_->path(); }
+    bool direct() const override { return f_->direct(); }
+
+   private:
+    GatedEnv* env_;
+    std::unique_ptr<WritableFile> f_;
+  };
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+};
+
+TEST(BackPressureTest, SkipPolicyRefusesASaveWhileEverySlotIsPersistingAndSaysWhy) {
+  TempDir dir;
+  GatedEnv env(Env::Default());
+  CheckpointerOptions o = BaseOptions(dir.Sub("ckpt"));
+  o.env = &env;
+  o.staging_slots = 1;
+  o.busy_policy = BusyPolicy::kSkip;
+  auto ckpt = Checkpointer::Open(o);
+  ASSERT_TRUE(ckpt.ok());
+  WholeState state(5);
+  SaveTicket first = (*ckpt)->Save(10, state.Request());
+  ASSERT_TRUE(first.WaitSnapshot().ok());  // copied; its write is held at the gate
+  SaveTicket second = (*ckpt)->Save(20, state.Request());
+  const Status skipped = second.WaitSnapshot();
+  EXPECT_TRUE(skipped.IsUnavailable()) << skipped.ToString();
+  EXPECT_NE(skipped.message().find("step 10"), std::string::npos) << skipped.ToString();
+  EXPECT_EQ(second.Progress().phase, SavePhase::kSkipped);
+  EXPECT_TRUE(second.WaitPersisted().IsUnavailable());
+  env.Open();
+  ASSERT_TRUE(first.WaitPersisted().ok());
+  // The slot is free again: the next save is taken.
+  ASSERT_TRUE((*ckpt)->Save(30, state.Request()).WaitPersisted().ok());
+  auto list = (*ckpt)->List();
+  ASSERT_TRUE(list.ok());
+  std::vector<uint64_t> steps;
+  for (const CheckpointInfo& c : *list) steps.push_back(c.step);
+  EXPECT_EQ(steps, (std::vector<uint64_t>{30, 10}));
+  EXPECT_TRUE((*ckpt)->Flush().ok()) << "a skipped save is not a failure";
+}
+
+TEST(BackPressureTest, WaitPolicyBlocksSaveUntilASlotIsFreeAndLosesNothing) {
+  TempDir dir;
+  GatedEnv env(Env::Default());
+  CheckpointerOptions o = BaseOptions(dir.Sub("ckpt"));
+  o.env = &env;
+  o.staging_slots = 1;
+  o.busy_policy = BusyPolicy::kWait;
+  auto ckpt = Checkpointer::Open(o);
+  ASSERT_TRUE(ckpt.ok());
+  WholeState state(6);
+  const std::vector<GlobalTensor> first_state = state.tensors;
+  SaveTicket first = (*ckpt)->Save(1, state.Request());
+  ASSERT_TRUE(first.WaitSnapshot().ok());
+  state.ScribbleAll();
+  std::vector<GlobalTensor> second_state = state.tensors;
+  for (size_t i = 0; i < second_state.size(); ++i) second_state[i].bytes = state.live[i];
+
+  std::atomic<bool> returned{false};
+  SaveTicket second;
+  std::thread saver([&] {
+    second = (*ckpt)->Save(2, state.Request());
+    returned = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_FALSE(returned.load()) << "Save returned while its only slot was still being persisted";
+  env.Open();
+  saver.join();
+  ASSERT_TRUE(second.WaitPersisted().ok()) << second.Progress().status.ToString();
+  EXPECT_GE(second.Progress().stall_seconds, 0.1) << "the wait is the caller's stall";
+  EXPECT_EQ(LoadAndCompare(ckpt->get(), 1, first_state), "");
+  EXPECT_EQ(LoadAndCompare(ckpt->get(), 2, second_state), "");
+}
+
+// ---- the memory tier ----------------------------------------------------------------------
+
+CheckpointerOptions TierOptions(const TempDir& dir, const std::string& run_id) {
+  CheckpointerOptions o = BaseOptions(dir.Sub("ckpt"));
+  o.run_id = run_id;
+  o.memory_tier = true;
+  o.memory_tier_directory = dir.Sub("tier");
+  return o;
+}
+
+// The child saves step 1 to disk, then step 5 whose disk write never finishes, and is killed
+// once step 5 is in the memory tier.
+void RunChildThatIsKilled(const TempDir& dir, int ready_fd) {
+  GatedEnv env(Env::Default());
+  CheckpointerOptions o = TierOptions(dir, "first-launch");
+  auto plain = Checkpointer::Open(o);
+  if (!plain.ok()) _exit(2);
+  WholeState one(1);
+  if (!(*plain)->Save(1, one.Request()).WaitCommitted(30).ok()) _exit(3);
+  plain->reset();
+  o.env = &env;
+  auto ckpt = Checkpointer::Open(o);
+  if (!ckpt.ok()) _exit(4);
+  WholeState five(5);
+  SaveTicket t = (*ckpt)->Save(5, five.Request());
+  if (!t.WaitSnapshot().ok()) _exit(5);
+  while (!t.Progress().memory_tier) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const char byte = 'k';
+  if (write(ready_fd, &byte, 1) != 1) _exit(6);
+  for (;;) pause();
+}
+
+TEST(MemoryTierTest, RestartedProcessLoadsTheSnapshotWhoseDiskWriteNeverFinished) {
+  TempDir dir;
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    close(fds[0]);
+    RunChildThatIsKilled(dir, fds[1]);
+  }
+  close(fds[1]);
+  char byte = 0;
+  ASSERT_EQ(read(fds[0], &byte, 1), 1) << "the child died before publishing its snapshot";
+  close(fds[0]);
+  ASSERT_EQ(kill(child, SIGKILL), 0);
+  int wstatus = 0;
+  ASSERT_EQ(waitpid(child, &wstatus, 0), child);
+  ASSERT_TRUE(WIFSIGNALED(wstatus));
+
+  // The restarted job: another launch, same checkpoint directory and node.
+  auto ckpt = Checkpointer::Open(TierOptions(dir, "second-launch"));
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
+  auto on_disk = (*ckpt)->LatestStep();
+  ASSERT_TRUE(on_disk.ok());
+  EXPECT_EQ(on_disk->value_or(0), 1u) << "step 5 never reached the disk";
+  uint64_t step = 0;
+  EXPECT_EQ(LoadAndCompare(ckpt->get(), std::nullopt, WholeState(5).tensors, &step), "");
+  EXPECT_EQ(step, 5u);
+  // Asking for the disk's step still works, from disk.
+  EXPECT_EQ(LoadAndCompare(ckpt->get(), 1, WholeState(1).tensors), "");
+
+  // A damaged memory snapshot is refused by its checksums and the disk's newest is used instead.
+  auto tier = (*ckpt)->ListMemoryTier();
+  ASSERT_TRUE(tier.ok());
+  ASSERT_FALSE(tier->empty());
+  std::string data_file;
+  for (const std::string& name : ListDir(tier->front().directory))
+    if (name.find(".data") != std::string::npos) data_file = tier->front().directory + "/" + name;
+  ASSERT_FALSE(data_file.empty());
+  std::string bytes = ReadWholeFile(data_file);
+  ASSERT_GT(bytes.size(), 8192u);
+  bytes[8192] ^= 0x01;
+  ASSERT_TRUE(WriteWholeFile(data_file, bytes));
+  EXPECT_EQ(LoadAndCompare(ckpt->get(), std::nullopt, WholeState(1).tensors, &step), "");
+  EXPECT_EQ(step, 1u);
+}
+
+TEST(MemoryTierTest, LoadPrefersTheTierOnlyWhenItIsAtLeastAsNewAsTheDisk) {
+  TempDir dir;
+  auto ckpt = Checkpointer::Open(TierOptions(dir, "run"));
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
+  WholeState state(2);
+  ASSERT_TRUE((*ckpt)->Save(2, state.Request()).WaitCommitted(30).ok());
+  LoadRequest req;
+  std::vector<uint8_t> buf(state.tensors[0].bytes.size());
+  req.tensors.push_back(TensorShard::Whole(state.tensors[0].name, state.tensors[0].dtype, state.tensors[0].shape, buf.data()));
+  auto r = (*ckpt)->Load(std::nullopt, req);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->from_memory_tier);
+  EXPECT_EQ(buf, state.tensors[0].bytes);
+
+  // A newer step on disk only (saved by a process without the tier) wins over the tier.
+  {
+    CheckpointerOptions o = BaseOptions(dir.Sub("ckpt"));
+    o.run_id = "other";
+    auto plain = Checkpointer::Open(o);
+    ASSERT_TRUE(plain.ok());
+    WholeState newer(3);
+    ASSERT_TRUE((*plain)->Save(3, newer.Request()).WaitCommitted(30).ok());
+  }
+  r = (*ckpt)->Load(std::nullopt, req);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->from_memory_tier);
+  EXPECT_EQ(r->step, 3u);
+  EXPECT_EQ(buf, WholeState(3).tensors[0].bytes);
+}
+
+TEST(MemoryTierTest, KeepsOneSnapshotPerSlotAndCleansUpOnClose) {
+  TempDir dir;
+  {
+    CheckpointerOptions o = TierOptions(dir, "run");
+    o.staging_slots = 2;
+    auto ckpt = Checkpointer::Open(o);
+    ASSERT_TRUE(ckpt.ok());
+    WholeState state(1);
+    for (uint64_t step = 1; step <= 5; ++step) ASSERT_TRUE((*ckpt)->Save(step, state.Request()).WaitPersisted().ok());
+    auto tier = (*ckpt)->ListMemoryTier();
+    ASSERT_TRUE(tier.ok());
+    std::vector<uint64_t> steps;
+    for (const CheckpointInfo& c : *tier) steps.push_back(c.step);
+    EXPECT_EQ(steps, (std::vector<uint64_t>{5, 4}));
+    EXPECT_EQ(ListDir(dir.Sub("tier/slots")).size(), 2u);
+  }
+  // Orderly close: everything durable on disk leaves memory.
+  EXPECT_TRUE(ListDir(dir.Sub("tier/slots")).empty());
+  for (const std::string& name : ListDir(dir.Sub("tier")))
+    EXPECT_TRUE(name == "slots") << "left in the memory tier: " << name;
+}
+
+// ---- multi-level --------------------------------------------------------------------------
+
+TEST(DrainTest, CommittedCheckpointsAreCopiedToTheSecondDirectoryWithItsOwnRetention) {
+  TempDir dir;
+  const std::vector<GlobalTensor> tensors = StateTensors(4);
+  const Layout layout = DimLayout(3, 0);
+  std::vector<RankState> ranks = BuildRanks(tensors, layout, /*fill_from_global=*/true);
+  std::vector<std::unique_ptr<Checkpointer>> ckpts;
+  for (uint32_t r = 0; r < layout.world_size; ++r) {
+    CheckpointerOptions o = BaseOptions(dir.Sub("fast"));
+    o.rank = r;
+    o.world_size = layout.world_size;
+    o.keep_last = 1;
+    o.drain_directory = dir.Sub("shared");
+    o.drain_keep_last = 2;
+    auto c = Checkpointer::Open(o);
+    ASSERT_TRUE(c.ok());
+    ckpts.push_back(std::move(*c));
+  }
+  for (uint64_t step = 1; step <= 3; ++step) {
+    std::vector<SaveTicket> ts;
+    for (uint32_t r = 0; r < layout.world_size; ++r) ts.push_back(ckpts[r]->Save(step, RequestOf(ranks[r], r, 4)));
+    for (const SaveTicket& t : ts) ASSERT_TRUE(t.WaitCommitted(30).ok());
+    // Drained before the next commit's retention removes it from the first directory.
+    for (auto& c : ckpts) ASSERT_TRUE(c->Flush().ok());
+  }
+  CheckpointerOptions o = BaseOptions(dir.Sub("shared"));
+  auto shared = Checkpointer::Open(o);
+  ASSERT_TRUE(shared.ok());
+  auto list = (*shared)->List();
+  ASSERT_TRUE(list.ok());
+  std::vector<uint64_t> steps;
+  for (const CheckpointInfo& c : *list) {
+    EXPECT_TRUE(c.complete) << c.problem;
+    steps.push_back(c.step);
+  }
+  EXPECT_EQ(steps, (std::vector<uint64_t>{3, 2}));
+  for (uint64_t step : {2, 3}) EXPECT_EQ(LoadAndCompare(shared->get(), step, tensors), "") << "step " << step;
+  auto fast = ckpts[0]->List();
+  ASSERT_TRUE(fast.ok());
+  EXPECT_EQ(fast->size(), 1u) << "the first directory keeps its own retention";
+}
+
+// ---- io_uring refused ---------------------------------------------------------------------
+
+class UringRefusedTest : public ::testing::Test {
+ protected:
+  void SetUp() override { internal::SetUringUnavailableForTesting(EPERM); }
+  void TearDown() override { internal::SetUringUnavailableForTesting(0); }
+};
+
+TEST_F(UringRefusedTest, SavesAndLoadsThroughTheThreadPoolFallback) {
+  TempDir dir;
+  CheckpointerOptions o = BaseOptions(dir.Sub("ckpt"));
+  o.memory_tier = true;
+  o.memory_tier_directory = dir.Sub("tier");
+  auto ckpt = Checkpointer::Open(o);
+  ASSERT_TRUE(ckpt.ok());
+  WholeState state(8);
+  const std::vector<GlobalTensor> at_save = state.tensors;
+  SaveTicket t = (*ckpt)->Save(1, state.Request());
+  ASSERT_TRUE(t.WaitSnapshot().ok());
+  state.ScribbleAll();
+  ASSERT_TRUE(t.WaitPersisted().ok()) << t.Progress().status.ToString();
+  EXPECT_EQ(LoadAndCompare(ckpt->get(), 1, at_save), "");
+}
+
+TEST_F(UringRefusedTest, ReshardsAcrossWorldSizesWithACodec) {
+  TempDir dir;
+  const std::vector<GlobalTensor> tensors = StateTensors(9);
+  CheckpointerOptions o = BaseOptions(dir.Sub("ckpt"));
+  o.codec = SaveCodec::kZstdByteGroup;
+  ASSERT_TRUE(AllOk(SaveAllRanks(o, tensors, TpDpLayout(2, 2), 1, 9, /*threads=*/true)));
+  o.world_size = 1;
+  auto ckpt = Checkpointer::Open(o);
+  ASSERT_TRUE(ckpt.ok());
+  EXPECT_EQ(LoadAndCompare(ckpt->get(), 1, tensors), "");
+}
+
+// ---- codecs -------------------------------------------------------------------------------
+
+class CodecTest : public ::testing::TestWithParam<SaveCodec> {};
+
+TEST_P(CodecTest, RoundTripsOddSizesAcrossLayoutsAndVerifies) {
+  TempDir dir;
+  std::vector<GlobalTensor> tensors = StateTensors(12);
+  tensors.push_back(MakeTensor("one.bf16", DType::kBF16, {1}, 12));
+  tensors.push_back(MakeTensor("three.f16", DType::kF16, {3}, 12));
+  tensors.push_back(MakeTensor("odd.i8", DType::kI8, {4097}, 12));
+  CheckpointerOptions o = BaseOptions(dir.Sub("ckpt"));
+  o.codec = GetParam();
+  o.chunk_bytes = 4104;  // chunk edges fall mid-row
+  ASSERT_TRUE(AllOk(SaveAllRanks(o, tensors, FlatLayout(3), 1, 12, /*threads=*/false)));
+  for (const Layout& load : {WholeLayout(), DimLayout(2, 0), BoxFlatLayout(2, 2, 0)}) {
+    std::vector<RankState> targets = BuildRanks(tensors, load, /*fill_from_global=*/false);
+    for (uint32_t r = 0; r < load.world_size; ++r) {
+      CheckpointerOptions lo = o;
+      lo.rank = r;
+      lo.world_size = load.world_size;
+      auto ckpt = Checkpointer::Open(lo);
+      ASSERT_TRUE(ckpt.ok());
+      LoadRequest req;
+      req.tensors = targets[r].shards;
+      auto res = (*ckpt)->Load(1, req);
+      ASSERT_TRUE(res.ok()) << load.name << " rank " << r << ": " << res.status().ToString();
+      for (size_t k = 0; k < targets[r].buffers.size(); ++k) {
+        const auto& [ti, region] = targets[r].where[k];
+        EXPECT_EQ(CompareRegion(tensors[ti], region, targets[r].buffers[k]), "") << load.name << " rank " << r;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Codecs, CodecTest, ::testing::Values(SaveCodec::kZstd, SaveCodec::kZstdByteGroup),
+                         [](const ::testing::TestParamInfo<SaveCodec>& info) {
+                           return std::string(info.param == SaveCodec::kZstd ? "zstd" : "zstd_bytegroup");
+                         });
+
+TEST(CodecTest, CompressibleStateTakesLessSpaceAndSaysSo) {
+  TempDir dir;
+  CheckpointerOptions o = BaseOptions(dir.Sub("ckpt"));
+  o.codec = SaveCodec::kZstdByteGroup;
+  auto ckpt = Checkpointer::Open(o);
+  ASSERT_TRUE(ckpt.ok());
+  std::vector<float> w(1 << 20);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i % 1000) * 0.001f;  // few distinct values
+  SaveRequest req;
+  req.tensors.push_back(TensorShard::Whole("w", DType::kF32, {static_cast<int64_t>(w.size())}, w.data()));
+  SaveTicket t = (*ckpt)->Save(1, req);
+  ASSERT_TRUE(t.WaitPersisted().ok()) << t.Progress().status.ToString();
+  const SaveProgress p = t.Progress();
+  EXPECT_EQ(p.bytes_total, w.size() * sizeof(float));
+  EXPECT_LT(p.bytes_stored * 2, p.bytes_total) << "stored " << p.bytes_stored << " of " << p.bytes_total;
+}
+
+}  // namespace
+}  // namespace lifeline::testing
