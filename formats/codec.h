@@ -39,9 +39,11 @@ class ChunkCodec {
 
   // Encodes n raw bytes (whole elements of elem_size bytes; elem_size in {1, 2, 4, 8}) into dst,
   // which holds `capacity` bytes (at least MaxEncodedSize(codec, n)). Returns the stored length.
-  // kNone copies. `level` is a zstd level (clamped to zstd's range; negative levels are faster).
-  // InvalidArgument on an unknown codec, a bad elem_size, a partial element or too small a
-  // capacity.
+  // kNone copies. `level` is a zstd level (clamped to zstd's range); the entropy coder stays on at
+  // negative levels. Under kZstdByteGroup, levels up to 3 share one setting tuned for weights (a
+  // match finder that strides through noise, long matches only); higher levels search like zstd
+  // does, which weights rarely repay. InvalidArgument on an unknown codec, a bad elem_size, a
+  // partial element or too small a capacity.
   Result<size_t> Encode(Codec codec, size_t elem_size, int level, const uint8_t* src, size_t n, uint8_t* dst,
                         size_t capacity);
 

@@ -72,7 +72,7 @@ int RunVerify(const VerifyOptions& o) {
 void AddVerifyCommand(CLI::App& root, std::vector<Command>* commands) {
   auto options = std::make_shared<VerifyOptions>();
   CLI::App* app = root.add_subcommand(
-      "verify", "Read every chunk and object of a checkpoint and check its checksum (exit 1 on any mismatch)");
+      "verify", "Read every chunk and object of a checkpoint, check its checksum and decode compressed chunks (exit 1 on any mismatch)");
   app->add_option("dir", options->dir, "Checkpoint root directory")->required();
   app->add_option("--step", options->step, "Step to verify (default: the newest complete one)")
       ->check(CLI::NonNegativeNumber);
