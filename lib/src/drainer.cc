@@ -9,69 +9,16 @@
 
 namespace lifeline {
 
-Drainer::Drainer(Env* env, DrainConfig config) : env_(env), config_(std::move(config)) {
-  thread_ = std::thread([this] { Run(); });
-}
-
-Drainer::~Drainer() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stopping_ = true;
-  }
-  cv_.notify_all();
-  thread_.join();
-}
-
-void Drainer::Enqueue(uint64_t step, std::string encoded_index) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    items_.push_back(Item{step, std::move(encoded_index)});
-    ++queued_;
-  }
-  cv_.notify_all();
-}
-
-Status Drainer::Flush() {
-  std::unique_lock<std::mutex> lock(mu_);
-  const size_t target = queued_;
-  cv_.wait(lock, [&] { return done_ >= target; });
-  Status s = std::move(unreported_);
-  unreported_ = Status::OK();
-  return s;
-}
-
-uint64_t Drainer::drained() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return drained_;
-}
-
-bool Drainer::NewerQueuedOrStopping() {
-  std::lock_guard<std::mutex> lock(mu_);
-  return stopping_ || !items_.empty();
-}
-
-void Drainer::Run() {
-  for (;;) {
-    Item item;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || !items_.empty(); });
-      if (items_.empty()) return;
-      item = std::move(items_.front());
-      items_.pop_front();
-    }
-    Status s = Drain(item);
-    std::lock_guard<std::mutex> lock(mu_);
-    if (s.ok()) {
-      ++drained_;
-    } else {
-      Log(LogLevel::kWarning, s.ToString());
-      if (!s.IsUnavailable() && unreported_.ok()) unreported_ = s;
-    }
-    ++done_;
-    cv_.notify_all();
-  }
-}
+Drainer::Drainer(Env* env, DrainConfig config)
+    : env_(env), config_(std::move(config)), worker_([this](Item& item) {
+        Status s = Drain(item);
+        if (s.ok()) {
+          drained_.fetch_add(1);
+        } else {
+          Log(LogLevel::kWarning, s.ToString());
+        }
+        return s;
+      }) {}
 
 Status Drainer::Drain(const Item& item) {
   const std::string where = "draining step " + std::to_string(item.step) + " of rank " + std::to_string(config_.rank) +
@@ -82,7 +29,7 @@ Status Drainer::Drain(const Item& item) {
     Status s = WaitForCommitIn(env_, config_.source_root, item.step, 1.0);
     if (s.ok()) break;
     if (s.code() != StatusCode::kAborted) return s.Annotate(where);
-    if (NewerQueuedOrStopping() || std::chrono::steady_clock::now() >= deadline)
+    if (worker_.Pending() || std::chrono::steady_clock::now() >= deadline)
       return Status::Unavailable(where, "skipped: the step is not committed (" + s.message() + ")");
   }
   LL_RETURN_IF_ERROR(CreateDirDurably(env_, config_.target_root).Annotate(where));

@@ -8,13 +8,11 @@
 #ifndef LIFELINE_SRC_DRAINER_H_
 #define LIFELINE_SRC_DRAINER_H_
 
-#include <condition_variable>
+#include <atomic>
 #include <cstdint>
-#include <deque>
-#include <mutex>
 #include <string>
-#include <thread>
 
+#include "lib/src/serial_worker.h"
 #include "lifeline/env.h"
 #include "lifeline/status.h"
 
@@ -36,37 +34,29 @@ class Drainer {
  public:
   Drainer(Env* env, DrainConfig config);
   // Drains what is queued and committed; skips steps still waiting for other ranks.
-  ~Drainer();
+  ~Drainer() = default;
   Drainer(const Drainer&) = delete;
   Drainer& operator=(const Drainer&) = delete;
 
   // Queues this rank's files of `step` (the data file and `encoded_index`, its rank index).
-  void Enqueue(uint64_t step, std::string encoded_index);
+  void Enqueue(uint64_t step, std::string encoded_index) { worker_.Submit(Item{step, std::move(encoded_index)}); }
   // Waits until everything queued so far is drained or skipped; the first error since the last Flush.
-  Status Flush();
+  Status Flush() { return worker_.Flush(); }
   // Steps drained by this rank so far (for tests and metrics).
-  uint64_t drained() const;
+  uint64_t drained() const { return drained_.load(); }
 
  private:
   struct Item {
-    uint64_t step;
+    uint64_t step = 0;
     std::string index;
   };
-  void Run();
   Status Drain(const Item& item);
   Status CopyFile(const std::string& from, const std::string& to);
-  bool NewerQueuedOrStopping();
 
   Env* const env_;
   const DrainConfig config_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Item> items_;        // GUARDED_BY(mu_)
-  size_t queued_ = 0, done_ = 0;  // GUARDED_BY(mu_)
-  uint64_t drained_ = 0;          // GUARDED_BY(mu_)
-  Status unreported_;             // GUARDED_BY(mu_)
-  bool stopping_ = false;         // GUARDED_BY(mu_)
-  std::thread thread_;
+  std::atomic<uint64_t> drained_{0};
+  SerialWorker<Item> worker_;  // last: its thread uses the above
 };
 
 }  // namespace lifeline

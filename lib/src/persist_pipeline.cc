@@ -12,57 +12,14 @@ namespace lifeline {
 
 PersistPipeline::PersistPipeline(Env* env, PersistConfig config, StagingArena* arena,
                                  std::function<void(internal::SaveJob&)> after_persist)
-    : env_(env), config_(std::move(config)), arena_(arena), after_persist_(std::move(after_persist)) {
-  thread_ = std::thread([this] { Run(); });
-}
-
-PersistPipeline::~PersistPipeline() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stopping_ = true;
-  }
-  cv_.notify_all();
-  thread_.join();
-}
-
-void PersistPipeline::Submit(std::shared_ptr<internal::SaveJob> job) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    jobs_.push_back(std::move(job));
-    ++submitted_;
-  }
-  cv_.notify_all();
-}
-
-Status PersistPipeline::Flush() {
-  std::unique_lock<std::mutex> lock(mu_);
-  const size_t target = submitted_;
-  cv_.wait(lock, [&] { return finished_ >= target; });
-  Status s = std::move(unreported_);
-  unreported_ = Status::OK();
-  return s;
-}
-
-void PersistPipeline::Run() {
-  for (;;) {
-    std::shared_ptr<internal::SaveJob> job;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
-      if (jobs_.empty()) return;
-      job = jobs_.front();
-      jobs_.pop_front();
-    }
-    if (!job->finished()) Persist(*job);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      ++finished_;
-      Status s = job->status();
-      if (!s.ok() && !s.IsUnavailable() && unreported_.ok()) unreported_ = s;
-    }
-    cv_.notify_all();
-  }
-}
+    : env_(env),
+      config_(std::move(config)),
+      arena_(arena),
+      after_persist_(std::move(after_persist)),
+      worker_([this](std::shared_ptr<internal::SaveJob>& job) {
+        if (!job->finished()) Persist(*job);
+        return job->status();
+      }) {}
 
 void PersistPipeline::Persist(internal::SaveJob& job) {
   const RankWriteOptions& o = job.write_options;

@@ -8,15 +8,12 @@
 #ifndef LIFELINE_SRC_PERSIST_PIPELINE_H_
 #define LIFELINE_SRC_PERSIST_PIPELINE_H_
 
-#include <condition_variable>
-#include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 
 #include "lib/src/save_job.h"
+#include "lib/src/serial_worker.h"
 #include "lib/src/staging_arena.h"
 #include "lifeline/env.h"
 
@@ -40,17 +37,16 @@ class PersistPipeline {
   PersistPipeline(Env* env, PersistConfig config, StagingArena* arena,
                   std::function<void(internal::SaveJob&)> after_persist);
   // Persists everything submitted, then stops.
-  ~PersistPipeline();
+  ~PersistPipeline() = default;
   PersistPipeline(const PersistPipeline&) = delete;
   PersistPipeline& operator=(const PersistPipeline&) = delete;
 
-  void Submit(std::shared_ptr<internal::SaveJob> job);
+  void Submit(std::shared_ptr<internal::SaveJob> job) { worker_.Submit(std::move(job)); }
   // Waits until every job submitted so far is finished; the first error among those not yet
-  // reported by an earlier Flush.
-  Status Flush();
+  // reported by an earlier Flush (skipped saves are not errors).
+  Status Flush() { return worker_.Flush(); }
 
  private:
-  void Run();
   void Persist(internal::SaveJob& job);
   Result<uint64_t> WriteImage(internal::SaveJob& job, const std::string& step_dir);
   void RenewRegistration();
@@ -65,13 +61,7 @@ class PersistPipeline {
   uint64_t registered_generation_ = ~0ull;
   bool registration_refused_ = false;
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::shared_ptr<internal::SaveJob>> jobs_;  // GUARDED_BY(mu_)
-  size_t submitted_ = 0, finished_ = 0;                  // GUARDED_BY(mu_)
-  Status unreported_;                                    // GUARDED_BY(mu_)
-  bool stopping_ = false;                                // GUARDED_BY(mu_)
-  std::thread thread_;
+  SerialWorker<std::shared_ptr<internal::SaveJob>> worker_;  // last: its thread uses the above
 };
 
 }  // namespace lifeline
