@@ -233,19 +233,34 @@ class GatedEnv : public EnvWrapper {
   bool open_ = false;
 };
 
-TEST(BackPressureTest, SkipPolicyRefusesASaveWhileEverySlotIsPersistingAndSaysWhy) {
-  TempDir dir;
-  GatedEnv env(Env::Default());
-  CheckpointerOptions o = BaseOptions(dir.Sub("ckpt"));
-  o.env = &env;
-  o.staging_slots = 1;
-  o.busy_policy = BusyPolicy::kSkip;
-  auto ckpt = Checkpointer::Open(o);
-  ASSERT_TRUE(ckpt.ok());
+// One staging slot, and a disk that holds every data write until the test opens the gate.
+class BackPressureTest : public ::testing::Test {
+ protected:
+  // A failed assertion must not leave the Checkpointer's destructor waiting at a closed gate.
+  ~BackPressureTest() override { env_.Open(); }
+  Checkpointer* OpenWith(BusyPolicy policy) {
+    CheckpointerOptions o = BaseOptions(dir_.Sub("ckpt"));
+    o.env = &env_;
+    o.staging_slots = 1;
+    o.busy_policy = policy;
+    auto ckpt = Checkpointer::Open(o);
+    EXPECT_TRUE(ckpt.ok()) << ckpt.status().ToString();
+    if (ckpt.ok()) ckpt_ = std::move(*ckpt);
+    return ckpt_.get();
+  }
+  TempDir dir_;
+  GatedEnv env_{Env::Default()};
+  std::unique_ptr<Checkpointer> ckpt_;  // destroyed first, after the gate is open
+};
+
+TEST_F(BackPressureTest, SkipPolicyRefusesASaveWhileEverySlotIsPersistingAndSaysWhy) {
+  GatedEnv& env = env_;
+  Checkpointer* ckpt = OpenWith(BusyPolicy::kSkip);
+  ASSERT_NE(ckpt, nullptr);
   WholeState state(5);
-  SaveTicket first = (*ckpt)->Save(10, state.Request());
+  SaveTicket first = ckpt->Save(10, state.Request());
   ASSERT_TRUE(first.WaitSnapshot().ok());  // copied; its write is held at the gate
-  SaveTicket second = (*ckpt)->Save(20, state.Request());
+  SaveTicket second = ckpt->Save(20, state.Request());
   const Status skipped = second.WaitSnapshot();
   EXPECT_TRUE(skipped.IsUnavailable()) << skipped.ToString();
   EXPECT_NE(skipped.message().find("step 10"), std::string::npos) << skipped.ToString();
@@ -254,27 +269,22 @@ TEST(BackPressureTest, SkipPolicyRefusesASaveWhileEverySlotIsPersistingAndSaysWh
   env.Open();
   ASSERT_TRUE(first.WaitPersisted().ok());
   // The slot is free again: the next save is taken.
-  ASSERT_TRUE((*ckpt)->Save(30, state.Request()).WaitPersisted().ok());
-  auto list = (*ckpt)->List();
+  ASSERT_TRUE(ckpt->Save(30, state.Request()).WaitPersisted().ok());
+  auto list = ckpt->List();
   ASSERT_TRUE(list.ok());
   std::vector<uint64_t> steps;
   for (const CheckpointInfo& c : *list) steps.push_back(c.step);
   EXPECT_EQ(steps, (std::vector<uint64_t>{30, 10}));
-  EXPECT_TRUE((*ckpt)->Flush().ok()) << "a skipped save is not a failure";
+  EXPECT_TRUE(ckpt->Flush().ok()) << "a skipped save is not a failure";
 }
 
-TEST(BackPressureTest, WaitPolicyBlocksSaveUntilASlotIsFreeAndLosesNothing) {
-  TempDir dir;
-  GatedEnv env(Env::Default());
-  CheckpointerOptions o = BaseOptions(dir.Sub("ckpt"));
-  o.env = &env;
-  o.staging_slots = 1;
-  o.busy_policy = BusyPolicy::kWait;
-  auto ckpt = Checkpointer::Open(o);
-  ASSERT_TRUE(ckpt.ok());
+TEST_F(BackPressureTest, WaitPolicyBlocksSaveUntilASlotIsFreeAndLosesNothing) {
+  GatedEnv& env = env_;
+  Checkpointer* ckpt = OpenWith(BusyPolicy::kWait);
+  ASSERT_NE(ckpt, nullptr);
   WholeState state(6);
   const std::vector<GlobalTensor> first_state = state.tensors;
-  SaveTicket first = (*ckpt)->Save(1, state.Request());
+  SaveTicket first = ckpt->Save(1, state.Request());
   ASSERT_TRUE(first.WaitSnapshot().ok());
   state.ScribbleAll();
   std::vector<GlobalTensor> second_state = state.tensors;
@@ -283,7 +293,7 @@ TEST(BackPressureTest, WaitPolicyBlocksSaveUntilASlotIsFreeAndLosesNothing) {
   std::atomic<bool> returned{false};
   SaveTicket second;
   std::thread saver([&] {
-    second = (*ckpt)->Save(2, state.Request());
+    second = ckpt->Save(2, state.Request());
     returned = true;
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
@@ -292,8 +302,8 @@ TEST(BackPressureTest, WaitPolicyBlocksSaveUntilASlotIsFreeAndLosesNothing) {
   saver.join();
   ASSERT_TRUE(second.WaitPersisted().ok()) << second.Progress().status.ToString();
   EXPECT_GE(second.Progress().stall_seconds, 0.1) << "the wait is the caller's stall";
-  EXPECT_EQ(LoadAndCompare(ckpt->get(), 1, first_state), "");
-  EXPECT_EQ(LoadAndCompare(ckpt->get(), 2, second_state), "");
+  EXPECT_EQ(LoadAndCompare(ckpt, 1, first_state), "");
+  EXPECT_EQ(LoadAndCompare(ckpt, 2, second_state), "");
 }
 
 // ---- the memory tier ----------------------------------------------------------------------
@@ -340,11 +350,12 @@ TEST(MemoryTierTest, RestartedProcessLoadsTheSnapshotWhoseDiskWriteNeverFinished
   }
   close(fds[1]);
   char byte = 0;
-  ASSERT_EQ(read(fds[0], &byte, 1), 1) << "the child died before publishing its snapshot";
+  const ssize_t got = read(fds[0], &byte, 1);
   close(fds[0]);
-  ASSERT_EQ(kill(child, SIGKILL), 0);
+  kill(child, SIGKILL);  // whatever happened: never leave it behind
   int wstatus = 0;
   ASSERT_EQ(waitpid(child, &wstatus, 0), child);
+  ASSERT_EQ(got, 1) << "the child died before publishing its snapshot (exit " << WEXITSTATUS(wstatus) << ")";
   ASSERT_TRUE(WIFSIGNALED(wstatus));
 
   // The restarted job: another launch, same checkpoint directory and node.
