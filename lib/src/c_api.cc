@@ -1,5 +1,6 @@
 #include "lifeline/c_api.h"
 
+#include <algorithm>
 #include <new>
 #include <string>
 
@@ -78,6 +79,7 @@ void lifeline_options_init(lifeline_options* o) {
   o->staging_slots = d.staging_slots;
   o->skip_when_busy = d.busy_policy == lifeline::BusyPolicy::kSkip ? 1 : 0;
   o->copy_threads = d.copy_threads;
+  o->background_nice = d.background_nice;
   o->memory_tier = d.memory_tier ? 1 : 0;
   o->codec = static_cast<int32_t>(d.codec);
   o->drain_keep_last = d.drain_keep_last;
@@ -101,6 +103,7 @@ int lifeline_open(const lifeline_options* o, lifeline_checkpointer** out) {
   if (o->staging_slots) opt.staging_slots = o->staging_slots;
   opt.busy_policy = o->skip_when_busy ? lifeline::BusyPolicy::kSkip : lifeline::BusyPolicy::kWait;
   if (o->copy_threads) opt.copy_threads = o->copy_threads;
+  if (o->background_nice != 0) opt.background_nice = std::max<int32_t>(0, o->background_nice);
   opt.memory_tier = o->memory_tier != 0;
   if (o->memory_tier_directory != nullptr) opt.memory_tier_directory = o->memory_tier_directory;
   if (o->codec < 0 || o->codec > 2)
@@ -198,6 +201,14 @@ void lifeline_ticket_progress(const lifeline_ticket* t, lifeline_save_progress* 
 }
 
 void lifeline_ticket_free(lifeline_ticket* t) { delete t; }
+
+int lifeline_prepare_staging(lifeline_checkpointer* c, const lifeline_tensor* tensors, size_t num_tensors,
+                             const lifeline_object* objects, size_t num_objects) {
+  if (c == nullptr) return Fail(lifeline::Status::InvalidArgument("lifeline_prepare_staging: NULL checkpointer"));
+  auto req = ToRequest(tensors, num_tensors, objects, num_objects, nullptr);
+  if (!req.ok()) return Fail(req.status());
+  return Done(c->impl->PrepareStaging(*req));
+}
 
 int lifeline_flush(lifeline_checkpointer* c) {
   if (c == nullptr) return Fail(lifeline::Status::InvalidArgument("lifeline_flush: NULL checkpointer"));

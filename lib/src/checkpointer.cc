@@ -136,9 +136,10 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::Open(CheckpointerOptions opt
     d.world_size = o.world_size;
     d.keep_last = o.drain_keep_last;
     d.direct_io = o.direct_io;
+    d.nice_levels = o.background_nice;
     m.drainer = std::make_unique<Drainer>(m.env, std::move(d));
   }
-  m.copier = std::make_unique<CopyEngine>(o.copy_threads);
+  m.copier = std::make_unique<CopyEngine>(o.copy_threads, o.background_nice);
   PersistConfig p;
   p.root = o.directory;
   p.run_hash = m.run_hash;
@@ -148,6 +149,7 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::Open(CheckpointerOptions opt
   p.queue_depth = o.queue_depth;
   p.direct_io = o.direct_io;
   p.register_buffers = o.register_buffers;
+  p.nice_levels = o.background_nice;
   Drainer* drainer = m.drainer.get();
   m.pipeline = std::make_unique<PersistPipeline>(m.env, std::move(p), m.arena.get(), [drainer](internal::SaveJob& job) {
     if (drainer != nullptr) drainer->Enqueue(job.step, job.disk_index);
@@ -261,6 +263,18 @@ SaveTicket Checkpointer::Save(uint64_t step, const SaveRequest& request) {
   m.pipeline->Submit(job);
   job->AddStall(internal::SaveJob::Clock::now() - t0);
   return SaveTicket(job);
+}
+
+Status Checkpointer::PrepareStaging(const SaveRequest& request) {
+  Result<RankSavePlan> plan = PlanRankSave(request, options_.replica_split_bytes);
+  if (!plan.ok()) return plan.status().Annotate("preparing the staging arena");
+  const uint64_t padded = AlignUp(LayoutImage(*plan, request.objects).bytes, kDirectIoAlignment);
+  if (padded > impl_->arena->slot_limit())
+    return Status::FailedPrecondition("preparing the staging arena",
+                                      "a snapshot of " + std::to_string(padded) + " bytes exceeds a staging slot (" +
+                                          std::to_string(impl_->arena->slot_limit()) +
+                                          " bytes: staging_budget_bytes / staging_slots); it would be streamed");
+  return impl_->arena->Prepare(padded);
 }
 
 Status Checkpointer::Flush() {

@@ -128,6 +128,13 @@ Status WaitForCommitIn(Env* env, const std::string& root, uint64_t step, double 
       LL_ASSIGN_OR_RETURN(StepState state, ScanStep(env, step_dir, step));
       if (state.info.complete) return Status::OK();
       problem = state.info.problem;
+    } else {
+      // Retention removes a step only once newer ones are complete; waiting longer cannot help.
+      LL_ASSIGN_OR_RETURN(std::vector<CheckpointInfo> all, ScanCheckpoints(env, root));
+      for (const CheckpointInfo& info : all)
+        if (info.complete && info.step > step)
+          return Status::Unavailable(step_dir, "removed by retention: step " + std::to_string(info.step) +
+                                                   " is complete and newer");
     }
     if (std::chrono::steady_clock::now() >= deadline)
       return Status::Aborted(step_dir, "not committed after " + std::to_string(timeout_seconds) + " s: " + problem);

@@ -1,5 +1,7 @@
 #include "lib/src/copy_engine.h"
 
+#include "lib/src/thread_priority.h"
+
 #include <algorithm>
 #include <cstring>
 
@@ -66,9 +68,13 @@ uint64_t CopyAndHash(uint8_t* dst, const uint8_t* src, uint64_t n) {
   return hasher.Digest();
 }
 
-CopyEngine::CopyEngine(unsigned threads) {
+CopyEngine::CopyEngine(unsigned threads, int nice_levels) {
   threads = std::max(1u, threads);
-  for (unsigned i = 0; i < threads; ++i) threads_.emplace_back([this] { Run(); });
+  for (unsigned i = 0; i < threads; ++i)
+    threads_.emplace_back([this, nice_levels] {
+      LowerCallingThreadPriority(nice_levels);
+      Run();
+    });
 }
 
 CopyEngine::~CopyEngine() {

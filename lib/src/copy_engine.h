@@ -20,7 +20,8 @@ namespace lifeline {
 
 class CopyEngine {
  public:
-  explicit CopyEngine(unsigned threads);
+  // The threads run `nice_levels` below their creator's priority (see thread_priority.h).
+  CopyEngine(unsigned threads, int nice_levels);
   // Finishes every submitted job first.
   ~CopyEngine();
   CopyEngine(const CopyEngine&) = delete;

@@ -18,7 +18,7 @@ Drainer::Drainer(Env* env, DrainConfig config)
           Log(LogLevel::kWarning, s.ToString());
         }
         return s;
-      }) {}
+      }, config_.nice_levels) {}
 
 Status Drainer::Drain(const Item& item) {
   const std::string where = "draining step " + std::to_string(item.step) + " of rank " + std::to_string(config_.rank) +

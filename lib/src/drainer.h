@@ -28,6 +28,7 @@ struct DrainConfig {
   bool direct_io = true;
   uint64_t buffer_bytes = 8ull << 20;
   double commit_timeout_seconds = 1800;  // how long to wait for the other ranks to commit a step
+  int nice_levels = 0;                   // the drain thread's priority below its creator's
 };
 
 class Drainer {

@@ -19,7 +19,7 @@ PersistPipeline::PersistPipeline(Env* env, PersistConfig config, StagingArena* a
       worker_([this](std::shared_ptr<internal::SaveJob>& job) {
         if (!job->finished()) Persist(*job);
         return job->status();
-      }) {}
+      }, config_.nice_levels) {}
 
 void PersistPipeline::Persist(internal::SaveJob& job) {
   const RankWriteOptions& o = job.write_options;
@@ -57,12 +57,19 @@ void PersistPipeline::Persist(internal::SaveJob& job) {
   Result<std::string> encoded = format::EncodeIndex(written);
   if (!encoded.ok()) return finish(encoded.status());
   Result<bool> committed = PublishRankIndex(env_, config_.root, job.step, config_.run_hash, config_.rank,
-                                            config_.world_size, *encoded, /*retention=*/true, config_.keep_last);
+                                            config_.world_size, *encoded, /*retention=*/false, config_.keep_last);
   if (!committed.ok()) return finish(committed.status());
   job.disk_index = std::move(*encoded);
   finish(Status::OK());
   job.MarkPersisted(stored, *committed);
   if (after_persist_) after_persist_(job);
+  // Retention runs after the ticket is released: the caller waits for its own bytes, not for the
+  // removal of old steps. Only the rank that committed collects, as a synchronous save does.
+  if (*committed) {
+    Status gc = CollectGarbageIn(env_, config_.root, config_.keep_last);
+    if (!gc.ok()) Log(LogLevel::kWarning, "garbage collection after step " + std::to_string(job.step) + " in " +
+                                              config_.root + ": " + gc.ToString());
+  }
 }
 
 void PersistPipeline::RenewRegistration() {

@@ -28,6 +28,7 @@ struct PersistConfig {
   unsigned queue_depth = 16;
   bool direct_io = true;
   bool register_buffers = true;
+  int nice_levels = 0;  // the pipeline thread's priority below its creator's
 };
 
 class PersistPipeline {

@@ -13,6 +13,7 @@
 #include <thread>
 #include <utility>
 
+#include "lib/src/thread_priority.h"
 #include "lifeline/status.h"
 
 namespace lifeline {
@@ -21,8 +22,12 @@ template <typename Item>
 class SerialWorker {
  public:
   // `work`'s failures are kept for Flush, except Unavailable (work deliberately not done).
-  explicit SerialWorker(std::function<Status(Item&)> work) : work_(std::move(work)) {
-    thread_ = std::thread([this] { Run(); });
+  // The thread runs `nice_levels` below its creator's priority (see thread_priority.h).
+  explicit SerialWorker(std::function<Status(Item&)> work, int nice_levels = 0) : work_(std::move(work)) {
+    thread_ = std::thread([this, nice_levels] {
+      LowerCallingThreadPriority(nice_levels);
+      Run();
+    });
   }
   // Runs everything submitted, then stops.
   ~SerialWorker() {

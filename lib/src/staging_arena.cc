@@ -53,6 +53,22 @@ Status StagingSlot::Reserve(uint64_t bytes) {
   return Status::OK();
 }
 
+void StagingSlot::Prefault() {
+  if (data_ == nullptr) return;
+#ifdef MADV_POPULATE_WRITE
+  if (madvise(data_, capacity_, MADV_POPULATE_WRITE) == 0) return;
+#else
+  // Linux 5.14's value, for headers older than the kernel we run on.
+  if (madvise(data_, capacity_, 23) == 0) return;
+#endif
+  // Older kernels: touch each page. The slot holds no snapshot the caller still needs, except a
+  // memory-tier file whose bytes are kept by writing back what is read.
+  for (uint64_t off = 0; off < capacity_; off += 4096) {
+    volatile uint8_t* p = data_ + off;
+    *p = *p;
+  }
+}
+
 StagingArena::StagingArena(unsigned slots, uint64_t budget_bytes, std::vector<std::string> shm_paths)
     : slot_limit_(budget_bytes / std::max(1u, slots) / 4096 * 4096) {
   slots = std::max(1u, slots);
@@ -112,6 +128,22 @@ Status StagingArena::Reserve(unsigned i, uint64_t bytes) {
   if (bytes <= slots_[i]->capacity() && slots_[i]->data() != nullptr) return Status::OK();
   ++generation_;
   return slots_[i]->Reserve(bytes);
+}
+
+Status StagingArena::Prepare(uint64_t bytes) {
+  for (unsigned i = 0; i < slots_.size(); ++i) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      released_.wait(lock, [&] { return !busy_[i]; });
+      busy_[i] = true;
+      if (bytes > slots_[i]->capacity() || slots_[i]->data() == nullptr) ++generation_;
+    }
+    Status s = slots_[i]->Reserve(bytes);
+    if (s.ok()) slots_[i]->Prefault();
+    Release(i);
+    LL_RETURN_IF_ERROR(s);
+  }
+  return Status::OK();
 }
 
 void StagingArena::ReleaseAll(bool unlink_files) {

@@ -32,6 +32,10 @@ class StagingSlot {
   // memory is reserved up front (fallocate), so a full /dev/shm is ResourceExhausted here rather
   // than a SIGBUS in a copy thread later.
   Status Reserve(uint64_t bytes);
+  // Faults every page of the slot in now (writing zeros to pages not yet present), so the first
+  // snapshot copied into it runs at memory speed. On a virtual machine the first touch of fresh
+  // memory can cost more than a second per GiB.
+  void Prefault();
   // Unmaps and, for a shared-memory slot, unlinks the file.
   void Release(bool unlink_file);
 
@@ -69,6 +73,9 @@ class StagingArena {
 
   // Grows slot `i` (held by the caller) to at least `bytes`; see StagingSlot::Reserve.
   Status Reserve(unsigned i, uint64_t bytes);
+  // Grows every slot to at least `bytes` and faults its pages in, waiting for busy slots to be
+  // released. Leaves the slots' order and steps as they were.
+  Status Prepare(uint64_t bytes);
   // Only the holder of an acquired slot touches its memory.
   uint8_t* data(unsigned i) const { return slots_[i]->data(); }
   const std::string& shm_path(unsigned i) const { return slots_[i]->shm_path(); }

@@ -481,6 +481,45 @@ TEST(DrainTest, CommittedCheckpointsAreCopiedToTheSecondDirectoryWithItsOwnReten
   EXPECT_EQ(fast->size(), 1u) << "the first directory keeps its own retention";
 }
 
+TEST(RetentionTest, WaitingOnAStepThatRetentionRemovedAnswersAtOnce) {
+  TempDir dir;
+  const std::vector<GlobalTensor> tensors = StateTensors(6);
+  const Layout layout = DimLayout(2, 0);
+  std::vector<RankState> ranks = BuildRanks(tensors, layout, /*fill_from_global=*/true);
+  std::vector<std::unique_ptr<Checkpointer>> ckpts;
+  for (uint32_t r = 0; r < layout.world_size; ++r) {
+    CheckpointerOptions o = BaseOptions(dir.Sub("ckpt"));
+    o.rank = r;
+    o.world_size = layout.world_size;
+    o.keep_last = 1;
+    auto c = Checkpointer::Open(o);
+    ASSERT_TRUE(c.ok());
+    ckpts.push_back(std::move(*c));
+  }
+  std::vector<SaveTicket> first;
+  for (uint32_t r = 0; r < layout.world_size; ++r) {  // one after the other: rank 0 never sees step 1 complete
+    first.push_back(ckpts[r]->Save(1, RequestOf(ranks[r], r, 4)));
+    ASSERT_TRUE(first.back().WaitPersisted().ok());
+  }
+  std::vector<SaveTicket> second;
+  for (uint32_t r = 0; r < layout.world_size; ++r) second.push_back(ckpts[r]->Save(2, RequestOf(ranks[r], r, 4)));
+  for (const SaveTicket& t : second) ASSERT_TRUE(t.WaitCommitted(30).ok());
+  for (auto& c : ckpts) ASSERT_TRUE(c->Flush().ok());  // retention of step 1 has run
+  // Step 1 was committed and then removed: a rank that never saw it complete learns why instead
+  // of waiting out its timeout.
+  for (const SaveTicket& t : first) {
+    Status s = t.WaitCommitted(60);
+    EXPECT_TRUE(s.ok() || s.IsUnavailable()) << s.ToString();
+    if (!s.ok()) {
+      EXPECT_NE(s.message().find("removed by retention"), std::string::npos) << s.ToString();
+    }
+  }
+  auto list = ckpts[0]->List();
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->size(), 1u);
+  EXPECT_EQ((*list)[0].step, 2u);
+}
+
 // ---- io_uring refused ---------------------------------------------------------------------
 
 class UringRefusedTest : public ::testing::Test {

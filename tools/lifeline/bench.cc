@@ -1,33 +1,74 @@
-// lifeline bench save | load: N ranks, run as threads of this process, save or load the synthetic
-// model (synthetic_model.h) through one Checkpointer each, exactly as the ranks of a training job
-// would, cooperating only through the file system.
+// lifeline bench save | load | train | index | compress: N ranks, run as threads of this process,
+// save or load the synthetic model (synthetic_model.h) through one Checkpointer each, exactly as the
+// ranks of a training job would, cooperating only through the file system. `bench train` is in
+// bench_train.cc, `bench index` in bench_index.cc, `bench compress` in bench_compress.cc.
 //
-// save: every rank builds and fills its shards before the clock starts; the time runs from the
-// moment all ranks are released until every Save returned and the step is committed. Unless
-// --no-baseline, the same number of bytes is then written with plain buffered write() calls of
-// 8 MiB and one fsync into a scratch file in the same directory (deleted afterwards), the way
-// torch.save-style writers go through the page cache; the ratio of the two times is the speedup.
-// Then the same bytes are written raw by one thread per rank with the library's I/O engine
-// (preallocated O_DIRECT files, 8 MiB blocks, 16 in flight, fdatasync): the device's ceiling, and
-// fraction_of_raw_direct says how much of it the save reached.
+// save: every rank builds and fills its shards, then --iterations saves of steps s, s+1, ... run
+// one after the other through the same Checkpointers, whose staging slots are reused as in
+// steady-state training. In each, every rank calls Save, then WaitSnapshot, then WaitPersisted,
+// and rank 0's ticket WaitCommitted; the time runs from the moment all ranks are released until
+// the step is committed. Between saves only the `step` tensor, the objects and the metadata
+// change, so the newest step loads and checks with `bench load`. Figures are the median of the
+// saves that reuse a staging slot (from save slots+1 on, as the first `slots` saves each fill a
+// fresh one; with fewer iterations, of those after the first): the steady state. The first save
+// (cold arena) is reported separately.
+//
+// Retention (--keep-last, default 1) is applied by the bench between saves, outside the timing,
+// rather than by the Checkpointers: the library runs it on the persist thread before it reports a
+// save persisted, so removing the previous checkpoint (slow on a file system mounted with
+// `discard`) would be counted as saving this one. retention_ms says what it took. Before each save
+// and each disk baseline the file system is synced (outside the timing), so that none pays for the
+// writeback or block freeing of what ran before it.
+//
+// Baselines, never run during a save:
+//   limit    before the saves and again after them (the better of the two counts): the same bytes
+//            written raw, one file per rank, with io_uring (the library's I/O engine; its
+//            thread-pool fallback where io_uring is refused, named in limit_engine): preallocated
+//            O_DIRECT files, 8 MiB blocks, 16 in flight per file, then fdatasync, as fio measures
+//            a device, from the same kind of memory as the staging arena (registered, huge pages
+//            where available). No copy, no checksum, no index: the most a save could reach.
+//   memcpy   after the saves: every rank's state copied into a warm destination (a staging slot of
+//            its own, written once before) by as many threads as the copy engine used, in the same
+//            4 MiB pieces: with memcpy (the better of two passes), and with the snapshot's
+//            copy-and-hash kernel.
+//   buffered after the saves: the same bytes written with plain write() calls of 8 MiB and one
+//            fsync into a scratch file in the same directory, the way torch.save-style writers go
+//            through the page cache.
+// --no-baseline skips them. Scratch files are deleted in every case.
 //
 // load: the model's shape comes from the checkpoint's metadata; every rank allocates the targets
 // of its layout before the clock starts; the time runs until every Load returned. Then every
 // element is compared with the value function (outside the timing), and the per-rank objects of
 // rank r mod saved-world-size are checked. Exit 1 when the load fails or anything differs.
 //
-// --json fields. save: bytes (unique tensor bytes written, replicas counted once), bytes_on_disk,
-// seconds, gbps (bytes / seconds / 1e9), baseline_seconds, baseline_gbps, speedup_vs_buffered
-// (baseline_seconds / seconds), raw_direct_seconds, raw_direct_gbps, fraction_of_raw_direct
-// (raw_direct_seconds / seconds), prepare_seconds (opening and filling, not timed), ranks, tp, dp,
-// step, hidden, layers, tensors, dir, direct_io. load: bytes (total bytes of all ranks' targets,
-// replicas counted on every rank that holds one), unique_bytes, bytes_read (from storage,
-// alignment slack included), seconds, gbps (bytes / seconds / 1e9), mismatches (elements),
-// objects_checked, object_mismatches, saved_world_size, ranks, tp, dp, step, hidden, layers.
+// --json fields. save: bytes (unique tensor bytes written per save, replicas counted once),
+// bytes_on_disk (of the last step), iterations, steady_iterations (how many the medians cover),
+// first_step, last_step, seconds (Save to committed), gbps (bytes / seconds / 1e9),
+// save_return_ms (longest time a rank spent inside Save), stall_ms (max over ranks of the ticket's
+// stall_seconds: time the caller was blocked in Save and WaitSnapshot), snapshot_ms and persist_ms
+// (max over ranks, from Save), copy_gbps (the ranks' bytes_total / snapshot time: the copy into
+// the arena, all ranks together), persist_gbps (bytes / persist time), staged, memory_tier;
+// first_seconds, first_gbps, first_stall_ms, first_snapshot_ms, first_persist_ms (the first save,
+// cold arena); per_iteration (the same figures for every save); bytes_total and bytes_stored (all
+// ranks, last save) and compression_ratio (bytes_total / bytes_stored, when a codec is on); codec,
+// copy_threads, staging_slots, staging_budget_bytes, keep_last, retention_ms (median time to
+// remove older checkpoints between saves, counted in no other figure). Baselines: limit_seconds
+// and limit_gbps (the better of limit_gbps_before and limit_gbps_after), limit_engine,
+// ratio_to_limit (gbps / limit_gbps), memcpy_threads, memcpy_gbps, copy_hash_gbps (the kernel
+// alone), copy_ratio_to_memcpy (copy_gbps / memcpy_gbps; absent when the snapshot was streamed
+// rather than staged), baseline_seconds and baseline_gbps (buffered), speedup_vs_buffered
+// (baseline_seconds / seconds). Also prepare_seconds (opening and filling, not timed), ranks, tp,
+// dp, step (the last), hidden, layers, tensors, dir, direct_io.
+// load: bytes (total bytes of all ranks' targets, replicas counted on every rank that holds one),
+// unique_bytes, bytes_read (from storage, alignment slack included), seconds, gbps (bytes /
+// seconds / 1e9), mismatches (elements), objects_checked, object_mismatches, saved_world_size,
+// ranks, tp, dp, step, hidden, layers.
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <barrier>
 #include <cerrno>
 #include <chrono>
 #include <cinttypes>
@@ -41,8 +82,10 @@
 #include <thread>
 #include <vector>
 
-#include "lib/src/aligned_buffer.h"
 #include "lib/src/checkpoint_reader.h"
+#include "lib/src/commit.h"
+#include "lib/src/copy_engine.h"
+#include "lib/src/staging_arena.h"
 #include "lifeline/checkpoint.h"
 #include "lifeline/env.h"
 #include "tools/lifeline/byte_size.h"
@@ -53,6 +96,7 @@ namespace lifeline::cli {
 namespace {
 
 constexpr uint64_t kBaselineWriteBytes = 8ull << 20;
+constexpr unsigned kLimitDepth = 16;
 constexpr double kCommitTimeoutSeconds = 120;
 
 struct CommonOptions {
@@ -72,6 +116,9 @@ struct CommonOptions {
 struct SaveOptions : CommonOptions {
   std::string state_bytes = "2GiB";
   bool no_baseline = false;
+  unsigned iterations = 4;
+  uint32_t keep_last = 1;
+  BenchSaveTuning tuning;
 };
 
 // Resolves (--ranks, --tp, --dp) into a layout; InvalidArgument when they disagree.
@@ -131,6 +178,22 @@ std::string Fixed(double v, int digits) {
   return buf;
 }
 
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+const char* CodecName(SaveCodec codec) {
+  switch (codec) {
+    case SaveCodec::kNone: return "none";
+    case SaveCodec::kZstd: return "zstd";
+    case SaveCodec::kZstdByteGroup: return "zstd-bytegroup";
+  }
+  return "none";
+}
+
 // What one rank thread reports back.
 struct RankOutcome {
   Status status;
@@ -182,172 +245,433 @@ Result<double> BufferedWriteBaseline(const std::string& dir, uint64_t bytes) {
   return seconds;
 }
 
-// The device's ceiling as Lifeline's own I/O engine reaches it: `bytes` split over `writers`
-// threads, each streaming its share into its own preallocated O_DIRECT file in 8 MiB blocks, 16 in
-// flight, then fdatasync. No copy, no checksum, no index: what a save could take at best.
-Result<double> DirectWriteBaseline(const std::string& dir, uint64_t bytes, uint32_t writers, bool direct_io) {
+// Commits the file system holding `dir` (syncfs), outside any timing, so that a measurement does
+// not pay for the writeback or the block freeing (discards, on a file system mounted with
+// `discard`) of what ran before it.
+void QuiesceFileSystem(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  ::syncfs(fd);
+  ::close(fd);
+}
+
+struct WriteLimit {
+  double seconds = 0;
+  std::string engine;  // of the I/O queue: "io_uring", or "threads" where io_uring is refused
+};
+
+// The device's limit, measured the way fio does (sequential, direct, deep queue) with the I/O
+// engine the library uses: `bytes` split over `writers` threads, each streaming its share into its
+// own preallocated O_DIRECT file in 8 MiB blocks, 16 in flight, then fdatasync. No copy, no
+// checksum, no index: what a save could take at best.
+Result<WriteLimit> DirectWriteLimit(const std::string& dir, uint64_t bytes, uint32_t writers, bool direct_io) {
   Env* env = Env::Default();
-  constexpr unsigned kDepth = 16;
   const uint64_t share = (bytes / writers + kDirectIoAlignment - 1) / kDirectIoAlignment * kDirectIoAlignment;
   std::vector<Status> results(writers);
+  std::vector<std::string> engines(writers);
+  auto path_of = [&](uint32_t w) {
+    return dir + "/.lifeline-bench-direct-" + std::to_string(::getpid()) + "-" + std::to_string(w);
+  };
   std::latch go(1);
   std::vector<std::thread> threads;
   for (uint32_t w = 0; w < writers; ++w) {
     threads.emplace_back([&, w] {
-      const std::string path = dir + "/.lifeline-bench-direct-" + std::to_string(::getpid()) + "-" + std::to_string(w);
+      const std::string path = path_of(w);
       auto run = [&]() -> Status {
-        std::vector<AlignedBuffer> blocks;
-        for (unsigned i = 0; i < kDepth; ++i) {
-          blocks.emplace_back(kBaselineWriteBytes);
-          if (blocks.back().data() == nullptr) return Status::ResourceExhausted(path, "cannot allocate write blocks");
-          std::memset(blocks.back().data(), 0x5a, kBaselineWriteBytes);
-        }
+        // The blocks are the memory a save writes from: a staging slot (huge pages where the kernel
+        // gives them, so a block is a few large segments), registered with the queue when allowed.
+        // From 4 KiB pages a device with few segments per request would see small requests, and
+        // the limit would be the memory's, not the device's.
+        StagingSlot blocks("");
+        LL_RETURN_IF_ERROR(blocks.Reserve(kLimitDepth * kBaselineWriteBytes).Annotate(path));
+        std::memset(blocks.data(), 0x5a, kLimitDepth * kBaselineWriteBytes);
         FileOptions fopt;
         fopt.direct_io = direct_io;
+        // Set up before the clock starts, as fio does.
+        LL_ASSIGN_OR_RETURN(std::unique_ptr<IoQueue> queue, env->NewIoQueue(IoQueueOptions{kLimitDepth, 4}));
+        engines[w] = queue->engine();
+        const int buffer_index = queue->RegisterBuffers({{blocks.data(), blocks.capacity()}}).ok() ? 0 : -1;
         go.wait();
-        Status st;
-        {
-          LL_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, env->NewWritableFile(path, fopt));
-          LL_ASSIGN_OR_RETURN(std::unique_ptr<IoQueue> queue, env->NewIoQueue(IoQueueOptions{kDepth, 4}));
-          st = file->Allocate(share);
-          std::vector<IoCompletion> done;
-          uint64_t offset = 0;
-          size_t next_block = 0;
-          while (st.ok() && (offset < share || queue->in_flight() > 0)) {
-            while (st.ok() && offset < share && queue->in_flight() < kDepth) {
-              IoRequest req;
-              req.kind = IoRequest::Kind::kWrite;
-              req.writer = file.get();
-              req.offset = offset;
-              req.buffer = blocks[next_block++ % kDepth].data();
-              req.length = static_cast<size_t>(std::min<uint64_t>(kBaselineWriteBytes, share - offset));
-              st = queue->Submit(req);
-              offset += req.length;
-            }
-            done.clear();
-            if (st.ok() && queue->in_flight() > 0) st = queue->Reap(1, &done);
-            for (const IoCompletion& c : done)
-              if (st.ok()) st = c.status;
+        LL_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, env->NewWritableFile(path, fopt));
+        Status st = file->Allocate(share);
+        std::vector<IoCompletion> done;
+        uint64_t offset = 0;
+        size_t next_block = 0;
+        while (st.ok() && (offset < share || queue->in_flight() > 0)) {
+          while (st.ok() && offset < share && queue->in_flight() < kLimitDepth) {
+            IoRequest req;
+            req.kind = IoRequest::Kind::kWrite;
+            req.writer = file.get();
+            req.offset = offset;
+            req.buffer = blocks.data() + (next_block++ % kLimitDepth) * kBaselineWriteBytes;
+            req.buffer_index = buffer_index;
+            req.length = static_cast<size_t>(std::min<uint64_t>(kBaselineWriteBytes, share - offset));
+            st = queue->Submit(req);
+            offset += req.length;
           }
-          if (st.ok()) st = file->Sync();
-          Status closed = file->Close();
-          if (st.ok()) st = closed;
+          done.clear();
+          if (st.ok() && queue->in_flight() > 0) st = queue->Reap(1, &done);
+          for (const IoCompletion& c : done)
+            if (st.ok()) st = c.status;
         }
+        // Whatever is still in flight after an error must land before the blocks are freed.
+        while (queue->in_flight() > 0) {
+          done.clear();
+          if (!queue->Reap(queue->in_flight(), &done).ok()) break;
+        }
+        if (st.ok()) st = file->Sync();
+        Status closed = file->Close();
+        if (st.ok()) st = closed;
         return st;
       };
       results[w] = run();
-      env->RemoveFile(path).IgnoreError();
     });
   }
   const double t0 = NowSeconds();
   go.count_down();
   for (std::thread& t : threads) t.join();
-  const double seconds = NowSeconds() - t0;
+  WriteLimit limit;
+  limit.seconds = NowSeconds() - t0;
+  // Outside the timing: on a file system mounted with `discard`, freeing blocks takes a while.
+  for (uint32_t w = 0; w < writers; ++w) env->RemoveFile(path_of(w)).IgnoreError();
   for (const Status& st : results)
-    if (!st.ok()) return st.Annotate("direct-write baseline");
-  return seconds;
+    if (!st.ok()) return st.Annotate("direct-write limit");
+  limit.engine = engines.empty() ? "" : engines[0];
+  return limit;
 }
 
-std::string NewRunId() {
-  const uint64_t ns = static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "bench-%d-%" PRIx64, static_cast<int>(::getpid()), ns);
-  return buf;
+struct MemoryCopyFigures {
+  unsigned threads = 0;
+  double memcpy_seconds = 0;
+  double copy_hash_seconds = 0;
+};
+
+// Copies every rank's state into a destination of the same size with as many threads as the copy
+// engine runs for that rank, claiming `piece`-byte pieces in turn as the engine does: with memcpy
+// (the faster of two passes), and with the snapshot's copy-and-hash kernel. The destination is a staging slot of its
+// own (the arena's kind of memory), written once before the timed passes, as a reused slot is.
+Result<MemoryCopyFigures> MemoryCopyBaseline(const std::vector<RankState>& states, unsigned copy_threads,
+                                             uint64_t piece) {
+  struct Piece {
+    const uint8_t* source;
+    uint64_t offset;
+    uint64_t length;
+  };
+  const size_t world = states.size();
+  std::vector<std::vector<Piece>> pieces(world);
+  std::vector<std::unique_ptr<StagingSlot>> destinations;
+  std::vector<unsigned> threads_of(world);
+  MemoryCopyFigures figures;
+  for (size_t r = 0; r < world; ++r) {
+    uint64_t at = 0;
+    for (const TensorShard& shard : states[r].shards()) {
+      const auto* base = static_cast<const uint8_t*>(shard.data);
+      for (uint64_t done = 0, n = shard.num_bytes(); done < n; done += piece) {
+        const uint64_t len = std::min(piece, n - done);
+        pieces[r].push_back({base + done, at, len});
+        at += len;
+      }
+    }
+    destinations.push_back(std::make_unique<StagingSlot>(""));
+    LL_RETURN_IF_ERROR(destinations.back()->Reserve(std::max<uint64_t>(at, 1)).Annotate("memcpy baseline"));
+    threads_of[r] = static_cast<unsigned>(std::clamp<size_t>(pieces[r].size(), 1, copy_threads));
+    figures.threads += threads_of[r];
+  }
+  std::atomic<uint64_t> sink{0};
+  auto pass = [&](bool hash) {
+    std::unique_ptr<std::atomic<size_t>[]> next(new std::atomic<size_t>[world]);
+    for (size_t r = 0; r < world; ++r) next[r].store(0);
+    std::latch go(1);
+    std::vector<std::thread> threads;
+    for (size_t r = 0; r < world; ++r) {
+      for (unsigned t = 0; t < threads_of[r]; ++t) {
+        threads.emplace_back([&, r] {
+          go.wait();
+          uint8_t* dst = destinations[r]->data();
+          uint64_t local = 0;
+          for (size_t i; (i = next[r].fetch_add(1, std::memory_order_relaxed)) < pieces[r].size();) {
+            const Piece& p = pieces[r][i];
+            if (hash) {
+              local ^= CopyAndHash(dst + p.offset, p.source, p.length);
+            } else {
+              std::memcpy(dst + p.offset, p.source, p.length);
+            }
+          }
+          sink.fetch_xor(local, std::memory_order_relaxed);
+        });
+      }
+    }
+    const double t0 = NowSeconds();
+    go.count_down();
+    for (std::thread& t : threads) t.join();
+    return NowSeconds() - t0;
+  };
+  pass(/*hash=*/false);  // faults the destination in
+  figures.memcpy_seconds = pass(/*hash=*/false);
+  figures.copy_hash_seconds = pass(/*hash=*/true);
+  figures.memcpy_seconds = std::min(figures.memcpy_seconds, pass(/*hash=*/false));
+  return figures;
+}
+
+// The figures of one save, all ranks together.
+struct SaveFigures {
+  uint64_t step = 0;
+  double seconds = 0;         // release to committed
+  double save_return = 0;     // longest time inside Save
+  double stall = 0;           // max over ranks of the ticket's stall_seconds
+  double snapshot = 0;        // max over ranks
+  double persist = 0;         // max over ranks
+  uint64_t bytes_total = 0;   // all ranks
+  uint64_t bytes_stored = 0;  // all ranks
+  bool staged = true;
+  bool memory_tier = true;
+  double copy_gbps() const { return Gbps(bytes_total, snapshot); }
+};
+
+// Element-wise median of the figures (step and flags of the last one).
+SaveFigures MedianFigures(const std::vector<SaveFigures>& all) {
+  SaveFigures m = all.back();
+  auto median = [&](double SaveFigures::*field) {
+    std::vector<double> v;
+    for (const SaveFigures& f : all) v.push_back(f.*field);
+    return Median(std::move(v));
+  };
+  m.seconds = median(&SaveFigures::seconds);
+  m.save_return = median(&SaveFigures::save_return);
+  m.stall = median(&SaveFigures::stall);
+  m.snapshot = median(&SaveFigures::snapshot);
+  m.persist = median(&SaveFigures::persist);
+  return m;
+}
+
+nlohmann::json FiguresJson(const SaveFigures& f, uint64_t bytes) {
+  return {{"step", f.step},
+          {"seconds", f.seconds},
+          {"gbps", Gbps(bytes, f.seconds)},
+          {"save_return_ms", f.save_return * 1e3},
+          {"stall_ms", f.stall * 1e3},
+          {"snapshot_ms", f.snapshot * 1e3},
+          {"persist_ms", f.persist * 1e3},
+          {"copy_gbps", f.copy_gbps()},
+          {"staged", f.staged},
+          {"memory_tier", f.memory_tier}};
+}
+
+// The `step` tensor holds the step number (synthetic_model.h); every rank has it.
+void SetStepTensor(const RankState& state, uint64_t step) {
+  for (const TensorShard& shard : state.shards()) {
+    if (shard.name == kStepTensorName && shard.data != nullptr) std::memcpy(shard.data, &step, sizeof(step));
+  }
 }
 
 int RunSave(const SaveOptions& o) {
   const char* kCommand = "bench save";
   auto layout = ResolveLayout(o);
   if (!layout.ok()) return ReportFailure(kCommand, layout.status(), o.json);
+  if (o.iterations == 0) {
+    return ReportFailure(kCommand, Status::InvalidArgument("--iterations must be at least 1"), o.json);
+  }
   auto state_bytes = ParseByteSize(o.state_bytes);
   if (!state_bytes.ok()) return ReportFailure(kCommand, state_bytes.status().Annotate("--state-bytes"), o.json);
   auto shape = ChooseModelShape(*state_bytes, o.hidden);
   if (!shape.ok()) return ReportFailure(kCommand, shape.status(), o.json);
-  const uint64_t step = o.step >= 0 ? static_cast<uint64_t>(o.step) : 100;
+  const uint64_t first_step = o.step >= 0 ? static_cast<uint64_t>(o.step) : 100;
   const uint32_t world = layout->world_size();
-  auto base_options = MakeCheckpointerOptions(o, world, NewRunId());
+  auto base_options = MakeCheckpointerOptions(o, world, NewBenchRunId());
   if (!base_options.ok()) return ReportFailure(kCommand, base_options.status(), o.json);
+  if (Status s = ApplyBenchSaveTuning(o.tuning, &*base_options); !s.ok()) return ReportFailure(kCommand, s, o.json);
+  // Retention is applied by the bench between saves, outside the timing (see the header).
+  base_options->keep_last = 0;
+  const unsigned iterations = o.iterations;
+  // A save older than the newest complete step would be removed by retention as soon as it commits.
+  if (Env::Default()->IsDirectory(o.dir)) {
+    auto existing = ScanCheckpoints(Env::Default(), o.dir);
+    if (!existing.ok()) return ReportFailure(kCommand, existing.status(), o.json);
+    for (const CheckpointInfo& c : *existing) {
+      if (c.complete && c.step >= first_step) {
+        return ReportFailure(kCommand,
+                             Status::AlreadyExists(o.dir, "holds step " + std::to_string(c.step) +
+                                                              "; pick a --step above it or another --dir"),
+                             o.json);
+      }
+    }
+  }
 
   const std::vector<ModelTensor> tensors = ModelTensors(*shape);
-  const std::string metadata = ModelMetadataJson(*shape, *layout, step);
   const uint64_t unique_bytes = ModelBytes(*shape);
 
-  const double prepare_start = NowSeconds();
-  std::vector<RankOutcome> outcomes(world);
+  // The limit is measured before the saves and again after them: this kind of disk slows down for
+  // a while after blocks are freed, and retention frees some during the saves.
+  std::optional<WriteLimit> limit_before;
+  if (!o.no_baseline) {
+    if (Status s = Env::Default()->CreateDir(o.dir); !s.ok()) return ReportFailure(kCommand, s, o.json);
+    QuiesceFileSystem(o.dir);
+    auto l = DirectWriteLimit(o.dir, unique_bytes, world, base_options->direct_io);
+    if (!l.ok()) return ReportFailure(kCommand, l.status(), o.json);
+    limit_before = *l;
+  }
+
+  // The main thread and every rank meet twice per save: at the release and once the rank's part is
+  // persisted. Rank 0's ticket is then waited on for the commit by the main thread.
+  std::barrier sync(static_cast<std::ptrdiff_t>(world) + 1);
+  std::atomic<bool> failed{false};
+  std::vector<Status> rank_status(world);
+  std::vector<std::vector<double>> in_save(world, std::vector<double>(iterations));
+  std::vector<std::vector<SaveProgress>> progress(world, std::vector<SaveProgress>(iterations));
+  std::vector<SaveTicket> rank0_tickets(iterations);
   std::vector<std::unique_ptr<Checkpointer>> checkpointers(world);
   std::vector<RankState> states(world);
-  std::latch ready(world);
-  std::latch go(1);
+
+  const double prepare_start = NowSeconds();
   std::vector<std::thread> threads;
   threads.reserve(world);
   for (uint32_t r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
-      RankOutcome& out = outcomes[r];
+      Status& status = rank_status[r];
       CheckpointerOptions copt = *base_options;
       copt.rank = r;
-      auto ckpt = Checkpointer::Open(copt);
-      if (ckpt.ok()) {
+      if (auto ckpt = Checkpointer::Open(copt); ckpt.ok()) {
         checkpointers[r] = std::move(ckpt).value();
-        auto state = RankState::Build(tensors, *layout, r, step, /*fill=*/true);
-        if (state.ok()) {
+        if (auto state = RankState::Build(tensors, *layout, r, first_step, /*fill=*/true); state.ok()) {
           states[r] = std::move(state).value();
-          out.target_bytes = states[r].bytes();
         } else {
-          out.status = state.status();
+          status = state.status();
         }
       } else {
-        out.status = ckpt.status();
+        status = ckpt.status();
       }
-      SaveRequest request;
-      if (out.status.ok()) {
-        request.tensors = states[r].shards();
-        request.objects = {{"rng", RngObject(r, step)}, {"dataloader", DataloaderObject(r, step)}};
-        request.metadata_json = metadata;
+      if (!status.ok()) failed.store(true);
+      for (unsigned it = 0; it < iterations; ++it) {
+        const uint64_t step = first_step + it;
+        SaveRequest request;
+        if (status.ok()) {
+          SetStepTensor(states[r], step);
+          request.tensors = states[r].shards();
+          request.objects = {{"rng", RngObject(r, step)}, {"dataloader", DataloaderObject(r, step)}};
+          request.metadata_json = ModelMetadataJson(*shape, *layout, step);
+        }
+        sync.arrive_and_wait();  // released
+        if (status.ok() && !failed.load()) {
+          const double t0 = NowSeconds();
+          SaveTicket ticket = checkpointers[r]->Save(step, request);
+          in_save[r][it] = NowSeconds() - t0;
+          Status st = ticket.WaitSnapshot();
+          if (st.ok()) st = ticket.WaitPersisted();
+          progress[r][it] = ticket.Progress();
+          if (r == 0) rank0_tickets[it] = ticket;
+          if (!st.ok()) {
+            status = st;
+            failed.store(true);
+          }
+        }
+        sync.arrive_and_wait();  // persisted (or failed)
       }
-      ready.count_down();
-      go.wait();
-      if (out.status.ok()) out.status = checkpointers[r]->Save(step, request).WaitPersisted();
     });
   }
-  ready.wait();
-  const double t0 = NowSeconds();
-  const double prepare_seconds = t0 - prepare_start;
-  go.count_down();
+
+  Status commit_failure;
+  std::vector<SaveFigures> figures;
+  std::vector<double> retention_seconds;
+  double prepare_seconds = 0;
+  auto apply_retention = [&] {
+    if (o.keep_last == 0 || failed.load()) return;
+    const double t0 = NowSeconds();
+    Status s = CollectGarbageIn(Env::Default(), o.dir, o.keep_last);
+    retention_seconds.push_back(NowSeconds() - t0);
+    if (!s.ok() && commit_failure.ok()) commit_failure = s.Annotate("retention between saves");
+  };
+  for (unsigned it = 0; it < iterations; ++it) {
+    if (it > 0) apply_retention();
+    QuiesceFileSystem(o.dir);  // nor the writeback or block freeing of what ran before
+    sync.arrive_and_wait();
+    const double t0 = NowSeconds();
+    if (it == 0) prepare_seconds = t0 - prepare_start;
+    sync.arrive_and_wait();
+    if (!failed.load()) {
+      commit_failure = rank0_tickets[it].WaitCommitted(kCommitTimeoutSeconds);
+      if (!commit_failure.ok()) failed.store(true);
+    }
+    SaveFigures f;
+    f.step = first_step + it;
+    f.seconds = NowSeconds() - t0;
+    for (uint32_t r = 0; r < world; ++r) {
+      const SaveProgress& p = progress[r][it];
+      f.save_return = std::max(f.save_return, in_save[r][it]);
+      f.stall = std::max(f.stall, p.stall_seconds);
+      f.snapshot = std::max(f.snapshot, p.snapshot_seconds);
+      f.persist = std::max(f.persist, p.persist_seconds);
+      f.bytes_total += p.bytes_total;
+      f.bytes_stored += p.bytes_stored;
+      f.staged = f.staged && p.staged;
+      f.memory_tier = f.memory_tier && p.memory_tier;
+    }
+    figures.push_back(f);
+  }
   for (std::thread& t : threads) t.join();
-  Status failure = FirstFailure(outcomes);
-  if (failure.ok()) failure = checkpointers[0]->WaitForCommit(step, kCommitTimeoutSeconds);
-  const double seconds = NowSeconds() - t0;
-  states.clear();  // give the memory back before the baseline runs
+  apply_retention();
+
+  Status failure;
+  for (uint32_t r = 0; r < world && failure.ok(); ++r)
+    if (!rank_status[r].ok()) failure = rank_status[r].Annotate("rank " + std::to_string(r));
+  if (failure.ok()) failure = commit_failure;
   if (!failure.ok()) {
     if (failure.IsAlreadyExists()) failure = Status::AlreadyExists(failure.message(), "pick another --step or --dir");
     return ReportFailure(kCommand, failure, o.json);
   }
-
+  const uint64_t last_step = first_step + iterations - 1;
   uint64_t bytes_on_disk = 0;
   if (auto steps = checkpointers[0]->List(); steps.ok()) {
     for (const CheckpointInfo& c : *steps) {
-      if (c.step == step) bytes_on_disk = c.bytes;
+      if (c.step == last_step) bytes_on_disk = c.bytes;
     }
   }
-  checkpointers.clear();
+  const CheckpointerOptions used = checkpointers[0]->options();
+  checkpointers.clear();  // every save is persisted: this only stops their threads
 
-  std::optional<double> baseline_seconds, raw_seconds;
+  // Steady state: the saves that reuse a staging slot (the first `slots` saves each fill a fresh
+  // one); with too few iterations for that, those after the first.
+  const SaveFigures& first = figures.front();
+  const unsigned warm_from = std::min<unsigned>(used.staging_slots, iterations - 1);
+  const SaveFigures steady =
+      iterations > 1 ? MedianFigures(std::vector<SaveFigures>(figures.begin() + warm_from, figures.end())) : first;
+  const unsigned steady_iterations = iterations > 1 ? iterations - warm_from : 1;
+
+  std::optional<MemoryCopyFigures> memory;
+  std::optional<double> baseline_seconds;
+  std::optional<WriteLimit> limit;
   if (!o.no_baseline) {
+    auto m = MemoryCopyBaseline(states, used.copy_threads, used.chunk_bytes);
+    if (!m.ok()) return ReportFailure(kCommand, m.status(), o.json);
+    memory = *m;
+    states.clear();  // give the memory back before the disk baselines run
+    QuiesceFileSystem(o.dir);
     auto b = BufferedWriteBaseline(o.dir, unique_bytes);
     if (!b.ok()) return ReportFailure(kCommand, b.status(), o.json);
     baseline_seconds = *b;
-    auto r = DirectWriteBaseline(o.dir, unique_bytes, world, base_options->direct_io);
-    if (!r.ok()) return ReportFailure(kCommand, r.status(), o.json);
-    raw_seconds = *r;
+    QuiesceFileSystem(o.dir);
+    auto l = DirectWriteLimit(o.dir, unique_bytes, world, used.direct_io);
+    if (!l.ok()) return ReportFailure(kCommand, l.status(), o.json);
+    limit = *l;
   }
+  // The device's best in this run.
+  const double limit_seconds = limit ? std::min(limit->seconds, limit_before->seconds) : 0;
 
-  const double gbps = Gbps(unique_bytes, seconds);
+  const double gbps = Gbps(unique_bytes, steady.seconds);
+  const bool coded = used.codec != SaveCodec::kNone;
+  const double compression_ratio =
+      steady.bytes_stored > 0 ? static_cast<double>(steady.bytes_total) / static_cast<double>(steady.bytes_stored) : 0;
+  const double memcpy_gbps = memory ? Gbps(steady.bytes_total, memory->memcpy_seconds) : 0;
+  const double copy_hash_gbps = memory ? Gbps(steady.bytes_total, memory->copy_hash_seconds) : 0;
+  const double limit_gbps = limit ? Gbps(unique_bytes, limit_seconds) : 0;
   if (o.json) {
     nlohmann::json j = {{"ok", true},
                         {"command", kCommand},
                         {"dir", o.dir},
-                        {"step", step},
+                        {"step", last_step},
+                        {"first_step", first_step},
+                        {"last_step", last_step},
+                        {"iterations", iterations},
+                        {"steady_iterations", steady_iterations},
                         {"ranks", world},
                         {"tp", layout->tp},
                         {"dp", layout->dp},
@@ -356,32 +680,91 @@ int RunSave(const SaveOptions& o) {
                         {"tensors", tensors.size()},
                         {"bytes", unique_bytes},
                         {"bytes_on_disk", bytes_on_disk},
-                        {"seconds", seconds},
+                        {"seconds", steady.seconds},
                         {"gbps", gbps},
+                        {"save_return_ms", steady.save_return * 1e3},
+                        {"stall_ms", steady.stall * 1e3},
+                        {"snapshot_ms", steady.snapshot * 1e3},
+                        {"persist_ms", steady.persist * 1e3},
+                        {"copy_gbps", steady.copy_gbps()},
+                        {"persist_gbps", Gbps(unique_bytes, steady.persist)},
+                        {"staged", steady.staged},
+                        {"memory_tier", steady.memory_tier},
+                        {"first_seconds", first.seconds},
+                        {"first_gbps", Gbps(unique_bytes, first.seconds)},
+                        {"first_stall_ms", first.stall * 1e3},
+                        {"first_snapshot_ms", first.snapshot * 1e3},
+                        {"first_persist_ms", first.persist * 1e3},
+                        {"bytes_total", steady.bytes_total},
+                        {"bytes_stored", steady.bytes_stored},
+                        {"codec", CodecName(used.codec)},
+                        {"copy_threads", used.copy_threads},
+                        {"staging_slots", used.staging_slots},
+                        {"staging_budget_bytes", used.staging_budget_bytes},
+                        {"keep_last", o.keep_last},
+                        {"retention_ms", Median(retention_seconds) * 1e3},
                         {"prepare_seconds", prepare_seconds},
-                        {"direct_io", base_options->direct_io}};
-    if (baseline_seconds) {
+                        {"direct_io", used.direct_io}};
+    nlohmann::json per_iteration = nlohmann::json::array();
+    for (const SaveFigures& f : figures) per_iteration.push_back(FiguresJson(f, unique_bytes));
+    j["per_iteration"] = std::move(per_iteration);
+    if (coded) j["compression_ratio"] = compression_ratio;
+    if (memory) {
+      j["memcpy_threads"] = memory->threads;
+      j["memcpy_gbps"] = memcpy_gbps;
+      j["copy_hash_gbps"] = copy_hash_gbps;
+      // A streamed snapshot is not a copy: its "snapshot" is the write to disk.
+      if (steady.staged) j["copy_ratio_to_memcpy"] = memcpy_gbps > 0 ? steady.copy_gbps() / memcpy_gbps : 0;
       j["baseline_seconds"] = *baseline_seconds;
       j["baseline_gbps"] = Gbps(unique_bytes, *baseline_seconds);
-      j["speedup_vs_buffered"] = *baseline_seconds / seconds;
-      j["raw_direct_seconds"] = *raw_seconds;
-      j["raw_direct_gbps"] = Gbps(unique_bytes, *raw_seconds);
-      j["fraction_of_raw_direct"] = *raw_seconds / seconds;
+      j["speedup_vs_buffered"] = *baseline_seconds / steady.seconds;
+      j["limit_seconds"] = limit_seconds;
+      j["limit_gbps"] = limit_gbps;
+      j["limit_gbps_before"] = Gbps(unique_bytes, limit_before->seconds);
+      j["limit_gbps_after"] = Gbps(unique_bytes, limit->seconds);
+      j["limit_engine"] = limit->engine;
+      j["ratio_to_limit"] = limit_gbps > 0 ? gbps / limit_gbps : 0;
     }
     PrintJson(j);
   } else {
-    std::cout << "saved step " << step << " of the synthetic model (hidden " << shape->hidden << ", " << shape->layers
-              << " layers, " << tensors.size() << " tensors) from " << Ranks(world) << " (tp " << layout->tp << " x dp "
-              << layout->dp << ") into " << o.dir << "\n"
-              << "  lifeline save            " << FormatByteSize(unique_bytes) << " in " << Fixed(seconds, 3)
-              << " s = " << Fixed(gbps, 2) << " GB/s (" << FormatByteSize(bytes_on_disk) << " on disk)\n";
-    if (baseline_seconds) {
-      std::cout << "  buffered write + fsync   " << FormatByteSize(unique_bytes) << " in " << Fixed(*baseline_seconds, 3)
-                << " s = " << Fixed(Gbps(unique_bytes, *baseline_seconds), 2) << " GB/s\n"
-                << "  speedup vs buffered      " << Fixed(*baseline_seconds / seconds, 2) << "x\n"
-                << "  raw O_DIRECT ceiling     " << FormatByteSize(unique_bytes) << " in " << Fixed(*raw_seconds, 3)
-                << " s = " << Fixed(Gbps(unique_bytes, *raw_seconds), 2) << " GB/s (lifeline reaches "
-                << Fixed(100.0 * *raw_seconds / seconds, 0) << "% of it)\n";
+    const std::string which = steady_iterations > 1
+                                  ? "median of saves " + std::to_string(warm_from + 1) + "-" + std::to_string(iterations)
+                                  : "save " + std::to_string(iterations);
+    std::cout << "saved steps " << first_step << ".." << last_step << " of the synthetic model (hidden " << shape->hidden
+              << ", " << shape->layers << " layers, " << tensors.size() << " tensors) from " << Ranks(world) << " (tp "
+              << layout->tp << " x dp " << layout->dp << ") into " << o.dir << "\n"
+              << "  codec " << CodecName(used.codec) << ", " << used.copy_threads << " copy threads per rank, "
+              << used.staging_slots << " staging slots" << (used.memory_tier ? ", memory tier" : "")
+              << (steady.staged ? "" : "; NOT STAGED (streamed: too large for a slot)") << "\n"
+              << "  lifeline save (" << which << ")  " << FormatByteSize(unique_bytes) << " in "
+              << Fixed(steady.seconds, 3) << " s = " << Fixed(gbps, 2) << " GB/s, Save to committed ("
+              << FormatByteSize(bytes_on_disk) << " on disk";
+    if (coded) std::cout << ", compression " << Fixed(compression_ratio, 2) << "x";
+    std::cout << ")\n"
+              << "    Save returned in       " << Fixed(steady.save_return * 1e3, 2) << " ms\n"
+              << "    caller blocked (stall) " << Fixed(steady.stall * 1e3, 1) << " ms (first save "
+              << Fixed(first.stall * 1e3, 1) << " ms)\n"
+              << (steady.staged ? "    snapshot copied        " : "    snapshot streamed      ")
+              << Fixed(steady.snapshot * 1e3, 1) << " ms = " << Fixed(steady.copy_gbps(), 2) << " GB/s (first save "
+              << Fixed(first.snapshot * 1e3, 1) << " ms)\n"
+              << "    persisted              " << Fixed(steady.persist * 1e3, 1) << " ms (first save "
+              << Fixed(first.persist * 1e3, 1) << " ms)\n";
+    if (memory) {
+      std::cout << "  memcpy, same bytes       " << Fixed(memcpy_gbps, 2) << " GB/s on " << memory->threads
+                << " threads (copy+hash kernel " << Fixed(copy_hash_gbps, 2) << " GB/s)";
+      if (steady.staged) {
+        std::cout << "; the snapshot copies at " << Fixed(100.0 * steady.copy_gbps() / memcpy_gbps, 0)
+                  << "% of memcpy";
+      }
+      std::cout << "\n"
+                << "  buffered write + fsync   " << FormatByteSize(unique_bytes) << " in " << Fixed(*baseline_seconds, 3)
+                << " s = " << Fixed(Gbps(unique_bytes, *baseline_seconds), 2) << " GB/s; speedup vs buffered "
+                << Fixed(*baseline_seconds / steady.seconds, 2) << "x\n"
+                << "  limit: raw O_DIRECT      " << FormatByteSize(unique_bytes) << " in " << Fixed(limit_seconds, 3)
+                << " s = " << Fixed(limit_gbps, 2) << " GB/s, the better of before ("
+                << Fixed(Gbps(unique_bytes, limit_before->seconds), 2) << ") and after ("
+                << Fixed(Gbps(unique_bytes, limit->seconds), 2) << ") the saves (" << limit->engine << ", 8 MiB blocks, " << kLimitDepth << " in flight per rank); lifeline reaches "
+                << Fixed(100.0 * gbps / limit_gbps, 0) << "% of it\n";
     }
   }
   return kExitOk;
@@ -543,16 +926,70 @@ void AddCommonOptions(CLI::App* app, CommonOptions* o) {
 
 }  // namespace
 
+void AddBenchSaveTuningOptions(CLI::App* app, BenchSaveTuning* t) {
+  app->add_option("--codec", t->codec, "Data-file codec: none, zstd or zstd-bytegroup (default none)")
+      ->check(CLI::IsMember({"none", "zstd", "zstd-bytegroup"}));
+  app->add_option("--codec-level", t->codec_level, "zstd level (default: the library's)")->check(CLI::Range(1, 22));
+  app->add_flag("--memory-tier", t->memory_tier, "Stage snapshots in shared memory (the memory tier)");
+  app->add_option("--copy-threads", t->copy_threads, "Threads copying each rank's snapshot (default: the library's)")
+      ->check(CLI::Range(1, 64));
+  app->add_option("--staging-budget", t->staging_budget,
+                  "Host staging memory per rank, e.g. 8GiB (default: the library's); a snapshot larger than "
+                  "budget / slots is streamed to disk instead");
+  app->add_option("--slots", t->slots, "Staging slots per rank (default: the library's)")->check(CLI::Range(1, 16));
+}
+
+Status ApplyBenchSaveTuning(const BenchSaveTuning& t, CheckpointerOptions* c) {
+  if (t.codec == "none") {
+    c->codec = SaveCodec::kNone;
+  } else if (t.codec == "zstd") {
+    c->codec = SaveCodec::kZstd;
+  } else if (t.codec == "zstd-bytegroup") {
+    c->codec = SaveCodec::kZstdByteGroup;
+  } else {
+    return Status::InvalidArgument("--codec", "'" + t.codec + "' is not none, zstd or zstd-bytegroup");
+  }
+  if (t.codec_level > 0) c->codec_level = t.codec_level;
+  c->memory_tier = t.memory_tier;
+  if (t.copy_threads > 0) c->copy_threads = t.copy_threads;
+  if (t.slots > 0) c->staging_slots = t.slots;
+  if (!t.staging_budget.empty()) {
+    Result<uint64_t> budget = ParseByteSize(t.staging_budget);
+    if (!budget.ok()) return budget.status().Annotate("--staging-budget");
+    c->staging_budget_bytes = *budget;
+  }
+  return Status::OK();
+}
+
+std::string NewBenchRunId() {
+  const uint64_t ns = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "bench-%d-%" PRIx64, static_cast<int>(::getpid()), ns);
+  return buf;
+}
+
 void AddBenchCommands(CLI::App& root, std::vector<Command>* commands) {
   CLI::App* bench = root.add_subcommand("bench", "Measure saving and loading the synthetic model");
   bench->require_subcommand(1);
   AddBenchIndexCommand(bench, commands);
+  AddBenchCompressCommand(bench, commands);
+  AddBenchTrainCommand(bench, commands);
 
   auto save = std::make_shared<SaveOptions>();
   CLI::App* save_app = bench->add_subcommand(
-      "save", "Save the synthetic model from N ranks (threads) and compare with buffered write()+fsync");
+      "save", "Save the synthetic model from N ranks (threads) with the asynchronous API; compare with memcpy, "
+              "buffered write()+fsync and the raw O_DIRECT limit of the same bytes");
   AddCommonOptions(save_app, save.get());
-  save_app->add_option("--step", save->step, "Step number to save (default 100)")->check(CLI::NonNegativeNumber);
+  AddBenchSaveTuningOptions(save_app, &save->tuning);
+  save_app->add_option("--step", save->step, "First step number to save (default 100)")->check(CLI::NonNegativeNumber);
+  save_app->add_option("--iterations", save->iterations,
+                       "Saves of steps s, s+1, ... through the same Checkpointers (default 4); figures are the "
+                       "median of those that reuse a warm staging slot")
+      ->check(CLI::PositiveNumber);
+  save_app->add_option("--keep-last", save->keep_last,
+                       "Complete checkpoints kept, older ones removed between saves outside the timing (default 1; "
+                       "0 keeps all)");
   save_app->add_option("--state-bytes", save->state_bytes,
                        "Model state to save, e.g. 256MiB or 2G (default 2GiB); sets the layer count");
   save->hidden_option =
@@ -560,7 +997,7 @@ void AddBenchCommands(CLI::App& root, std::vector<Command>* commands) {
                            "Hidden size H (default 1024; halved, not below 64, while --state-bytes is under two layers)")
           ->check(CLI::PositiveNumber);
   save_app->add_option("--chunk-size", save->chunk_size, "Checksum chunk size, e.g. 4MiB (default: the library's)");
-  save_app->add_flag("--no-baseline", save->no_baseline, "Skip the buffered-write baseline");
+  save_app->add_flag("--no-baseline", save->no_baseline, "Skip the memcpy, buffered-write and O_DIRECT baselines");
   commands->push_back({save_app, [save] { return RunSave(*save); }});
 
   auto load = std::make_shared<CommonOptions>();

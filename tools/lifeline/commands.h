@@ -19,6 +19,10 @@
 
 #include "lifeline/status.h"
 
+namespace lifeline {
+struct CheckpointerOptions;
+}
+
 namespace lifeline::cli {
 
 inline constexpr int kExitOk = 0;
@@ -39,6 +43,25 @@ void AddVerifyCommand(CLI::App& root, std::vector<Command>* commands);
 void AddBenchIndexCommand(CLI::App* bench, std::vector<Command>* commands);
 // Adds `bench compress` under the `bench` command (bench_compress.cc).
 void AddBenchCompressCommand(CLI::App* bench, std::vector<Command>* commands);
+// Adds `bench train` under the `bench` command (bench_train.cc).
+void AddBenchTrainCommand(CLI::App* bench, std::vector<Command>* commands);
+
+// How `bench save` and `bench train` tune their Checkpointers, as typed on the command line
+// (bench.cc). Zero or empty leaves the library's default.
+struct BenchSaveTuning {
+  std::string codec = "none";   // none | zstd | zstd-bytegroup
+  int codec_level = 0;
+  bool memory_tier = false;
+  unsigned copy_threads = 0;
+  std::string staging_budget;   // a byte size, e.g. 8GiB
+  unsigned slots = 0;
+};
+// Adds --codec, --codec-level, --memory-tier, --copy-threads, --staging-budget and --slots to `app`.
+void AddBenchSaveTuningOptions(CLI::App* app, BenchSaveTuning* tuning);
+// Applies `tuning` to `options`; InvalidArgument naming the option when a value is not valid.
+Status ApplyBenchSaveTuning(const BenchSaveTuning& tuning, CheckpointerOptions* options);
+// A run id no earlier run of this machine used ("bench-<pid>-<ns>").
+std::string NewBenchRunId();
 
 // Prints `j` on stdout as one JSON document (invalid UTF-8 from a damaged file is replaced, not
 // fatal).

@@ -76,6 +76,7 @@ typedef struct lifeline_options {
   uint32_t staging_slots;
   int32_t skip_when_busy;      /* non-zero: BusyPolicy::kSkip, else kWait */
   uint32_t copy_threads;
+  int32_t background_nice;     /* 0: the default (10); negative: same priority as the caller */
   int32_t memory_tier;         /* non-zero: back the staging slots with shared memory */
   const char* memory_tier_directory; /* NULL: the default under /dev/shm */
   int32_t codec;               /* 0 none, 1 zstd, 2 zstd with byte grouping */
@@ -138,6 +139,11 @@ void lifeline_ticket_free(lifeline_ticket* ticket);
 
 /* Waits until every save started so far is persisted. */
 int lifeline_flush(lifeline_checkpointer* checkpointer);
+
+/* Sizes the staging slots for snapshots of these tensors and objects and faults their memory in
+ * now (see lifeline::Checkpointer::PrepareStaging); the tensors' contents are not read. */
+int lifeline_prepare_staging(lifeline_checkpointer* checkpointer, const lifeline_tensor* tensors, size_t num_tensors,
+                             const lifeline_object* objects, size_t num_objects);
 
 int lifeline_wait_for_commit(lifeline_checkpointer* checkpointer, uint64_t step, double timeout_seconds);
 

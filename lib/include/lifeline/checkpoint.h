@@ -164,6 +164,10 @@ struct CheckpointerOptions {
   unsigned staging_slots = 2;
   BusyPolicy busy_policy = BusyPolicy::kWait;
   unsigned copy_threads = 2;  // threads copying state into the arena
+  // The copy, persist and drain threads run this many nice levels below the thread that opened the
+  // Checkpointer (capped at 19), so the training loop gets the CPU first when cores are scarce;
+  // 0 leaves them at its priority.
+  int background_nice = 10;
 
   // ---- the memory tier ----
   // Back the slots with named shared memory under `memory_tier_directory`, so that a restarted
@@ -270,6 +274,13 @@ class Checkpointer {
   // reported by the ticket. On failure nothing visible changes: earlier checkpoints are untouched
   // and this one stays invisible. Saves are persisted in the order they were started.
   SaveTicket Save(uint64_t step, const SaveRequest& request);
+
+  // Sizes every staging slot for snapshots of `request` and faults its memory in now, blocking,
+  // so that the first checkpoints of a run cost what later ones do (fresh memory's first touch is
+  // slow: 1.3 s per GiB on this project's VM). Call it once at start-up with a request shaped like
+  // the ones Save will get (its tensors' contents are not read). FailedPrecondition when such a
+  // snapshot exceeds a slot and would be streamed instead.
+  Status PrepareStaging(const SaveRequest& request);
 
   // Waits until step `step` is committed (every rank's index present), polling the file system.
   Status WaitForCommit(uint64_t step, double timeout_seconds);
