@@ -89,6 +89,7 @@ int main(void) {
   float live[kRows * kCols];
   memcpy(live, full, sizeof(full));
   lifeline_tensor lt = {"w", LIFELINE_F32, 2, global, NULL, NULL, 0, -1, 0, 0, live};
+  CHECK(lifeline_prepare_staging(c, &lt, 1, NULL, 0) == LIFELINE_OK, "prepare_staging: %s", lifeline_last_error());
   lifeline_ticket* ticket = NULL;
   CHECK(lifeline_save_async(c, 9, &lt, 1, NULL, 0, NULL, &ticket) == LIFELINE_OK, "save_async");
   CHECK(lifeline_ticket_wait_tensor(ticket, 0) == LIFELINE_OK, "wait_tensor");

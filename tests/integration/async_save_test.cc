@@ -187,6 +187,53 @@ TEST(AsyncSaveTest, DestroyingTheCheckpointerFinishesItsSaves) {
   EXPECT_EQ(step, 9u);
 }
 
+TEST(AsyncSaveTest, PreparedStagingIsUsedBySavesAndRefusesWhatWouldNotFit) {
+  TempDir dir;
+  CheckpointerOptions o = BaseOptions(dir.Sub("ckpt"));
+  o.staging_slots = 2;
+  auto ckpt = Checkpointer::Open(o);
+  ASSERT_TRUE(ckpt.ok());
+  WholeState state(5);
+  ASSERT_TRUE((*ckpt)->PrepareStaging(state.Request()).ok());
+  // Saves into the prepared slots hold the state at Save time, mutated right after the snapshot.
+  for (uint64_t step = 1; step <= 3; ++step) {
+    const std::vector<GlobalTensor> at_save = [&] {
+      std::vector<GlobalTensor> ts = state.tensors;
+      for (size_t i = 0; i < ts.size(); ++i) ts[i].bytes = state.live[i];
+      return ts;
+    }();
+    SaveTicket t = (*ckpt)->Save(step, state.Request());
+    ASSERT_TRUE(t.WaitSnapshot().ok()) << t.Progress().status.ToString();
+    state.ScribbleAll();
+    ASSERT_TRUE(t.WaitPersisted().ok()) << t.Progress().status.ToString();
+    EXPECT_EQ(LoadAndCompare(ckpt->get(), step, at_save), "") << "step " << step;
+    // Preparing again while nothing is in flight is harmless.
+    ASSERT_TRUE((*ckpt)->PrepareStaging(state.Request()).ok());
+  }
+
+  // A state larger than one slot would be streamed: preparing it says so and names the limit.
+  CheckpointerOptions small = BaseOptions(dir.Sub("small"));
+  small.staging_budget_bytes = 2 << 20;
+  small.staging_slots = 2;
+  auto tight = Checkpointer::Open(small);
+  ASSERT_TRUE(tight.ok());
+  Status s = (*tight)->PrepareStaging(state.Request());
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+  EXPECT_NE(s.message().find("staging slot"), std::string::npos) << s.ToString();
+  // ...and the save itself still works, streamed.
+  ASSERT_TRUE((*tight)->Save(1, state.Request()).WaitPersisted().ok());
+  std::vector<GlobalTensor> now = state.tensors;
+  for (size_t i = 0; i < now.size(); ++i) now[i].bytes = state.live[i];
+  EXPECT_EQ(LoadAndCompare(tight->get(), 1, now), "");
+
+  // A malformed request is refused with the tensor's name, before any memory is touched.
+  SaveRequest bad = state.Request();
+  bad.tensors[1].shape[0] += 1;  // a box past the end of its global tensor
+  Status b = (*ckpt)->PrepareStaging(bad);
+  EXPECT_EQ(b.code(), StatusCode::kInvalidArgument) << b.ToString();
+  EXPECT_NE(b.message().find(state.tensors[1].name), std::string::npos) << b.ToString();
+}
+
 // ---- back-pressure ------------------------------------------------------------------------
 
 // Holds every write of data files until opened: a disk that is (very) slow.
@@ -414,6 +461,33 @@ TEST(MemoryTierTest, LoadPrefersTheTierOnlyWhenItIsAtLeastAsNewAsTheDisk) {
   EXPECT_FALSE(r->from_memory_tier);
   EXPECT_EQ(r->step, 3u);
   EXPECT_EQ(buf, WholeState(3).tensors[0].bytes);
+}
+
+TEST(MemoryTierTest, PreparingStagingAfterARestartKeepsTheTierSnapshot) {
+  TempDir dir;
+  WholeState state(4);
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    auto first = Checkpointer::Open(TierOptions(dir, "first"));
+    if (!first.ok()) _exit(2);
+    if (!(*first)->Save(6, state.Request()).WaitPersisted().ok()) _exit(3);
+    _exit(0);  // no orderly close: the tier keeps step 6
+  }
+  int wstatus = 0;
+  ASSERT_EQ(waitpid(pid, &wstatus, 0), pid);
+  ASSERT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) << wstatus;
+  auto again = Checkpointer::Open(TierOptions(dir, "first"));
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  ASSERT_TRUE((*again)->PrepareStaging(state.Request()).ok());
+  LoadRequest req;
+  std::vector<uint8_t> buf(state.tensors[0].bytes.size());
+  req.tensors.push_back(TensorShard::Whole(state.tensors[0].name, state.tensors[0].dtype, state.tensors[0].shape, buf.data()));
+  auto r = (*again)->Load(std::nullopt, req);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->step, 6u);
+  EXPECT_TRUE(r->from_memory_tier);
+  EXPECT_EQ(buf, state.tensors[0].bytes);
 }
 
 TEST(MemoryTierTest, KeepsOneSnapshotPerSlotAndCleansUpOnClose) {

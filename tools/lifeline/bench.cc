@@ -57,7 +57,8 @@
 // ratio_to_limit (gbps / limit_gbps), memcpy_threads, memcpy_gbps, copy_hash_gbps (the kernel
 // alone), copy_ratio_to_memcpy (copy_gbps / memcpy_gbps; absent when the snapshot was streamed
 // rather than staged), baseline_seconds and baseline_gbps (buffered), speedup_vs_buffered
-// (baseline_seconds / seconds). Also prepare_seconds (opening and filling, not timed), ranks, tp,
+// (baseline_seconds / seconds). Also prepare_seconds (opening, filling and, unless --cold,
+// Checkpointer::PrepareStaging; not timed), ranks, tp,
 // dp, step (the last), hidden, layers, tensors, dir, direct_io.
 // load: bytes (total bytes of all ranks' targets, replicas counted on every rank that holds one),
 // unique_bytes, bytes_read (from storage, alignment slack included), seconds, gbps (bytes /
@@ -118,6 +119,7 @@ struct SaveOptions : CommonOptions {
   bool no_baseline = false;
   unsigned iterations = 4;
   uint32_t keep_last = 1;
+  bool cold = false;
   BenchSaveTuning tuning;
 };
 
@@ -539,6 +541,14 @@ int RunSave(const SaveOptions& o) {
         }
       } else {
         status = ckpt.status();
+      }
+      if (status.ok() && !o.cold) {  // as a job does at start-up: staging slots reserved and faulted in
+        SaveRequest request;
+        request.tensors = states[r].shards();
+        request.objects = {{"rng", RngObject(r, first_step)}, {"dataloader", DataloaderObject(r, first_step)}};
+        request.metadata_json = ModelMetadataJson(*shape, *layout, first_step);
+        if (Status s = checkpointers[r]->PrepareStaging(request); !s.ok() && s.code() != StatusCode::kFailedPrecondition)
+          status = s;  // FailedPrecondition: larger than a slot, the saves stream
       }
       if (!status.ok()) failed.store(true);
       for (unsigned it = 0; it < iterations; ++it) {
@@ -997,6 +1007,8 @@ void AddBenchCommands(CLI::App& root, std::vector<Command>* commands) {
                            "Hidden size H (default 1024; halved, not below 64, while --state-bytes is under two layers)")
           ->check(CLI::PositiveNumber);
   save_app->add_option("--chunk-size", save->chunk_size, "Checksum chunk size, e.g. 4MiB (default: the library's)");
+  save_app->add_flag("--cold", save->cold,
+                     "Skip Checkpointer::PrepareStaging before the saves: the first save into each slot faults in memory");
   save_app->add_flag("--no-baseline", save->no_baseline, "Skip the memcpy, buffered-write and O_DIRECT baselines");
   commands->push_back({save_app, [save] { return RunSave(*save); }});
 

@@ -22,6 +22,8 @@
 // The checkpoints go to a fresh directory train-<run id> under --dir, removed at the end unless
 // --keep. Retention keeps --keep-last (default 1) complete checkpoints.
 //
+// Unless --cold, each rank calls Checkpointer::PrepareStaging before the runs (timed: prepare_ms).
+//
 // --json fields: mode, compute, ranks, state_bytes (all ranks), steps, ckpt_every, checkpoints,
 // compute_ms (asked), compute_ms_baseline and compute_ms_with_checkpoints (mean compute phase),
 // update_ms_baseline and update_ms_with_checkpoints (mean update), baseline_seconds and seconds
@@ -31,7 +33,7 @@
 // checkpoint is committed), per_checkpoint (step, stall_ms, save_return_ms (the part inside Save),
 // library_stall_ms, snapshot_ms, persist_ms, staged), step_ms_baseline and
 // step_ms_with_checkpoints (every step), verified, verified_step, mismatches,
-// loaded_from_memory_tier, codec, copy_threads, staging_slots, dir.
+// loaded_from_memory_tier, prepared, prepare_ms, codec, copy_threads, staging_slots, dir.
 #include <algorithm>
 #include <atomic>
 #include <barrier>
@@ -69,6 +71,7 @@ struct TrainOptions {
   uint32_t ranks = 1;
   uint32_t keep_last = 1;
   bool keep = false;
+  bool cold = false;
   bool json = false;
   BenchSaveTuning tuning;
 };
@@ -189,6 +192,7 @@ struct RankRecord {
   std::vector<RankCheckpoint> checkpoints;
   uint64_t mismatches = 0;
   bool from_memory_tier = false;
+  double prepare_seconds = 0;  // Checkpointer::PrepareStaging, before the runs
   uint64_t sink = 0;
 };
 
@@ -249,6 +253,17 @@ int RunTrain(const TrainOptions& o) {
         }
       } else {
         rec.status = c.status();
+      }
+      // What a training job does once at start-up: reserve and fault in the staging slots, so the
+      // first checkpoints do not pay for the kernel zeroing fresh pages (seconds per GiB on some VMs).
+      if (rec.status.ok() && !o.cold) {
+        SaveRequest req;
+        req.tensors = state.shards();
+        req.objects = {{"loop", "{\"rank\":" + std::to_string(r) + ",\"step\":0}"}};
+        const double p0 = NowSeconds();
+        if (Status s = checkpointers[r]->PrepareStaging(req); !s.ok() && s.code() != StatusCode::kFailedPrecondition)
+          rec.status = s;  // FailedPrecondition: the state does not fit a slot and will be streamed
+        rec.prepare_seconds = NowSeconds() - p0;
       }
       if (!rec.status.ok()) failed.store(true);
 
@@ -363,6 +378,7 @@ int RunTrain(const TrainOptions& o) {
   std::vector<double> compute[2], update[2];
   uint64_t mismatches = 0;
   bool from_memory_tier = false;
+  double prepare_seconds = 0;
   for (const RankRecord& rec : records) {
     for (int run = 0; run < 2; ++run) {
       compute[run].insert(compute[run].end(), rec.compute[run].begin(), rec.compute[run].end());
@@ -370,6 +386,7 @@ int RunTrain(const TrainOptions& o) {
     }
     mismatches += rec.mismatches;
     from_memory_tier = from_memory_tier || rec.from_memory_tier;
+    prepare_seconds = std::max(prepare_seconds, rec.prepare_seconds);
   }
   // Per checkpoint, the slowest rank: the others wait for it at the next all-reduce.
   const size_t n_ckpt = records[0].checkpoints.size();
@@ -435,6 +452,8 @@ int RunTrain(const TrainOptions& o) {
                {"persist_ms_median", Median(persists)},
                {"staged", all_staged},
                {"final_wait_ms", final_wait * 1e3},
+               {"prepared", !o.cold},
+               {"prepare_ms", prepare_seconds * 1e3},
                {"per_checkpoint", per_checkpoint},
                {"step_ms_baseline", step_ms[0]},
                {"step_ms_with_checkpoints", step_ms[1]},
@@ -465,6 +484,10 @@ int RunTrain(const TrainOptions& o) {
               << " (snapshot " << Ms(Median(snapshots) / 1e3) << ", persisted " << Ms(Median(persists) / 1e3)
               << " after Save, medians)\n"
               << "  after the loop         " << Ms(final_wait) << " until the last checkpoint was committed\n"
+              << "  before the loop        "
+              << (o.cold ? std::string("staging not prepared (--cold)")
+                         : Ms(prepare_seconds) + " in PrepareStaging (staging slots reserved and faulted in)")
+              << "\n"
               << "  step " << last_step << " loaded back     " << mismatches
               << " elements differ from the state at its Save" << (from_memory_tier ? " (from the memory tier)" : "")
               << "\n";
@@ -498,6 +521,8 @@ void AddBenchTrainCommand(CLI::App* bench, std::vector<Command>* commands) {
   app->add_option("--ranks", o->ranks, "Ranks (threads) (default 1)")->check(CLI::PositiveNumber);
   app->add_option("--keep-last", o->keep_last, "Complete checkpoints kept (default 1; 0 keeps all)");
   app->add_flag("--keep", o->keep, "Keep the run's checkpoint directory");
+  app->add_flag("--cold", o->cold,
+                "Skip Checkpointer::PrepareStaging before the runs: the first checkpoints fault in their staging memory");
   AddBenchSaveTuningOptions(app, &o->tuning);
   app->add_flag("--json", o->json, "Print one JSON object on stdout");
   commands->push_back(Command{app, [o] { return RunTrain(*o); }});
