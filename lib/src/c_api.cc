@@ -5,6 +5,7 @@
 #include <string>
 
 #include "lifeline/checkpoint.h"
+#include "lifeline/trace.h"
 
 struct lifeline_checkpointer {
   std::unique_ptr<lifeline::Checkpointer> impl;
@@ -261,5 +262,19 @@ int lifeline_latest_step(lifeline_checkpointer* c, uint64_t* step) {
 }
 
 const char* lifeline_last_error(void) { return g_last_error.c_str(); }
+
+int lifeline_trace_active(void) { return lifeline::trace::Active() ? 1 : 0; }
+void lifeline_trace_step_begin(uint64_t step) { lifeline::trace::StepBegin(step); }
+void lifeline_trace_step_end(uint64_t step) { lifeline::trace::StepEnd(step); }
+uint64_t lifeline_trace_collective_begin(int op, uint64_t bytes, uint32_t comm, uint64_t seq) {
+  const auto o = op >= 0 && op <= static_cast<int>(lifeline::trace::Op::kBarrier) ? static_cast<lifeline::trace::Op>(op)
+                                                                                  : lifeline::trace::Op::kOther;
+  return lifeline::trace::CollectiveBegin(o, bytes, comm, seq);
+}
+void lifeline_trace_collective_posted(uint64_t seq, uint32_t comm) { lifeline::trace::CollectivePosted(seq, comm); }
+void lifeline_trace_collective_end(uint64_t seq, uint32_t comm) { lifeline::trace::CollectiveEnd(seq, comm); }
+void lifeline_trace_heartbeat(void) { lifeline::trace::Heartbeat(); }
+void lifeline_trace_process_start(uint64_t resumed_step) { lifeline::trace::ProcessStart(resumed_step); }
+void lifeline_trace_process_exit(void) { lifeline::trace::ProcessExit(); }
 
 }  // extern "C"

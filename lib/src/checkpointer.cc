@@ -13,6 +13,7 @@
 #include "lib/src/memory_tier.h"
 #include "lib/src/persist_pipeline.h"
 #include "lib/src/save_job.h"
+#include "lifeline/trace.h"
 #include "lib/src/saver.h"
 #include "lib/src/staging_arena.h"
 #include "lib/src/step_scan.h"
@@ -259,6 +260,7 @@ SaveTicket Checkpointer::Save(uint64_t step, const SaveRequest& request) {
       }
     };
   }
+  job->Trace(trace::EventType::kCheckpointBegin);
   m.copier->Submit(job);
   m.pipeline->Submit(job);
   job->AddStall(internal::SaveJob::Clock::now() - t0);

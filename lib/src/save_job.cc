@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "lib/src/commit.h"
+#include "lifeline/trace.h"
 
 namespace lifeline {
 
@@ -19,6 +20,18 @@ const char* SavePhaseName(SavePhase phase) {
 }
 
 namespace internal {
+
+// The checkpoint lifecycle for the node agent (nothing happens without one).
+void SaveJob::Trace(trace::EventType type, uint64_t aux) const {
+  if (!trace::Active()) return;
+  trace::Event e;
+  e.type = type;
+  e.step = step;
+  e.bytes = bytes_total;
+  e.duration_ns = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - started).count());
+  e.aux = aux;
+  trace::Record(e);
+}
 
 SaveJob::SaveJob(uint64_t step, Env* env, std::string root) : step(step), env(env), root(std::move(root)) {}
 
@@ -77,6 +90,7 @@ void SaveJob::CompleteCopy() {
     if (phase_ == SavePhase::kCopying) phase_ = SavePhase::kPersisting;
   }
   cv_.notify_all();
+  if (!cancelled()) Trace(trace::EventType::kCheckpointCopied, stall_ns_.load());
   if (on_copied && !cancelled()) on_copied(*this);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -111,6 +125,7 @@ void SaveJob::MarkStreamCopied() {
     if (phase_ == SavePhase::kCopying) phase_ = SavePhase::kPersisting;
   }
   cv_.notify_all();
+  Trace(trace::EventType::kCheckpointCopied, stall_ns_.load());
 }
 
 void SaveJob::MarkPersisted(uint64_t bytes_stored, bool committed) {
@@ -123,11 +138,16 @@ void SaveJob::MarkPersisted(uint64_t bytes_stored, bool committed) {
     if (status_.ok()) phase_ = committed ? SavePhase::kCommitted : SavePhase::kPersisted;
   }
   cv_.notify_all();
+  Trace(trace::EventType::kCheckpointPersisted, bytes_stored);
+  if (committed) Trace(trace::EventType::kCheckpointCommitted);
 }
 
 void SaveJob::Fail(Status status) {
+  const auto code = static_cast<uint64_t>(status.code());
+  bool first = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    first = status_.ok();
     if (status_.ok()) status_ = std::move(status);
     phase_ = SavePhase::kFailed;
     cancelled_.store(true, std::memory_order_release);
@@ -135,9 +155,11 @@ void SaveJob::Fail(Status status) {
     if (!staged_.load()) copied_ = copy_done_ = true;
   }
   cv_.notify_all();
+  if (first && code != 0) Trace(trace::EventType::kCheckpointFailed, code);
 }
 
 void SaveJob::FinishWithoutCopy(Status status, SavePhase phase) {
+  const auto code = static_cast<uint64_t>(status.code());
   {
     std::lock_guard<std::mutex> lock(mu_);
     status_ = std::move(status);
@@ -149,6 +171,7 @@ void SaveJob::FinishWithoutCopy(Status status, SavePhase phase) {
   }
   for (size_t i = 0; i < num_tensors_; ++i) tensor_pending_[i].store(0, std::memory_order_release);
   cv_.notify_all();
+  if (code != 0) Trace(trace::EventType::kCheckpointFailed, code);
 }
 
 Status SaveJob::WaitSnapshot() {

@@ -23,6 +23,7 @@
 #include "lib/src/saver.h"
 #include "lifeline/checkpoint.h"
 #include "lifeline/env.h"
+#include "lifeline/trace.h"
 
 namespace lifeline::internal {
 
@@ -106,6 +107,9 @@ class SaveJob {
   SaveProgress Progress() const;
   Status status() const;
   bool finished() const;  // persisted, failed or skipped
+  // Records a checkpoint lifecycle event for the node agent (a no-op without one): this job's
+  // step and bytes, the time since Save in duration_ns, and `aux` (per type, see trace.h).
+  void Trace(trace::EventType type, uint64_t aux = 0) const;
   void AddStall(Clock::duration d) { stall_ns_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count()); }
 
  private:

@@ -117,5 +117,10 @@ int main(void) {
   snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
   if (system(cmd) != 0) return 1;
   printf("c_api_test: ok\n");
+    /* Without an agent, tracing is off and costs nothing: calls are accepted and record nothing. */
+  CHECK(lifeline_trace_active() == 0, "tracing inactive without LIFELINE_AGENT");
+  lifeline_trace_step_begin(1);
+  CHECK(lifeline_trace_collective_begin(LIFELINE_OP_ALLREDUCE, 64, 0, 0) == 0, "no seq without an agent");
+  lifeline_trace_step_end(1);
   return 0;
 }

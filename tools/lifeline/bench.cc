@@ -985,6 +985,7 @@ void AddBenchCommands(CLI::App& root, std::vector<Command>* commands) {
   AddBenchIndexCommand(bench, commands);
   AddBenchCompressCommand(bench, commands);
   AddBenchTrainCommand(bench, commands);
+  AddBenchTraceCommand(bench, commands);
 
   auto save = std::make_shared<SaveOptions>();
   CLI::App* save_app = bench->add_subcommand(

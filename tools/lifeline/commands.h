@@ -45,6 +45,8 @@ void AddBenchIndexCommand(CLI::App* bench, std::vector<Command>* commands);
 void AddBenchCompressCommand(CLI::App* bench, std::vector<Command>* commands);
 // Adds `bench train` under the `bench` command (bench_train.cc).
 void AddBenchTrainCommand(CLI::App* bench, std::vector<Command>* commands);
+// Adds `bench trace` under the `bench` command (bench_trace.cc).
+void AddBenchTraceCommand(CLI::App* bench, std::vector<Command>* commands);
 
 // How `bench save` and `bench train` tune their Checkpointers, as typed on the command line
 // (bench.cc). Zero or empty leaves the library's default.

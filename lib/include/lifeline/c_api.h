@@ -162,6 +162,38 @@ int lifeline_latest_step(lifeline_checkpointer* checkpointer, uint64_t* step);
 /* The message of the calling thread's last failure ("" when none). Valid until its next call. */
 const char* lifeline_last_error(void);
 
+/* ---- tracing for the node agent (see lifeline/trace.h) ----------------------------------------
+ * Each call records one event in this rank's ring when lifeline-agent launched the process
+ * (LIFELINE_AGENT set), and does nothing otherwise. Lock-free, no system call; any thread. */
+
+/* Collective operations, the values of lifeline::trace::Op. */
+enum {
+  LIFELINE_OP_OTHER = 0,
+  LIFELINE_OP_ALLREDUCE = 1,
+  LIFELINE_OP_ALLGATHER = 2,
+  LIFELINE_OP_REDUCESCATTER = 3,
+  LIFELINE_OP_BROADCAST = 4,
+  LIFELINE_OP_REDUCE = 5,
+  LIFELINE_OP_ALLTOALL = 6,
+  LIFELINE_OP_SEND = 7,
+  LIFELINE_OP_RECV = 8,
+  LIFELINE_OP_BARRIER = 9
+};
+
+/* 1 when events reach an agent, else 0. */
+int lifeline_trace_active(void);
+void lifeline_trace_step_begin(uint64_t step);
+void lifeline_trace_step_end(uint64_t step);
+/* Enters collective `seq` on communicator `comm` (seq 0: the library counts). Returns the seq
+ * to pass to _posted and _end (0 when tracing is inactive). */
+uint64_t lifeline_trace_collective_begin(int op, uint64_t bytes, uint32_t comm, uint64_t seq);
+void lifeline_trace_collective_posted(uint64_t seq, uint32_t comm);
+void lifeline_trace_collective_end(uint64_t seq, uint32_t comm);
+void lifeline_trace_heartbeat(void);
+/* The process resumed from checkpoint `step`; pass UINT64_MAX when it started fresh. */
+void lifeline_trace_process_start(uint64_t resumed_step);
+void lifeline_trace_process_exit(void);
+
 #ifdef __cplusplus
 }  /* extern "C" */
 #endif

@@ -1,0 +1,421 @@
+#include "agent/agent.h"
+
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "agent/control_socket.h"
+#include "agent/metrics.h"
+
+namespace lifeline::agent {
+namespace {
+
+double Seconds(uint64_t ns) { return static_cast<double>(ns) * 1e-9; }
+
+std::string JoinRanks(const std::vector<int>& ranks) {
+  std::string s;
+  for (size_t i = 0; i < ranks.size(); ++i) s += (i == 0 ? "" : ",") + std::to_string(ranks[i]);
+  return s.empty() ? "none" : s;
+}
+
+// A free TCP port on loopback for MASTER_PORT when the configuration asks for 0.
+uint32_t PickFreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 29500;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  uint32_t port = 29500;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+    port = ntohs(a.sin_port);
+  close(fd);
+  return port;
+}
+
+std::string NewJobId() {
+  std::random_device rd;
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "job-%08x", static_cast<unsigned>(rd()));
+  return buf;
+}
+
+// SIGTERM/SIGINT to the agent: stop the ranks, then exit. Only a flag here.
+volatile sig_atomic_t g_stop_signal = 0;
+void OnStopSignal(int sig) { g_stop_signal = sig; }
+
+}  // namespace
+
+std::string IsoTimeNow() {
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  tm utc;
+  gmtime_r(&ts.tv_sec, &utc);
+  char buf[40];
+  const size_t n = strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%S", &utc);
+  std::snprintf(buf + n, sizeof(buf) - n, ".%03ldZ", ts.tv_nsec / 1000000);
+  return buf;
+}
+
+Agent::Agent(AgentConfig config) : config_(std::move(config)) {}
+
+Agent::~Agent() { Cleanup(); }
+
+void Agent::Cleanup() {
+  launcher_.reset();  // kills anything still running
+  control_.reset();
+  rings_.clear();
+  if (events_log_ != nullptr) {
+    std::fclose(events_log_);
+    events_log_ = nullptr;
+  }
+  if (owns_run_dir_ && !config_.run_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::remove_all(config_.run_dir, ec);
+    owns_run_dir_ = false;
+  }
+}
+
+void Agent::Log(nlohmann::json line) {
+  nlohmann::json out = {{"time", IsoTimeNow()}, {"job", config_.job_id}, {"restart", restarts_}};
+  out.update(line);
+  const std::string text = out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  if (events_log_ != nullptr) {
+    std::fprintf(events_log_, "%s\n", text.c_str());
+    std::fflush(events_log_);
+  }
+}
+
+Status Agent::Setup() {
+  if (config_.job_id.empty()) config_.job_id = NewJobId();
+  if (config_.master_port == 0) config_.master_port = PickFreePort();
+  if (config_.run_dir.empty()) {
+    const char* runtime = getenv("XDG_RUNTIME_DIR");
+    std::string base = runtime != nullptr && *runtime != '\0' ? runtime : "/tmp";
+    std::string tmpl = base + "/lifeline-agent-XXXXXX";
+    if (mkdtemp(tmpl.data()) == nullptr) return Status::FromErrno(errno, "run directory under " + base);
+    config_.run_dir = tmpl;
+    owns_run_dir_ = true;
+  } else {
+    std::error_code ec;
+    std::filesystem::create_directories(config_.run_dir, ec);
+    if (ec) return Status::IOError(config_.run_dir, ec.message());
+    chmod(config_.run_dir.c_str(), 0700);
+  }
+  ring_dir_ = config_.run_dir;
+  if (!config_.events_log.empty()) {
+    events_log_ = std::fopen(config_.events_log.c_str(), "ae");
+    if (events_log_ == nullptr) return Status::FromErrno(errno, "events log " + config_.events_log);
+  }
+  Result<std::unique_ptr<ControlSocket>> control = ControlSocket::Listen(config_.run_dir + "/control.sock");
+  if (!control.ok()) return control.status();
+  control_ = std::move(*control);
+  metrics_ = std::make_unique<AgentMetrics>(config_.job_id, static_cast<int>(config_.nproc));
+  if (!config_.metrics_addr.empty()) LL_RETURN_IF_ERROR(metrics_->Serve(config_.metrics_addr));
+  return Status::OK();
+}
+
+Status Agent::Launch() {
+  const int world = static_cast<int>(config_.nproc);
+  rings_.clear();
+  for (int r = 0; r < world; ++r) {
+    Result<std::unique_ptr<trace::TraceRing>> ring =
+        trace::TraceRing::Create(trace::RingPath(ring_dir_, r), r, config_.ring_events);
+    if (!ring.ok()) return ring.status().Annotate("trace ring of rank " + std::to_string(r));
+    rings_.push_back(std::move(*ring));
+  }
+  views_.assign(world, RankView{});
+  for (auto& d : detectors_) d->Reset(world);
+  const std::string n = std::to_string(world);
+  std::map<std::string, std::string> env = {
+      {"WORLD_SIZE", n},
+      {"LOCAL_WORLD_SIZE", n},
+      {"GROUP_RANK", "0"},
+      {"GROUP_WORLD_SIZE", "1"},
+      {"ROLE_WORLD_SIZE", n},
+      {"MASTER_ADDR", config_.master_addr},
+      {"MASTER_PORT", std::to_string(config_.master_port)},
+      {"TORCHELASTIC_RESTART_COUNT", std::to_string(restarts_)},
+      {"TORCHELASTIC_MAX_RESTARTS", std::to_string(config_.restart.max_restarts)},
+      {"LIFELINE_JOB", config_.job_id},
+      {"LIFELINE_RESTART", std::to_string(restarts_)},
+      {"LIFELINE_AGENT", ring_dir_},
+      {"LIFELINE_CONTROL", config_.run_dir + "/control.sock"},
+  };
+  launcher_ = std::make_unique<Launcher>(config_.command, env);
+  LL_RETURN_IF_ERROR(launcher_->Start(world));
+  launched_ns_ = trace::MonotonicNanos();
+  metrics_->Launched(world);
+  std::vector<int> pids;
+  for (const RankProcess& r : launcher_->ranks()) pids.push_back(r.pid);
+  Log({{"action", "launch"}, {"ranks", world}, {"pids", pids}, {"command", config_.command}});
+  return Status::OK();
+}
+
+void Agent::DrainRings(uint64_t now) {
+  for (size_t r = 0; r < rings_.size(); ++r) {
+    scratch_.clear();
+    rings_[r]->Drain(&scratch_);
+    RankView& v = views_[r];
+    for (const trace::Event& e : scratch_) {
+      v.last_event_ns = std::max(v.last_event_ns, e.time_ns);
+      ++v.events;
+      switch (e.type) {
+        case trace::EventType::kProcessStart:
+          v.started = true;
+          v.resumed_from = e.step;
+          break;
+        case trace::EventType::kStepBegin:
+          v.step = e.step;
+          v.began_step = true;
+          break;
+        case trace::EventType::kCheckpointCommitted:
+          if (v.committed_step == trace::kNoStep || e.step > v.committed_step) v.committed_step = e.step;
+          break;
+        default:
+          break;
+      }
+      for (auto& d : detectors_) d->Observe(static_cast<int>(r), e);
+      metrics_->Observe(static_cast<int>(r), e);
+    }
+    metrics_->RingDropped(static_cast<int>(r), rings_[r]->header()->dropped.load(std::memory_order_relaxed));
+  }
+  (void)now;
+}
+
+void Agent::CheckResumed(uint64_t now) {
+  if (!restart_detected_ns_) return;
+  uint64_t resumed_at = 0;
+  uint64_t first_step = trace::kNoStep, from = trace::kNoStep;
+  for (const RankView& v : views_) {
+    if (!v.began_step) return;
+    resumed_at = std::max(resumed_at, v.last_event_ns);
+    first_step = std::min(first_step, v.step);
+    if (v.resumed_from != trace::kNoStep) from = v.resumed_from;
+  }
+  nlohmann::json line = {{"action", "resumed"},
+                         {"step", first_step},
+                         {"seconds_since_detection", Seconds(now - *restart_detected_ns_)},
+                         {"seconds_since_launch", Seconds(now - launched_ns_)}};
+  line["resumed_from_checkpoint"] = from == trace::kNoStep ? nlohmann::json(nullptr) : nlohmann::json(from);
+  Log(line);
+  std::cerr << "lifeline-agent: resumed at step " << first_step << ", "
+            << Seconds(now - *restart_detected_ns_) << " s after the anomaly was detected" << std::endl;
+  restart_detected_ns_.reset();
+}
+
+void Agent::RequestDumps(const std::string& reason) {
+  std::vector<int> asked;
+  for (size_t r = 0; r < rings_.size(); ++r) {
+    const int sig = rings_[r]->header()->dump_signal;
+    if (sig > 0 && launcher_->Signal(static_cast<int>(r), sig)) asked.push_back(static_cast<int>(r));
+  }
+  Log({{"action", "dump"}, {"reason", reason}, {"ranks", asked}, {"directory", ring_dir_}});
+}
+
+std::optional<Anomaly> Agent::Act(std::vector<Anomaly>& anomalies, uint64_t now) {
+  std::optional<Anomaly> restart;
+  for (Anomaly& a : anomalies) {
+    ++anomalies_;
+    metrics_->Anomaly(a.kind, a.ranks);
+    nlohmann::json line = {{"kind", a.kind}, {"ranks", a.ranks}, {"evidence", a.evidence}, {"message", a.message}};
+    line["step"] = a.step ? nlohmann::json(*a.step) : nlohmann::json(nullptr);
+    if (a.seq) line["seq"] = *a.seq;
+    if (a.comm) line["comm"] = *a.comm;
+    if (!a.op.empty()) line["op"] = a.op;
+    // How long the culprits had been silent when the verdict came: the detection latency.
+    uint64_t last = 0;
+    for (int r : a.ranks)
+      if (r >= 0 && static_cast<size_t>(r) < views_.size()) last = std::max(last, views_[r].last_event_ns);
+    if (last > 0 && a.detected_ns >= last) line["culprit_silent_seconds"] = Seconds(a.detected_ns - last);
+    const auto it = config_.policy.find(a.kind);
+    const Action action = it != config_.policy.end() ? it->second : Action::kLog;
+    line["policy"] = ActionName(action);
+    Log(line);
+    std::cerr << "lifeline-agent: " << a.kind << " (ranks " << JoinRanks(a.ranks) << "): " << a.message << " -> "
+              << ActionName(action) << std::endl;
+    if (action == Action::kDump) RequestDumps(a.kind);
+    if (action == Action::kRestart && !restart) restart = a;
+  }
+  (void)now;
+  return restart;
+}
+
+bool Agent::Restart(const Anomaly& reason, uint64_t detected_ns) {
+  if (reason.kind == "hang") {
+    // The hung ranks' last events say where they stopped: ask for them before they are killed.
+    RequestDumps("hang");
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  }
+  const int killed = launcher_->StopAll(config_.restart.grace_seconds);
+  Log({{"action", "stop"}, {"reason", reason.kind}, {"killed_after_grace", killed}});
+  if (restarts_ >= config_.restart.max_restarts) {
+    give_up_reason_ = "restart budget spent (" + std::to_string(config_.restart.max_restarts) +
+                      " restarts); last anomaly: " + reason.kind + ": " + reason.message;
+    Log({{"action", "give_up"}, {"reason", give_up_reason_}});
+    return false;
+  }
+  const double backoff =
+      std::min(config_.restart.backoff_max_seconds,
+               config_.restart.backoff_initial_seconds * std::pow(config_.restart.backoff_multiplier, restarts_));
+  ++restarts_;
+  metrics_->Restarted();
+  Log({{"action", "restart"},
+       {"reason", reason.kind},
+       {"ranks", reason.ranks},
+       {"backoff_seconds", backoff},
+       {"max_restarts", config_.restart.max_restarts}});
+  std::cerr << "lifeline-agent: restart " << restarts_ << " of " << config_.restart.max_restarts << " in " << backoff
+            << " s (" << reason.kind << ")" << std::endl;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(backoff);
+  while (std::chrono::steady_clock::now() < until && g_stop_signal == 0) {
+    if (control_ != nullptr) control_->ServePending([this](const std::string& r) { return HandleControl(r); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (g_stop_signal != 0) return false;
+  Status s = Launch();
+  if (!s.ok()) {
+    give_up_reason_ = "relaunch failed: " + s.ToString();
+    Log({{"action", "give_up"}, {"reason", give_up_reason_}});
+    return false;
+  }
+  restart_detected_ns_ = detected_ns;
+  return true;
+}
+
+std::string Agent::HandleControl(const std::string& request) {
+  std::string cmd = request;
+  while (!cmd.empty() && (cmd.back() == '\n' || cmd.back() == '\r' || cmd.back() == ' ')) cmd.pop_back();
+  if (cmd == "status") {
+    const uint64_t now = trace::MonotonicNanos();
+    nlohmann::json ranks = nlohmann::json::array();
+    if (launcher_ != nullptr)
+      for (const RankProcess& p : launcher_->ranks()) {
+        const RankView& v = views_[p.rank];
+        nlohmann::json j = {{"rank", p.rank}, {"pid", p.pid}, {"running", p.running}, {"events", v.events}};
+        j["step"] = v.step == trace::kNoStep ? nlohmann::json(nullptr) : nlohmann::json(v.step);
+        j["last_event_age_seconds"] = v.last_event_ns == 0 ? nlohmann::json(nullptr)
+                                                           : nlohmann::json(Seconds(now - v.last_event_ns));
+        if (!p.running) j["exit"] = DescribeWaitStatus(p.wait_status);
+        ranks.push_back(j);
+      }
+    return nlohmann::json({{"job", config_.job_id},
+                           {"restarts", restarts_},
+                           {"max_restarts", config_.restart.max_restarts},
+                           {"anomalies", anomalies_},
+                           {"run_dir", config_.run_dir},
+                           {"ranks", ranks}})
+        .dump();
+  }
+  if (cmd == "dump") {
+    if (launcher_ != nullptr) RequestDumps("control socket");
+    return nlohmann::json({{"ok", true}, {"directory", ring_dir_}}).dump();
+  }
+  if (cmd == "metrics") return metrics_->Render();
+  if (cmd == "help" || cmd.empty()) return R"({"commands":["status","dump","metrics","help"]})";
+  return nlohmann::json({{"error", "unknown command '" + cmd + "' (try help)"}}).dump();
+}
+
+int Agent::Run() {
+  if (Status s = Setup(); !s.ok()) {
+    std::cerr << "lifeline-agent: " << s.ToString() << std::endl;
+    Cleanup();
+    return 2;
+  }
+  struct sigaction sa{};
+  sa.sa_handler = OnStopSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  detectors_ = MakeDetectors(config_);
+  std::cerr << "lifeline-agent: job " << config_.job_id << ", " << config_.nproc << " ranks; control socket "
+            << config_.run_dir << "/control.sock" << std::endl;
+  if (Status s = Launch(); !s.ok()) {
+    std::cerr << "lifeline-agent: " << s.ToString() << std::endl;
+    Cleanup();
+    return 2;
+  }
+  const int timeout_ms = std::max(1, static_cast<int>(config_.poll_interval_seconds * 1000));
+  int exit_code = 0;
+  for (;;) {
+    if (g_stop_signal != 0) {
+      Log({{"action", "stop"}, {"reason", "agent received " + SignalName(g_stop_signal)}});
+      launcher_->StopAll(config_.restart.grace_seconds);
+      exit_code = 128 + g_stop_signal;
+      break;
+    }
+    std::vector<pollfd> pfds;
+    for (int fd : launcher_->OutputFds()) pfds.push_back({fd, POLLIN, 0});
+    pfds.push_back({control_->fd(), POLLIN, 0});
+    if (poll(pfds.data(), pfds.size(), timeout_ms) > 0) {
+      for (const pollfd& p : pfds) {
+        if (p.revents == 0) continue;
+        if (p.fd == control_->fd()) {
+          control_->ServePending([this](const std::string& r) { return HandleControl(r); });
+        } else {
+          launcher_->PumpOutput(p.fd);
+        }
+      }
+    }
+    const uint64_t now = trace::MonotonicNanos();
+    DrainRings(now);
+    std::vector<Anomaly> anomalies;
+    for (int rank : launcher_->Reap()) {
+      metrics_->RankExited(rank);
+      for (auto& d : detectors_)
+        d->RankExited(rank, launcher_->ranks()[rank].wait_status, /*expected=*/false, now, &anomalies);
+    }
+    for (auto& d : detectors_) d->Poll(now, &anomalies);
+    CheckResumed(now);
+    std::optional<Anomaly> restart = Act(anomalies, now);
+    if (restart) {
+      if (!Restart(*restart, restart->detected_ns != 0 ? restart->detected_ns : now)) {
+        std::cerr << "lifeline-agent: giving up: "
+                  << (give_up_reason_.empty() ? std::string("stopped") : give_up_reason_) << std::endl;
+        exit_code = g_stop_signal != 0 ? 128 + g_stop_signal : 1;
+        break;
+      }
+      continue;
+    }
+    if (launcher_->AllExited()) {
+      // Output still in the pipes comes first.
+      for (int fd : launcher_->OutputFds()) launcher_->PumpOutput(fd);
+      DrainRings(trace::MonotonicNanos());
+      std::vector<int> failed;
+      for (const RankProcess& p : launcher_->ranks())
+        if (!(WIFEXITED(p.wait_status) && WEXITSTATUS(p.wait_status) == 0)) failed.push_back(p.rank);
+      if (failed.empty()) {
+        Log({{"action", "finished"}, {"ranks", config_.nproc}});
+        std::cerr << "lifeline-agent: job finished after " << restarts_ << " restart(s)" << std::endl;
+      } else {
+        give_up_reason_ = "ranks " + JoinRanks(failed) + " failed and the policy restarts none";
+        Log({{"action", "give_up"}, {"reason", give_up_reason_}});
+        std::cerr << "lifeline-agent: " << give_up_reason_ << std::endl;
+        exit_code = 1;
+      }
+      break;
+    }
+  }
+  Cleanup();
+  return exit_code;
+}
+
+}  // namespace lifeline::agent

@@ -1,0 +1,87 @@
+// lifeline-agent's supervisor: launches the local ranks, drains their trace rings, runs the
+// detectors, writes the events log, acts on anomalies by policy (log, dump, restart) and serves
+// its control socket. One thread; every wait is bounded by the poll interval.
+#ifndef LIFELINE_AGENT_AGENT_H_
+#define LIFELINE_AGENT_AGENT_H_
+
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "agent/config.h"
+#include "agent/detector.h"
+#include "agent/launcher.h"
+#include "lib/src/trace_ring.h"
+
+namespace lifeline::agent {
+
+class ControlSocket;
+class AgentMetrics;
+
+// What the agent knows of one rank in the current launch, from its events.
+struct RankView {
+  uint64_t last_event_ns = 0;  // 0: none yet
+  uint64_t step = trace::kNoStep;  // last step begun
+  uint64_t resumed_from = trace::kNoStep;
+  bool started = false;        // ProcessStart seen
+  bool began_step = false;     // a step begun in this launch
+  uint64_t committed_step = trace::kNoStep;
+  uint64_t events = 0;
+};
+
+class Agent {
+ public:
+  explicit Agent(AgentConfig config);
+  ~Agent();
+  Agent(const Agent&) = delete;
+  Agent& operator=(const Agent&) = delete;
+
+  // Runs the job to its end. Exit code: 0 when every rank finished normally; 1 when the restart
+  // budget was spent or ranks failed with no restart to try; 2 when the agent could not start.
+  int Run();
+
+  // The control socket's answer to one request ("status", "dump", "metrics", "help").
+  std::string HandleControl(const std::string& request);
+
+ private:
+  Status Setup();
+  Status Launch();
+  void DrainRings(uint64_t now);
+  // Decides what to do about `anomalies`; returns the anomaly that asks for a restart, if any.
+  std::optional<Anomaly> Act(std::vector<Anomaly>& anomalies, uint64_t now);
+  void RequestDumps(const std::string& reason);
+  // Stops the ranks and relaunches them after the back-off; false when the budget is spent.
+  bool Restart(const Anomaly& reason, uint64_t detected_ns);
+  void CheckResumed(uint64_t now);
+  void Log(nlohmann::json line);
+  void Cleanup();
+
+  AgentConfig config_;
+  bool owns_run_dir_ = false;
+  std::string ring_dir_;
+  FILE* events_log_ = nullptr;
+  std::unique_ptr<ControlSocket> control_;
+  std::unique_ptr<AgentMetrics> metrics_;
+  std::unique_ptr<Launcher> launcher_;
+  std::vector<std::unique_ptr<trace::TraceRing>> rings_;
+  std::vector<std::unique_ptr<Detector>> detectors_;
+  std::vector<RankView> views_;
+  std::vector<trace::Event> scratch_;
+  uint32_t restarts_ = 0;
+  uint64_t launched_ns_ = 0;
+  std::optional<uint64_t> restart_detected_ns_;  // set until the relaunched job resumes
+  uint64_t anomalies_ = 0;
+  std::string give_up_reason_;
+};
+
+// ISO 8601 UTC with milliseconds, e.g. "2026-11-22T21:47:03.512Z".
+std::string IsoTimeNow();
+
+}  // namespace lifeline::agent
+
+#endif  // LIFELINE_AGENT_AGENT_H_

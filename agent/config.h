@@ -1,0 +1,98 @@
+// Every knob of lifeline-agent, with its default. A YAML file (--config) sets any of them; the
+// command line overrides the file. The YAML keys are the field names below, grouped as the
+// structs are (see LoadAgentConfig and the README's agent.yaml example).
+#ifndef LIFELINE_AGENT_CONFIG_H_
+#define LIFELINE_AGENT_CONFIG_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "lifeline/status.h"
+
+namespace lifeline::agent {
+
+// What the agent does about an anomaly of one kind.
+enum class Action { kLog, kDump, kRestart };
+const char* ActionName(Action a);  // "log", "dump", "restart"
+
+// hang: a collective or step that does not finish within an adaptive timeout.
+struct HangConfig {
+  double floor_seconds = 60;   // never sooner (--hang-timeout)
+  double cap_seconds = 1800;   // never later
+  double multiplier = 10;      // timeout = clamp(multiplier x the longest recent duration, floor, cap)
+  uint32_t window = 64;        // recent durations remembered per (comm, op) and for steps
+};
+
+// straggler: a rank consistently late into collectives, or slower in compute than its peers.
+struct StragglerConfig {
+  uint32_t window = 20;            // collectives (or steps) judged together
+  double min_lateness_seconds = 0.010;  // below this nobody is a straggler, whatever the statistics
+  double mad_threshold = 5;        // robust z-score: (x - median) / (1.4826 MAD) over the ranks
+  double min_fraction = 0.7;       // share of the window in which the rank must be the outlier
+  double cooldown_seconds = 60;    // the same rank is not reported again sooner
+};
+
+// slow_collective: an op on a communicator degrading against its own baseline.
+struct SlowCollectiveConfig {
+  uint32_t baseline_window = 50;   // first collectives of each (comm, op) make its baseline
+  uint32_t recent_window = 10;     // compared with the baseline
+  double factor = 2.0;             // recent median above factor x baseline median...
+  double min_excess_seconds = 0.005;  // ...and above it by at least this much
+  double cooldown_seconds = 60;
+};
+
+// checkpoint: persist failures, and persist lag growing past the checkpoint interval.
+struct CheckpointConfig {
+  double lag_factor = 1.0;        // Save-to-persisted longer than lag_factor x the interval between saves
+  uint32_t lag_count = 3;         // ...for this many checkpoints in a row
+  double cooldown_seconds = 300;
+};
+
+struct RestartConfig {
+  uint32_t max_restarts = 3;          // --max-restarts; then the agent exits non-zero with the reason
+  double grace_seconds = 10;          // SIGTERM, then SIGKILL after this long
+  double backoff_initial_seconds = 1; // wait before the first relaunch
+  double backoff_multiplier = 2;
+  double backoff_max_seconds = 60;
+};
+
+struct AgentConfig {
+  uint32_t nproc = 1;                    // --nproc: local ranks
+  std::vector<std::string> command;      // after "--"
+  std::string metrics_addr;              // --metrics-addr HOST:PORT; empty: no HTTP listener
+  std::string events_log;                // --events-log FILE; empty: stderr only
+  std::string run_dir;                   // rings, dumps, control socket; empty: a private directory
+                                         // under $XDG_RUNTIME_DIR or /tmp, removed at exit
+  std::string job_id;                    // LIFELINE_JOB; empty: generated
+  std::string master_addr = "127.0.0.1";
+  uint32_t master_port = 29500;          // 0: pick a free port
+  uint64_t ring_events = 65536;          // per rank
+  double poll_interval_seconds = 0.01;   // how often the rings are drained
+  uint32_t dump_events = 1000;           // events per rank in a diagnostic dump
+  HangConfig hang;
+  StragglerConfig straggler;
+  SlowCollectiveConfig slow_collective;
+  CheckpointConfig checkpoint;
+  RestartConfig restart;
+  // Per anomaly kind ("dead", "hang", "straggler", "slow_collective", "checkpoint").
+  std::map<std::string, Action> policy = {{"dead", Action::kRestart},
+                                          {"hang", Action::kRestart},
+                                          {"straggler", Action::kLog},
+                                          {"slow_collective", Action::kLog},
+                                          {"checkpoint", Action::kLog}};
+};
+
+// Reads the YAML file at `path` into `config` (fields absent from the file keep their values).
+// InvalidArgument naming the file, the line and the key for an unknown key, a value of the wrong
+// type or out of range, or an unknown action; NotFound when the file does not exist.
+Status LoadAgentConfig(const std::string& path, AgentConfig* config);
+
+// Checks the values (positive windows, floor <= cap, a command given...). InvalidArgument naming
+// the field.
+Status ValidateAgentConfig(const AgentConfig& config);
+
+}  // namespace lifeline::agent
+
+#endif  // LIFELINE_AGENT_CONFIG_H_

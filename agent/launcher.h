@@ -1,0 +1,68 @@
+// Launching and stopping the local ranks: torchrun's environment, each rank in its own process
+// group (so a rank's own children are stopped with it), its stdout and stderr prefixed with the
+// rank as whole lines.
+#ifndef LIFELINE_AGENT_LAUNCHER_H_
+#define LIFELINE_AGENT_LAUNCHER_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "lifeline/status.h"
+
+namespace lifeline::agent {
+
+struct RankProcess {
+  int rank = 0;
+  pid_t pid = -1;
+  bool running = false;
+  int wait_status = 0;     // valid once !running
+  int out_fd = -1;         // read ends of the rank's stdout and stderr (-1 once closed)
+  int err_fd = -1;
+  std::string out_partial; // an unfinished last line
+  std::string err_partial;
+};
+
+class Launcher {
+ public:
+  // `env` is added to (and overrides) the agent's own environment for every rank; RANK and
+  // LOCAL_RANK are set per rank.
+  Launcher(std::vector<std::string> command, std::map<std::string, std::string> env);
+  ~Launcher();  // kills what is still running (SIGKILL) and reaps it
+
+  // Starts `world` ranks. On failure nothing is left running.
+  Status Start(int world);
+  std::vector<RankProcess>& ranks() { return ranks_; }
+  // The fds to poll for output.
+  std::vector<int> OutputFds() const;
+  // Reads what is available on `fd` and writes whole lines to the agent's stdout or stderr as
+  // "[rank R] line". At end of file the fd is closed and any partial line is flushed.
+  void PumpOutput(int fd);
+  // Reaps exited ranks without blocking; returns the ranks that exited since the last call.
+  std::vector<int> Reap();
+  bool AllExited() const;
+  // SIGTERM to every running rank's process group, then SIGKILL after `grace_seconds`; reaps all
+  // and drains their output. Returns how many needed SIGKILL.
+  int StopAll(double grace_seconds);
+  // Sends `sig` to a running rank's process (not its group: a dump request is for the rank).
+  bool Signal(int rank, int sig);
+
+ private:
+  void FlushLine(int rank, bool is_err, std::string_view line);
+
+  std::vector<std::string> command_;
+  std::map<std::string, std::string> env_;
+  std::vector<RankProcess> ranks_;
+};
+
+// "SIGKILL", "SIGSEGV", ... ("signal N" when unnamed).
+std::string SignalName(int sig);
+// "exit code 3" or "killed by SIGKILL".
+std::string DescribeWaitStatus(int wait_status);
+
+}  // namespace lifeline::agent
+
+#endif  // LIFELINE_AGENT_LAUNCHER_H_

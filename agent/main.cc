@@ -1,0 +1,94 @@
+// lifeline-agent: the per-node sidecar.
+//
+//   lifeline-agent run --nproc N [--config agent.yaml] [--hang-timeout S] [--max-restarts R]
+//                      [--events-log FILE] [--run-dir DIR] [--metrics-addr HOST:PORT] -- CMD ARGS...
+//   lifeline-agent ctl SOCKET [status|dump|metrics|help]
+//
+// Flags override the YAML file, which overrides the defaults (agent/config.h).
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "agent/agent.h"
+#include "agent/config.h"
+#include "agent/control_socket.h"
+
+namespace {
+
+constexpr int kUsage = 2;
+
+int RunCommand(lifeline::agent::AgentConfig config) {
+  if (lifeline::Status s = lifeline::agent::ValidateAgentConfig(config); !s.ok()) {
+    std::cerr << "lifeline-agent: " << s.ToString() << std::endl;
+    return kUsage;
+  }
+  lifeline::agent::Agent agent(std::move(config));
+  return agent.Run();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"lifeline-agent: launches and supervises the local ranks of a training job, detects dead ranks, "
+               "hangs, stragglers and slow collectives, names the culprit rank and restarts the job"};
+  app.require_subcommand(1);
+
+  CLI::App* run = app.add_subcommand("run", "Launch N local ranks of CMD and supervise them");
+  uint32_t nproc = 0;
+  std::string config_path, events_log, run_dir, metrics_addr;
+  double hang_timeout = 0;
+  uint32_t max_restarts = 0;
+  std::vector<std::string> command;
+  CLI::Option* nproc_opt = run->add_option("--nproc", nproc, "Local ranks to launch")->check(CLI::Range(1, 1024));
+  run->add_option("--config", config_path, "YAML file with any of the agent's settings (see the README)");
+  CLI::Option* metrics_opt = run->add_option("--metrics-addr", metrics_addr, "Serve Prometheus metrics on HOST:PORT");
+  CLI::Option* hang_opt =
+      run->add_option("--hang-timeout", hang_timeout, "Floor of the adaptive hang timeout, seconds (default 60)")
+          ->check(CLI::PositiveNumber);
+  CLI::Option* restarts_opt =
+      run->add_option("--max-restarts", max_restarts, "Restart budget (default 3)")->check(CLI::NonNegativeNumber);
+  CLI::Option* log_opt = run->add_option("--events-log", events_log, "Append anomalies and actions as JSON lines here");
+  CLI::Option* dir_opt = run->add_option("--run-dir", run_dir,
+                                         "Directory for the trace rings, dumps and the control socket (default: a "
+                                         "private one under $XDG_RUNTIME_DIR or /tmp, removed at exit)");
+  run->add_option("command", command, "The rank's command, after --")->required();
+
+  CLI::App* ctl = app.add_subcommand("ctl", "Ask a running agent over its control socket");
+  std::string socket_path, request = "status";
+  ctl->add_option("socket", socket_path, "The agent's control socket (RUN_DIR/control.sock)")->required();
+  ctl->add_option("request", request, "status (default), dump, metrics or help");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : kUsage;
+  }
+
+  if (ctl->parsed()) {
+    auto reply = lifeline::agent::ControlRequest(socket_path, request, 5.0);
+    if (!reply.ok()) {
+      std::cerr << "lifeline-agent ctl: " << reply.status().ToString() << std::endl;
+      return 1;
+    }
+    std::cout << *reply << std::endl;
+    return reply->rfind("error", 0) == 0 || reply->find("\"error\"") != std::string::npos ? 1 : 0;
+  }
+
+  lifeline::agent::AgentConfig config;
+  if (!config_path.empty()) {
+    if (lifeline::Status s = lifeline::agent::LoadAgentConfig(config_path, &config); !s.ok()) {
+      std::cerr << "lifeline-agent: " << s.ToString() << std::endl;
+      return kUsage;
+    }
+  }
+  if (nproc_opt->count() > 0) config.nproc = nproc;
+  if (hang_opt->count() > 0) config.hang.floor_seconds = hang_timeout;
+  if (restarts_opt->count() > 0) config.restart.max_restarts = max_restarts;
+  if (log_opt->count() > 0) config.events_log = events_log;
+  if (dir_opt->count() > 0) config.run_dir = run_dir;
+  if (metrics_opt->count() > 0) config.metrics_addr = metrics_addr;
+  config.command = command;
+  return RunCommand(std::move(config));
+}

@@ -1,0 +1,278 @@
+#include "agent/metrics.h"
+
+#include <time.h>
+
+#include <algorithm>
+#include <exception>
+
+#include <prometheus/counter.h>
+#include <prometheus/exposer.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
+
+#ifndef LIFELINE_VERSION
+#define LIFELINE_VERSION "unknown"
+#endif
+
+namespace lifeline::agent {
+namespace {
+
+using prometheus::Histogram;
+
+// Bucket bounds for durations, in seconds.
+Histogram::BucketBoundaries Decades(double from, double to) {
+  Histogram::BucketBoundaries b;
+  for (double d = from; d <= to * 1.0001; d *= 10) {
+    b.push_back(d);
+    if (d * 3 <= to * 1.0001) b.push_back(d * 3);
+  }
+  return b;
+}
+
+const Histogram::BucketBoundaries& StallBuckets() {  // 10 us .. 100 s
+  static const auto* b = new Histogram::BucketBoundaries(Decades(1e-5, 100));
+  return *b;
+}
+const Histogram::BucketBoundaries& CollectiveBuckets() {  // 10 us .. 10 min
+  static const auto* b = [] {
+    auto v = new Histogram::BucketBoundaries(Decades(1e-5, 300));
+    v->push_back(600);
+    return v;
+  }();
+  return *b;
+}
+const Histogram::BucketBoundaries& StepBuckets() {  // 1 ms .. 10 min
+  static const auto* b = [] {
+    auto v = new Histogram::BucketBoundaries(Decades(1e-3, 300));
+    v->push_back(600);
+    return v;
+  }();
+  return *b;
+}
+const Histogram::BucketBoundaries& PersistBuckets() {  // 10 ms .. 1 h
+  static const auto* b = [] {
+    auto v = new Histogram::BucketBoundaries(Decades(1e-2, 1000));
+    v->push_back(3600);
+    return v;
+  }();
+  return *b;
+}
+
+double UnixSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+}  // namespace
+
+const std::vector<MetricFamilyInfo>& MetricFamilies() {
+  static const std::vector<MetricFamilyInfo> kFamilies = {
+      {"lifeline_build_info", "gauge", "version", "Always 1; the agent's version in a label"},
+      {"lifeline_ranks_alive", "gauge", "", "Local ranks running now"},
+      {"lifeline_restarts_total", "counter", "", "Restarts of the local ranks by the agent"},
+      {"lifeline_anomalies_total", "counter", "kind, rank",
+       "Anomalies detected, by kind (dead, hang, straggler, slow_collective, checkpoint) and culprit rank (\"none\" "
+       "when no rank stands out)"},
+      {"lifeline_step_duration_seconds", "histogram", "rank", "Step durations, StepBegin to StepEnd"},
+      {"lifeline_steps_total", "counter", "rank", "Steps completed"},
+      {"lifeline_step", "gauge", "rank", "The step each rank began last (-1: none yet)"},
+      {"lifeline_collective_duration_seconds", "histogram", "op",
+       "Collective durations on each rank, CollectiveBegin to CollectiveEnd"},
+      {"lifeline_collective_lateness_seconds", "gauge", "rank",
+       "How late each rank enters collectives against the median rank (moving average; 0 is on time)"},
+      {"lifeline_checkpoint_stall_seconds", "histogram", "", "Time a rank's training loop was blocked by a save"},
+      {"lifeline_checkpoint_persist_seconds", "histogram", "", "Save to durable on disk, per rank"},
+      {"lifeline_checkpoint_bytes_total", "counter", "", "Bytes persisted by checkpoints, all ranks"},
+      {"lifeline_checkpoint_failures_total", "counter", "", "Failed or refused saves, all ranks"},
+      {"lifeline_checkpoint_last_committed_step", "gauge", "", "Newest committed checkpoint step (-1: none yet)"},
+      {"lifeline_checkpoint_last_committed_timestamp_seconds", "gauge", "",
+       "Unix time the newest checkpoint was committed (0: none yet)"},
+      {"lifeline_trace_events_dropped_total", "counter", "rank",
+       "Trace events a rank could not record because its ring was full"},
+  };
+  return kFamilies;
+}
+
+struct AgentMetrics::RankState {
+  uint64_t step_begin_ns = 0;
+  std::map<std::pair<uint32_t, uint64_t>, std::pair<uint64_t, trace::Op>> open;  // (comm, seq) -> begin
+  double lateness = 0;
+  bool lateness_seen = false;
+  uint64_t dropped = 0;
+};
+
+AgentMetrics::AgentMetrics(const std::string& job, int world) : registry_(std::make_shared<prometheus::Registry>()), job_(job) {
+  auto help = [](const char* name) {
+    for (const MetricFamilyInfo& f : MetricFamilies())
+      if (std::string(f.name) == name) return std::string(f.help);
+    return std::string();
+  };
+  auto counter = [&](const char* name) {
+    return &prometheus::BuildCounter().Name(name).Help(help(name)).Register(*registry_);
+  };
+  auto gauge = [&](const char* name) {
+    return &prometheus::BuildGauge().Name(name).Help(help(name)).Register(*registry_);
+  };
+  auto histogram = [&](const char* name) {
+    return &prometheus::BuildHistogram().Name(name).Help(help(name)).Register(*registry_);
+  };
+  build_info_ = gauge("lifeline_build_info");
+  build_info_->Add({{"version", LIFELINE_VERSION}}).Set(1);
+  alive_ = gauge("lifeline_ranks_alive");
+  alive_->Add({}).Set(0);
+  restarts_ = counter("lifeline_restarts_total");
+  restarts_->Add({});
+  anomalies_ = counter("lifeline_anomalies_total");
+  step_duration_ = histogram("lifeline_step_duration_seconds");
+  steps_ = counter("lifeline_steps_total");
+  step_ = gauge("lifeline_step");
+  collective_duration_ = histogram("lifeline_collective_duration_seconds");
+  for (int op = 0; op <= static_cast<int>(trace::Op::kBarrier); ++op)  // a fixed, small label set
+    collective_duration_->Add({{"op", trace::OpName(static_cast<trace::Op>(op))}}, CollectiveBuckets());
+  lateness_ = gauge("lifeline_collective_lateness_seconds");
+  stall_ = histogram("lifeline_checkpoint_stall_seconds");
+  stall_->Add({}, StallBuckets());
+  persist_ = histogram("lifeline_checkpoint_persist_seconds");
+  persist_->Add({}, PersistBuckets());
+  ckpt_bytes_ = counter("lifeline_checkpoint_bytes_total");
+  ckpt_bytes_->Add({});
+  ckpt_failures_ = counter("lifeline_checkpoint_failures_total");
+  ckpt_failures_->Add({});
+  last_committed_ = gauge("lifeline_checkpoint_last_committed_step");
+  last_committed_->Add({}).Set(-1);
+  last_committed_time_ = gauge("lifeline_checkpoint_last_committed_timestamp_seconds");
+  last_committed_time_->Add({}).Set(0);
+  dropped_ = counter("lifeline_trace_events_dropped_total");
+  // Every kind appears from the start, so a rate() over it is defined before the first anomaly.
+  for (const char* kind : {"dead", "hang", "straggler", "slow_collective", "checkpoint"})
+    anomalies_->Add({{"kind", kind}, {"rank", "none"}});
+  Launched(world);
+}
+
+AgentMetrics::~AgentMetrics() = default;
+
+Status AgentMetrics::Serve(const std::string& address) {
+  try {
+    exposer_ = std::make_unique<prometheus::Exposer>(address);
+  } catch (const std::exception& e) {
+    return Status::Unavailable("metrics address " + address, std::string("cannot listen: ") + e.what());
+  }
+  exposer_->RegisterCollectable(registry_);
+  return Status::OK();
+}
+
+void AgentMetrics::Launched(int world) {
+  for (int r = static_cast<int>(ranks_.size()); r < world; ++r) {
+    const std::string rank = std::to_string(r);
+    step_duration_->Add({{"rank", rank}}, StepBuckets());
+    steps_->Add({{"rank", rank}});
+    step_->Add({{"rank", rank}}).Set(-1);
+    lateness_->Add({{"rank", rank}}).Set(0);
+    dropped_->Add({{"rank", rank}});
+  }
+  ranks_.clear();
+  for (int r = 0; r < world; ++r) ranks_.push_back(std::make_unique<RankState>());
+  begins_.clear();
+  alive_count_ = world;
+  alive_->Add({}).Set(world);
+}
+
+void AgentMetrics::RankExited(int rank) {
+  alive_count_ = std::max(0, alive_count_ - 1);
+  alive_->Add({}).Set(alive_count_);
+}
+
+void AgentMetrics::RingDropped(int rank, uint64_t total) {
+  if (rank < 0 || static_cast<size_t>(rank) >= ranks_.size()) return;
+  RankState& s = *ranks_[rank];
+  if (total > s.dropped) dropped_->Add({{"rank", std::to_string(rank)}}).Increment(static_cast<double>(total - s.dropped));
+  s.dropped = total;
+}
+
+void AgentMetrics::Restarted() { restarts_->Add({}).Increment(); }
+
+void AgentMetrics::Anomaly(const std::string& kind, const std::vector<int>& ranks) {
+  if (ranks.empty()) anomalies_->Add({{"kind", kind}, {"rank", "none"}}).Increment();
+  for (int r : ranks) anomalies_->Add({{"kind", kind}, {"rank", std::to_string(r)}}).Increment();
+}
+
+void AgentMetrics::Observe(int rank, const trace::Event& e) {
+  if (rank < 0 || static_cast<size_t>(rank) >= ranks_.size()) return;
+  RankState& s = *ranks_[rank];
+  const std::string r = std::to_string(rank);
+  const double seconds = static_cast<double>(e.duration_ns) * 1e-9;
+  switch (e.type) {
+    case trace::EventType::kStepBegin:
+      s.step_begin_ns = e.time_ns;
+      step_->Add({{"rank", r}}).Set(static_cast<double>(e.step));
+      break;
+    case trace::EventType::kStepEnd:
+      if (s.step_begin_ns != 0 && e.time_ns >= s.step_begin_ns) {
+        step_duration_->Add({{"rank", r}}, StepBuckets()).Observe(static_cast<double>(e.time_ns - s.step_begin_ns) * 1e-9);
+        steps_->Add({{"rank", r}}).Increment();
+      }
+      s.step_begin_ns = 0;
+      break;
+    case trace::EventType::kCollectiveBegin: {
+      s.open[{e.comm, e.seq}] = {e.time_ns, e.op};
+      if (s.open.size() > 4096) s.open.erase(s.open.begin());  // never ended: forget the oldest
+      auto& begins = begins_[{e.comm, e.seq}];
+      begins.resize(ranks_.size(), 0);
+      begins[rank] = e.time_ns;
+      if (std::count(begins.begin(), begins.end(), 0) == 0) {
+        std::vector<uint64_t> sorted = begins;
+        std::sort(sorted.begin(), sorted.end());
+        const uint64_t median = sorted[sorted.size() / 2];
+        for (size_t i = 0; i < begins.size(); ++i) {
+          RankState& rs = *ranks_[i];
+          const double late = (static_cast<double>(begins[i]) - static_cast<double>(median)) * 1e-9;
+          rs.lateness = rs.lateness_seen ? 0.9 * rs.lateness + 0.1 * late : late;
+          rs.lateness_seen = true;
+          lateness_->Add({{"rank", std::to_string(i)}}).Set(rs.lateness);
+        }
+        begins_.erase({e.comm, e.seq});
+      }
+      if (begins_.size() > 4096) begins_.erase(begins_.begin());
+      break;
+    }
+    case trace::EventType::kCollectiveEnd: {
+      auto it = s.open.find({e.comm, e.seq});
+      if (it != s.open.end()) {
+        if (e.time_ns >= it->second.first)
+          collective_duration_->Add({{"op", trace::OpName(it->second.second)}}, CollectiveBuckets())
+              .Observe(static_cast<double>(e.time_ns - it->second.first) * 1e-9);
+        s.open.erase(it);
+      }
+      break;
+    }
+    case trace::EventType::kCheckpointCopied:
+      stall_->Add({}, StallBuckets()).Observe(static_cast<double>(e.aux) * 1e-9);
+      break;
+    case trace::EventType::kCheckpointPersisted:
+      persist_->Add({}, PersistBuckets()).Observe(seconds);
+      ckpt_bytes_->Add({}).Increment(static_cast<double>(e.aux));
+      break;
+    case trace::EventType::kCheckpointCommitted:
+      if (last_committed_step_ == trace::kNoStep || e.step > last_committed_step_) {
+        last_committed_step_ = e.step;
+        last_committed_->Add({}).Set(static_cast<double>(e.step));
+        last_committed_time_->Add({}).Set(UnixSeconds());
+      }
+      break;
+    case trace::EventType::kCheckpointFailed:
+      ckpt_failures_->Add({}).Increment();
+      break;
+    default:
+      break;
+  }
+}
+
+std::string AgentMetrics::Render() const {
+  prometheus::TextSerializer serializer;
+  return serializer.Serialize(registry_->Collect());
+}
+
+}  // namespace lifeline::agent

@@ -1,0 +1,90 @@
+// The agent's Prometheus metrics, fed by the ranks' trace events and the agent's own actions,
+// served over HTTP on --metrics-addr (the only port on the node that Lifeline opens: the library
+// never does). Names follow Prometheus' conventions: lifeline_ prefix, base units (seconds,
+// bytes), _total for counters; labels are bounded (rank, kind, op), never a step or tensor name.
+#ifndef LIFELINE_AGENT_METRICS_H_
+#define LIFELINE_AGENT_METRICS_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lifeline/status.h"
+#include "lifeline/trace.h"
+
+namespace prometheus {
+class Registry;
+class Exposer;
+class Counter;
+class Gauge;
+class Histogram;
+template <typename T>
+class Family;
+}  // namespace prometheus
+
+namespace lifeline::agent {
+
+// Every family the agent exports, with its type and help text: the README's table and the
+// dashboard tests are checked against this list.
+struct MetricFamilyInfo {
+  const char* name;
+  const char* type;  // "counter", "gauge", "histogram"
+  const char* labels;
+  const char* help;
+};
+const std::vector<MetricFamilyInfo>& MetricFamilies();
+
+class AgentMetrics {
+ public:
+  AgentMetrics(const std::string& job, int world);
+  ~AgentMetrics();
+
+  // Starts serving /metrics on "HOST:PORT". InvalidArgument or Unavailable naming the address
+  // when it cannot listen there.
+  Status Serve(const std::string& address);
+
+  // A new launch of `world` ranks (per-launch state such as open steps is forgotten; counters
+  // go on).
+  void Launched(int world);
+  void Observe(int rank, const trace::Event& e);
+  void RankExited(int rank);
+  // The ring's drop counter of `rank` (cumulative for the current launch).
+  void RingDropped(int rank, uint64_t total);
+  void Restarted();
+  void Anomaly(const std::string& kind, const std::vector<int>& ranks);
+  // The text exposition of everything, as a scrape would get it (for tests and `ctl metrics`).
+  std::string Render() const;
+
+ private:
+  struct RankState;
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::string job_;
+  std::vector<std::unique_ptr<RankState>> ranks_;
+  // Families.
+  prometheus::Family<prometheus::Counter>* restarts_;
+  prometheus::Family<prometheus::Counter>* anomalies_;
+  prometheus::Family<prometheus::Histogram>* step_duration_;
+  prometheus::Family<prometheus::Counter>* steps_;
+  prometheus::Family<prometheus::Gauge>* step_;
+  prometheus::Family<prometheus::Histogram>* collective_duration_;
+  prometheus::Family<prometheus::Gauge>* lateness_;
+  prometheus::Family<prometheus::Histogram>* stall_;
+  prometheus::Family<prometheus::Histogram>* persist_;
+  prometheus::Family<prometheus::Counter>* ckpt_bytes_;
+  prometheus::Family<prometheus::Counter>* ckpt_failures_;
+  prometheus::Family<prometheus::Gauge>* last_committed_;
+  prometheus::Family<prometheus::Gauge>* last_committed_time_;
+  prometheus::Family<prometheus::Gauge>* alive_;
+  prometheus::Family<prometheus::Counter>* dropped_;
+  prometheus::Family<prometheus::Gauge>* build_info_;
+  std::map<std::pair<uint32_t, uint64_t>, std::vector<uint64_t>> begins_;  // (comm, seq) -> begin ns per rank
+  uint64_t last_committed_step_ = trace::kNoStep;
+  int alive_count_ = 0;
+};
+
+}  // namespace lifeline::agent
+
+#endif  // LIFELINE_AGENT_METRICS_H_

@@ -1,0 +1,144 @@
+// Tracing for the node agent: a rank reports its steps, its collectives and its heartbeats, and
+// the library adds its own checkpoint lifecycle, so that lifeline-agent can tell a hang from a
+// straggler and name the rank at fault.
+//
+// Events go to a per-rank ring in shared memory that the agent created and named in the
+// environment (LIFELINE_AGENT, a directory; the rank comes from RANK). Recording an event is a few
+// stores into that ring: no lock, no system call, no allocation. A full ring drops the event and
+// counts the drop; a producer never waits for the agent. Without LIFELINE_AGENT every call returns
+// after one load and one branch, and nothing else happens.
+//
+// Thread safety: every function may be called from any thread (the ring takes several producers:
+// the training thread and the library's own copy and persist threads).
+//
+//   lifeline::trace::StepScope step(k);           // StepBegin(k) now, StepEnd(k) at scope exit
+//   {
+//     lifeline::trace::CollectiveScope c(lifeline::trace::Op::kAllReduce, grad_bytes);
+//     allreduce(grads);                           // CollectiveBegin / CollectiveEnd around it
+//   }
+//
+// On a signal (SIGUSR2 unless LIFELINE_DUMP_SIGNAL names another number, 0 turns it off) the
+// library writes the ring's last LIFELINE_DUMP_EVENTS events (default 1000) as JSON lines to
+// $LIFELINE_AGENT/dump.<rank>.<pid>.jsonl; the agent sends that signal when its policy says
+// "dump". The handler is installed only when an agent is present and no other handler holds the
+// signal.
+#ifndef LIFELINE_TRACE_H_
+#define LIFELINE_TRACE_H_
+
+#include <cstdint>
+#include <string>
+
+#include "lifeline/status.h"
+
+namespace lifeline::trace {
+
+enum class EventType : uint16_t {
+  kNone = 0,
+  kProcessStart = 1,     // step: the step resumed from (kNoStep when none); aux: pid
+  kStepBegin = 2,
+  kStepEnd = 3,
+  kCollectiveBegin = 4,  // comm, seq, op, bytes: this rank entered the collective
+  kCollectivePosted = 5, // this rank's contribution has left (sent, or written for its peers)
+  kCollectiveEnd = 6,    // this rank's collective completed
+  kHeartbeat = 7,
+  kCheckpointBegin = 8,     // Save called: step, bytes (this rank's)
+  kCheckpointCopied = 9,    // snapshot copied: duration_ns since Save; aux: ns the caller was blocked so far
+  kCheckpointPersisted = 10,  // this rank's data durable: duration_ns since Save
+  kCheckpointCommitted = 11,  // the step became complete (this rank committed it, or saw it)
+  kCheckpointFailed = 12,     // aux: the StatusCode
+  kProcessExit = 13,          // an orderly end (Shutdown): step, the last step begun
+};
+
+// Collective operations, as NCCL and torch.distributed name them.
+enum class Op : uint16_t {
+  kOther = 0,
+  kAllReduce = 1,
+  kAllGather = 2,
+  kReduceScatter = 3,
+  kBroadcast = 4,
+  kReduce = 5,
+  kAllToAll = 6,
+  kSend = 7,
+  kRecv = 8,
+  kBarrier = 9,
+};
+
+inline constexpr uint64_t kNoStep = ~uint64_t{0};
+
+// One record in the ring: 64 bytes, one cache line.
+struct Event {
+  uint64_t time_ns = 0;      // CLOCK_MONOTONIC, comparable between processes of one node
+  EventType type = EventType::kNone;
+  Op op = Op::kOther;
+  uint32_t comm = 0;         // communicator (process group) id, chosen by the caller; 0: the world
+  uint64_t step = kNoStep;   // the step current when the event was recorded
+  uint64_t seq = 0;          // collective sequence number on `comm`, from 1
+  uint64_t bytes = 0;
+  uint64_t duration_ns = 0;
+  uint64_t aux = 0;          // per type, see EventType
+  uint64_t stamp = 0;        // the ring's publication stamp (internal)
+};
+static_assert(sizeof(Event) == 64, "an event is one cache line");
+
+const char* EventTypeName(EventType type);  // "step_begin", "collective_end", ...
+const char* OpName(Op op);                  // "allreduce", "allgather", ...
+// The Op named `name` (as OpName spells it, also "all_reduce" and upper case); kOther when unknown.
+Op OpFromName(const std::string& name);
+
+// True when events go to an agent. The first call reads the environment and maps the ring.
+bool Active();
+
+void StepBegin(uint64_t step);
+void StepEnd(uint64_t step);
+// Enters collective number `seq` on `comm` (0: the next number on `comm`, counted by the library).
+// Returns the sequence number used, for CollectivePosted and CollectiveEnd. Returns 0 and records
+// nothing when tracing is inactive.
+uint64_t CollectiveBegin(Op op, uint64_t bytes, uint32_t comm = 0, uint64_t seq = 0);
+void CollectivePosted(uint64_t seq, uint32_t comm = 0);
+void CollectiveEnd(uint64_t seq, uint32_t comm = 0);
+void Heartbeat();
+// The process resumed from `step` (kNoStep: started fresh). Drills and integrations call it once
+// after loading, so the agent can time a restart until training resumed.
+void ProcessStart(uint64_t resumed_step);
+// An orderly end: the agent tells it apart from a crash that happens to exit 0.
+void ProcessExit();
+// Records `event` as given (time_ns filled in when 0): for integrations that produce their own
+// events, such as the NCCL profiler plugin.
+void Record(const Event& event);
+
+// Writes the ring's newest `max_events` events to `path`, one JSON object per line, oldest
+// first. FailedPrecondition when tracing is inactive.
+Status DumpRecent(const std::string& path, uint64_t max_events = 1000);
+
+// Events this process could not record because the ring was full.
+uint64_t Dropped();
+
+class StepScope {
+ public:
+  explicit StepScope(uint64_t step) : step_(step) { StepBegin(step); }
+  ~StepScope() { StepEnd(step_); }
+  StepScope(const StepScope&) = delete;
+  StepScope& operator=(const StepScope&) = delete;
+
+ private:
+  uint64_t step_;
+};
+
+class CollectiveScope {
+ public:
+  CollectiveScope(Op op, uint64_t bytes, uint32_t comm = 0) : comm_(comm), seq_(CollectiveBegin(op, bytes, comm)) {}
+  ~CollectiveScope() {
+    if (seq_ != 0) CollectiveEnd(seq_, comm_);
+  }
+  uint64_t seq() const { return seq_; }
+  CollectiveScope(const CollectiveScope&) = delete;
+  CollectiveScope& operator=(const CollectiveScope&) = delete;
+
+ private:
+  uint32_t comm_;
+  uint64_t seq_;
+};
+
+}  // namespace lifeline::trace
+
+#endif  // LIFELINE_TRACE_H_

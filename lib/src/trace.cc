@@ -1,0 +1,316 @@
+// The producer side of tracing: finds the agent's ring from the environment once, then records
+// events with a few stores. See lifeline/trace.h and lib/src/trace_ring.h.
+#include "lifeline/trace.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+
+#include "lib/src/trace_ring.h"
+#include "lifeline/log.h"
+
+namespace lifeline::trace {
+
+const char* EventTypeName(EventType type) {
+  switch (type) {
+    case EventType::kNone: return "none";
+    case EventType::kProcessStart: return "process_start";
+    case EventType::kStepBegin: return "step_begin";
+    case EventType::kStepEnd: return "step_end";
+    case EventType::kCollectiveBegin: return "collective_begin";
+    case EventType::kCollectivePosted: return "collective_posted";
+    case EventType::kCollectiveEnd: return "collective_end";
+    case EventType::kHeartbeat: return "heartbeat";
+    case EventType::kCheckpointBegin: return "checkpoint_begin";
+    case EventType::kCheckpointCopied: return "checkpoint_copied";
+    case EventType::kCheckpointPersisted: return "checkpoint_persisted";
+    case EventType::kCheckpointCommitted: return "checkpoint_committed";
+    case EventType::kCheckpointFailed: return "checkpoint_failed";
+    case EventType::kProcessExit: return "process_exit";
+  }
+  return "unknown";
+}
+
+const char* OpName(Op op) {
+  switch (op) {
+    case Op::kOther: return "other";
+    case Op::kAllReduce: return "allreduce";
+    case Op::kAllGather: return "allgather";
+    case Op::kReduceScatter: return "reducescatter";
+    case Op::kBroadcast: return "broadcast";
+    case Op::kReduce: return "reduce";
+    case Op::kAllToAll: return "alltoall";
+    case Op::kSend: return "send";
+    case Op::kRecv: return "recv";
+    case Op::kBarrier: return "barrier";
+  }
+  return "other";
+}
+
+Op OpFromName(const std::string& name) {
+  std::string n;
+  for (char c : name)
+    if (c != '_' && c != '-' && c != ' ') n.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(c))));
+  for (Op op : {Op::kAllReduce, Op::kAllGather, Op::kReduceScatter, Op::kBroadcast, Op::kReduce, Op::kAllToAll,
+                Op::kSend, Op::kRecv, Op::kBarrier})
+    if (n == OpName(op)) return op;
+  return Op::kOther;
+}
+
+namespace {
+
+constexpr uint32_t kCountedComms = 256;  // communicators whose sequence numbers the library counts
+constexpr size_t kMaxDumpEvents = 1 << 16;
+
+struct Tracer {
+  std::unique_ptr<TraceRing> ring;
+  int rank = 0;
+  std::atomic<uint64_t> step{kNoStep};
+  std::atomic<uint64_t> next_seq[kCountedComms] = {};
+  // For the dump signal handler: everything allocated up front.
+  std::unique_ptr<Event[]> dump_buffer;
+  size_t dump_events = 0;
+  char dump_path[4096] = {};
+};
+
+// 0: not looked yet; 1: inactive; 2: active (g_tracer set).
+std::atomic<int> g_state{0};
+Tracer* g_tracer = nullptr;  // written once under g_once, published by g_state
+std::once_flag g_once;
+
+// False (errno set) when a write fails.
+bool WriteAll(int fd, const char* p, size_t n) {
+  while (n > 0) {
+    const ssize_t w = write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+// Async-signal-safe: no allocation, no locks, only open/write/close.
+void DumpTo(const Tracer& t, const char* path, uint64_t max_events) {
+  const int saved_errno = errno;
+  const int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd >= 0) {
+    const size_t n = t.ring->Recent(t.dump_buffer.get(), std::min<uint64_t>(max_events, t.dump_events));
+    char line[512];
+    for (size_t i = 0; i < n; ++i) {
+      size_t len = FormatEventJson(t.dump_buffer[i], t.rank, line, sizeof(line) - 1);
+      line[len++] = '\n';
+      if (!WriteAll(fd, line, len)) break;
+    }
+    close(fd);
+  }
+  errno = saved_errno;
+}
+
+void OnDumpSignal(int) {
+  if (g_state.load(std::memory_order_acquire) == 2) DumpTo(*g_tracer, g_tracer->dump_path, g_tracer->dump_events);
+}
+
+uint64_t EnvUint(const char* name, uint64_t fallback) {
+  const char* v = getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long x = strtoull(v, &end, 10);
+  if (errno != 0 || end == v || *end != '\0') return fallback;
+  return x;
+}
+
+void InstallDumpHandler(Tracer* t, const std::string& dir) {
+  const uint64_t sig = EnvUint("LIFELINE_DUMP_SIGNAL", SIGUSR2);
+  if (sig == 0 || sig >= static_cast<uint64_t>(NSIG)) return;
+  t->dump_events = std::clamp<uint64_t>(EnvUint("LIFELINE_DUMP_EVENTS", 1000), 1, kMaxDumpEvents);
+  t->dump_buffer.reset(new Event[t->dump_events]);
+  const std::string path = dir + "/dump." + std::to_string(t->rank) + "." + std::to_string(getpid()) + ".jsonl";
+  if (path.size() >= sizeof(t->dump_path)) return;
+  std::memcpy(t->dump_path, path.c_str(), path.size() + 1);
+  struct sigaction old{};
+  if (sigaction(static_cast<int>(sig), nullptr, &old) != 0) return;
+  if (old.sa_handler != SIG_DFL || (old.sa_flags & SA_SIGINFO) != 0) {
+    Log(LogLevel::kInfo, "trace: signal " + std::to_string(sig) + " already has a handler; no dumps on it");
+    return;
+  }
+  struct sigaction sa{};
+  sa.sa_handler = OnDumpSignal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  if (sigaction(static_cast<int>(sig), &sa, nullptr) == 0) t->ring->header()->dump_signal = static_cast<int32_t>(sig);
+}
+
+void Initialise() {
+  const char* dir = getenv("LIFELINE_AGENT");
+  if (dir == nullptr || *dir == '\0') {
+    g_state.store(1, std::memory_order_release);
+    return;
+  }
+  const char* rank_env = getenv("RANK");
+  char* end = nullptr;
+  const long rank = rank_env != nullptr ? strtol(rank_env, &end, 10) : -1;
+  if (rank_env == nullptr || end == rank_env || *end != '\0' || rank < 0 || rank > 1 << 24) {
+    Log(LogLevel::kWarning, "trace: LIFELINE_AGENT is set but RANK is not a rank number; tracing is off");
+    g_state.store(1, std::memory_order_release);
+    return;
+  }
+  Result<std::unique_ptr<TraceRing>> ring = TraceRing::Open(RingPath(dir, static_cast<int>(rank)));
+  if (!ring.ok()) {
+    Log(LogLevel::kWarning, "trace: no ring from the agent, tracing is off: " + ring.status().ToString());
+    g_state.store(1, std::memory_order_release);
+    return;
+  }
+  auto* t = new Tracer;  // lives as long as the process: a signal handler may use it at any time
+  t->ring = std::move(*ring);
+  t->rank = static_cast<int>(rank);
+  t->ring->header()->producer_pid = static_cast<int32_t>(getpid());
+  g_tracer = t;
+  InstallDumpHandler(t, dir);
+  g_state.store(2, std::memory_order_release);
+}
+
+// The tracer, or null when no agent listens. After the first call: one load and one branch.
+inline Tracer* Get() {
+  const int state = g_state.load(std::memory_order_acquire);
+  if (state == 2) return g_tracer;
+  if (state == 1) return nullptr;
+  std::call_once(g_once, Initialise);
+  return g_state.load(std::memory_order_acquire) == 2 ? g_tracer : nullptr;
+}
+
+inline void Emit(Tracer* t, Event e) {
+  if (e.time_ns == 0) e.time_ns = MonotonicNanos();
+  t->ring->Push(e);
+}
+
+inline void EmitSimple(EventType type, uint64_t step) {
+  Tracer* t = Get();
+  if (t == nullptr) return;
+  Event e;
+  e.type = type;
+  e.step = step;
+  Emit(t, e);
+}
+
+inline void EmitCollective(EventType type, uint64_t seq, uint32_t comm) {
+  Tracer* t = Get();
+  if (t == nullptr) return;
+  Event e;
+  e.type = type;
+  e.comm = comm;
+  e.seq = seq;
+  e.step = t->step.load(std::memory_order_relaxed);
+  Emit(t, e);
+}
+
+}  // namespace
+
+bool Active() { return Get() != nullptr; }
+
+void StepBegin(uint64_t step) {
+  Tracer* t = Get();
+  if (t == nullptr) return;
+  t->step.store(step, std::memory_order_relaxed);
+  Event e;
+  e.type = EventType::kStepBegin;
+  e.step = step;
+  Emit(t, e);
+}
+
+void StepEnd(uint64_t step) { EmitSimple(EventType::kStepEnd, step); }
+
+uint64_t CollectiveBegin(Op op, uint64_t bytes, uint32_t comm, uint64_t seq) {
+  Tracer* t = Get();
+  if (t == nullptr) return 0;
+  if (seq == 0) {
+    if (comm >= kCountedComms) return 0;  // the caller must number collectives on such communicators
+    seq = t->next_seq[comm].fetch_add(1, std::memory_order_relaxed) + 1;
+  }
+  Event e;
+  e.type = EventType::kCollectiveBegin;
+  e.op = op;
+  e.comm = comm;
+  e.seq = seq;
+  e.bytes = bytes;
+  e.step = t->step.load(std::memory_order_relaxed);
+  Emit(t, e);
+  return seq;
+}
+
+void CollectivePosted(uint64_t seq, uint32_t comm) { EmitCollective(EventType::kCollectivePosted, seq, comm); }
+void CollectiveEnd(uint64_t seq, uint32_t comm) { EmitCollective(EventType::kCollectiveEnd, seq, comm); }
+
+void Heartbeat() {
+  Tracer* t = Get();
+  if (t == nullptr) return;
+  Event e;
+  e.type = EventType::kHeartbeat;
+  e.step = t->step.load(std::memory_order_relaxed);
+  Emit(t, e);
+}
+
+void ProcessStart(uint64_t resumed_step) {
+  Tracer* t = Get();
+  if (t == nullptr) return;
+  Event e;
+  e.type = EventType::kProcessStart;
+  e.step = resumed_step;
+  e.aux = static_cast<uint64_t>(getpid());
+  Emit(t, e);
+}
+
+void ProcessExit() {
+  Tracer* t = Get();
+  if (t == nullptr) return;
+  Event e;
+  e.type = EventType::kProcessExit;
+  e.step = t->step.load(std::memory_order_relaxed);
+  Emit(t, e);
+}
+
+void Record(const Event& event) {
+  Tracer* t = Get();
+  if (t == nullptr) return;
+  Emit(t, event);
+}
+
+Status DumpRecent(const std::string& path, uint64_t max_events) {
+  Tracer* t = Get();
+  if (t == nullptr) return Status::FailedPrecondition("trace dump", "tracing is inactive (LIFELINE_AGENT unset)");
+  const uint64_t n = std::min<uint64_t>(max_events, t->ring->capacity());
+  std::unique_ptr<Event[]> events(new Event[n]);
+  const size_t got = t->ring->Recent(events.get(), n);
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return Status::FromErrno(errno, path);
+  std::string out;
+  char line[512];
+  for (size_t i = 0; i < got; ++i) {
+    out.append(line, FormatEventJson(events[i], t->rank, line, sizeof(line)));
+    out.push_back('\n');
+  }
+  if (!WriteAll(fd, out.data(), out.size())) {
+    Status s = Status::FromErrno(errno, path);
+    close(fd);
+    return s;
+  }
+  if (close(fd) != 0) return Status::FromErrno(errno, path);
+  return Status::OK();
+}
+
+uint64_t Dropped() {
+  Tracer* t = Get();
+  return t == nullptr ? 0 : t->ring->header()->dropped.load(std::memory_order_relaxed);
+}
+
+}  // namespace lifeline::trace

@@ -1,0 +1,178 @@
+// Fault drills: lifeline-agent supervising lifeline-drill (4 ranks, a shared-memory allreduce,
+// lazy checkpoints) with one injected fault each. The agent must name the right rank with the
+// right kind, restart when the policy says so, and the job must end with the same parameters as
+// a run without faults.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+namespace lifeline::agent {
+namespace {
+
+struct Outcome {
+  int exit_code = -1;
+  std::string output;                     // stdout and stderr of the agent, ranks' lines included
+  std::vector<nlohmann::json> anomalies;  // events-log lines with "kind"
+  std::vector<nlohmann::json> actions;    // lines with "action"
+  std::map<int, std::string> finals;      // rank -> "step=S checksum=HEX"
+};
+
+class DrillTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/lifeline-drill-test-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  // Runs the agent over the drill; `agent_flags` (default --max-restarts 2) and `drill_flags` are
+  // appended to the defaults.
+  Outcome Run(const std::string& name, const std::string& agent_flags, const std::string& drill_flags) {
+    const std::string log = dir_ + "/" + name + ".events.jsonl";
+    const std::string ckpt = dir_ + "/" + name + ".ckpt";
+    const std::string cmd = std::string(LIFELINE_AGENT_BIN) + " run --nproc 4 --hang-timeout 5" +
+                            " --events-log " + log + " " + (agent_flags.empty() ? "--max-restarts 2" : agent_flags) + " -- " + LIFELINE_DRILL_BIN + " --dir " +
+                            ckpt + " " + drill_flags + " 2>&1";
+    Outcome o;
+    FILE* p = popen(cmd.c_str(), "r");
+    if (p == nullptr) return o;
+    char buf[4096];
+    for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) o.output.append(buf, n);
+    const int status = pclose(p);
+    o.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    std::ifstream in(log);
+    for (std::string line; std::getline(in, line);) {
+      nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      EXPECT_FALSE(j.is_discarded()) << "not JSON in the events log: " << line;
+      if (j.contains("kind")) {
+        EXPECT_FALSE(j.contains("action")) << line;
+        o.anomalies.push_back(j);
+      } else if (j.contains("action")) {
+        o.actions.push_back(j);
+      }
+    }
+    static const std::regex kFinal(R"(final rank=(\d+) (step=\d+ checksum=[0-9a-f]+))");
+    std::smatch m;
+    for (auto it = std::sregex_iterator(o.output.begin(), o.output.end(), kFinal); it != std::sregex_iterator(); ++it)
+      o.finals[std::stoi((*it)[1])] = (*it)[2];
+    return o;
+  }
+
+  // The clean run every faulty one is compared with (run once per test that needs it).
+  const std::map<int, std::string>& CleanFinals() {
+    if (clean_.empty()) {
+      Outcome o = Run("clean", "", "--steps 200 --ckpt-every 20");
+      EXPECT_EQ(o.exit_code, 0) << o.output;
+      EXPECT_TRUE(o.anomalies.empty()) << o.anomalies.front().dump();
+      clean_ = o.finals;
+      EXPECT_EQ(clean_.size(), 4u) << o.output;
+    }
+    return clean_;
+  }
+
+  static int Count(const std::vector<nlohmann::json>& lines, const std::string& key, const std::string& value) {
+    int n = 0;
+    for (const auto& j : lines)
+      if (j.value(key, "") == value) ++n;
+    return n;
+  }
+
+  std::string dir_;
+  std::map<int, std::string> clean_;
+};
+
+std::string Dump(const std::vector<nlohmann::json>& lines) {
+  std::string s;
+  for (const auto& j : lines) s += j.dump() + "\n";
+  return s;
+}
+
+TEST_F(DrillTest, CrashedRankIsNamedDeadAndTheRestartedJobEndsLikeACleanOne) {
+  const auto& clean = CleanFinals();
+  Outcome o = Run("crash", "", "--steps 200 --ckpt-every 20 --fault crash@1:70");
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  ASSERT_GE(o.anomalies.size(), 1u) << o.output;
+  const nlohmann::json& a = o.anomalies.front();
+  EXPECT_EQ(a["kind"], "dead") << Dump(o.anomalies);
+  EXPECT_EQ(a["ranks"], nlohmann::json::array({1})) << Dump(o.anomalies);
+  EXPECT_EQ(Count(o.anomalies, "kind", "dead"), 1) << Dump(o.anomalies);
+  EXPECT_EQ(Count(o.actions, "action", "restart"), 1) << Dump(o.actions);
+  EXPECT_EQ(Count(o.actions, "action", "resumed"), 1) << Dump(o.actions);
+  EXPECT_EQ(o.finals, clean);
+}
+
+TEST_F(DrillTest, HungRankIsNamedAndTheRestartedJobEndsLikeACleanOne) {
+  const auto& clean = CleanFinals();
+  Outcome o = Run("hang", "", "--steps 200 --ckpt-every 20 --fault hang@2:110");
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  ASSERT_EQ(Count(o.anomalies, "kind", "hang"), 1) << Dump(o.anomalies) << o.output;
+  for (const auto& a : o.anomalies) {
+    if (a["kind"] != "hang") continue;
+    EXPECT_EQ(a["ranks"], nlohmann::json::array({2})) << a.dump();
+    EXPECT_EQ(a["step"], 110) << a.dump();
+    EXPECT_EQ(a.value("op", ""), "allreduce") << a.dump();
+    // Not before the floor of the timeout, and not long after it.
+    EXPECT_GE(a["culprit_silent_seconds"].get<double>(), 5.0) << a.dump();
+    EXPECT_LT(a["culprit_silent_seconds"].get<double>(), 15.0) << a.dump();
+  }
+  EXPECT_EQ(Count(o.actions, "action", "restart"), 1) << Dump(o.actions);
+  EXPECT_EQ(o.finals, clean);
+}
+
+TEST_F(DrillTest, SlowComputeIsNamedAStragglerAndOnlyLogged) {
+  const auto& clean = CleanFinals();
+  Outcome o = Run("slow", "", "--steps 200 --ckpt-every 20 --fault slow@3:30:40");
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  ASSERT_GE(Count(o.anomalies, "kind", "straggler"), 1) << Dump(o.anomalies);
+  for (const auto& a : o.anomalies) {
+    EXPECT_EQ(a["ranks"], nlohmann::json::array({3})) << a.dump();
+    EXPECT_NE(a["kind"], "hang") << a.dump();
+    EXPECT_NE(a["kind"], "dead") << a.dump();
+  }
+  EXPECT_EQ(Count(o.actions, "action", "restart"), 0) << Dump(o.actions);
+  EXPECT_EQ(o.finals, clean);
+}
+
+TEST_F(DrillTest, SlowLinkIsNamedASlowCollective) {
+  const auto& clean = CleanFinals();
+  Outcome o = Run("slowcomm", "", "--steps 200 --ckpt-every 20 --fault slowcomm@1:30:30");
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  ASSERT_GE(Count(o.anomalies, "kind", "slow_collective"), 1) << Dump(o.anomalies);
+  for (const auto& a : o.anomalies) {
+    if (a["kind"] == "slow_collective") {
+      EXPECT_EQ(a["ranks"], nlohmann::json::array({1})) << a.dump();
+      EXPECT_EQ(a.value("op", ""), "allreduce") << a.dump();
+    }
+  }
+  EXPECT_EQ(Count(o.actions, "action", "restart"), 0) << Dump(o.actions);
+  EXPECT_EQ(o.finals, clean);
+}
+
+TEST_F(DrillTest, SpentRestartBudgetEndsTheJobWithTheReason) {
+  Outcome o = Run("budget", "--max-restarts 0", "--steps 200 --ckpt-every 20 --fault crash@0:30");
+  EXPECT_NE(o.exit_code, 0) << o.output;
+  EXPECT_EQ(Count(o.actions, "action", "give_up"), 1) << Dump(o.actions);
+  EXPECT_NE(o.output.find("restart budget spent"), std::string::npos) << o.output;
+}
+
+TEST_F(DrillTest, ALongCleanRunWithJitterRaisesNoAnomaly) {
+  Outcome o = Run("clean1000", "", "--steps 1000 --ckpt-every 50 --compute-ms 2 --jitter-ms 2");
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_TRUE(o.anomalies.empty()) << Dump(o.anomalies);
+  EXPECT_EQ(o.finals.size(), 4u);
+  EXPECT_EQ(Count(o.actions, "action", "finished"), 1) << Dump(o.actions);
+}
+
+}  // namespace
+}  // namespace lifeline::agent

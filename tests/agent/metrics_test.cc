@@ -1,0 +1,128 @@
+// The agent's metrics: every documented family is exported, fed by the events a user's job
+// produces, and served over HTTP.
+#include "agent/metrics.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <regex>
+#include <string>
+
+#include <gtest/gtest.h>
+
+namespace lifeline::agent {
+namespace {
+
+trace::Event Ev(trace::EventType type, uint64_t t_ms, uint64_t step, uint64_t seq = 0) {
+  trace::Event e;
+  e.type = type;
+  e.time_ns = t_ms * 1000000;
+  e.step = step;
+  e.seq = seq;
+  e.op = trace::Op::kAllReduce;
+  return e;
+}
+
+// The value of the sample `series` (name plus labels, as printed) in an exposition, or -1.
+double Sample(const std::string& text, const std::string& series) {
+  const size_t at = text.find("\n" + series + " ");
+  if (at == std::string::npos) return -1;
+  return std::stod(text.substr(at + series.size() + 2));
+}
+
+TEST(MetricsTest, EveryDocumentedFamilyIsExportedWithItsType) {
+  AgentMetrics m("job", 2);
+  const std::string text = m.Render();
+  for (const MetricFamilyInfo& f : MetricFamilies()) {
+    EXPECT_NE(text.find(std::string("# TYPE ") + f.name + " " + f.type), std::string::npos) << f.name;
+    EXPECT_NE(text.find(std::string("# HELP ") + f.name + " "), std::string::npos) << f.name;
+  }
+  EXPECT_EQ(Sample(text, "lifeline_ranks_alive"), 2);
+  EXPECT_EQ(Sample(text, "lifeline_checkpoint_last_committed_step"), -1);
+}
+
+TEST(MetricsTest, EventsBecomeStepCollectiveAndCheckpointFigures) {
+  AgentMetrics m("job", 3);
+  for (uint64_t k = 0; k < 5; ++k) {
+    const uint64_t t = 1000 + k * 100;
+    for (int r = 0; r < 3; ++r) {
+      m.Observe(r, Ev(trace::EventType::kStepBegin, t, k));
+      // Rank 2 enters every allreduce 30 ms after the others.
+      m.Observe(r, Ev(trace::EventType::kCollectiveBegin, t + 10 + (r == 2 ? 30 : 0), k, k + 1));
+      m.Observe(r, Ev(trace::EventType::kCollectiveEnd, t + 45, k, k + 1));
+      m.Observe(r, Ev(trace::EventType::kStepEnd, t + 50, k));
+    }
+  }
+  trace::Event copied = Ev(trace::EventType::kCheckpointCopied, 2000, 4);
+  copied.aux = 400000;  // 0.4 ms stall
+  m.Observe(0, copied);
+  trace::Event persisted = Ev(trace::EventType::kCheckpointPersisted, 3000, 4);
+  persisted.duration_ns = 2000000000;
+  persisted.aux = 1 << 20;
+  m.Observe(0, persisted);
+  m.Observe(0, Ev(trace::EventType::kCheckpointCommitted, 3000, 4));
+  m.Observe(1, Ev(trace::EventType::kCheckpointFailed, 3000, 4));
+  m.Anomaly("straggler", {2});
+  m.Restarted();
+  m.RankExited(1);
+  m.RingDropped(0, 7);
+
+  const std::string text = m.Render();
+  EXPECT_EQ(Sample(text, "lifeline_steps_total{rank=\"0\"}"), 5);
+  EXPECT_EQ(Sample(text, "lifeline_step{rank=\"2\"}"), 4);
+  EXPECT_EQ(Sample(text, "lifeline_step_duration_seconds_count{rank=\"1\"}"), 5);
+  EXPECT_NEAR(Sample(text, "lifeline_step_duration_seconds_sum{rank=\"1\"}"), 0.25, 1e-9);
+  EXPECT_EQ(Sample(text, "lifeline_collective_duration_seconds_count{op=\"allreduce\"}"), 15);
+  EXPECT_GT(Sample(text, "lifeline_collective_lateness_seconds{rank=\"2\"}"), 0.025);
+  EXPECT_NEAR(Sample(text, "lifeline_collective_lateness_seconds{rank=\"0\"}"), 0, 1e-9);
+  EXPECT_EQ(Sample(text, "lifeline_checkpoint_stall_seconds_count"), 1);
+  EXPECT_EQ(Sample(text, "lifeline_checkpoint_stall_seconds_bucket{le=\"0.001\"}"), 1);
+  EXPECT_EQ(Sample(text, "lifeline_checkpoint_stall_seconds_bucket{le=\"0.0001\"}"), 0);
+  EXPECT_EQ(Sample(text, "lifeline_checkpoint_persist_seconds_sum"), 2);
+  EXPECT_EQ(Sample(text, "lifeline_checkpoint_bytes_total"), 1 << 20);
+  EXPECT_EQ(Sample(text, "lifeline_checkpoint_failures_total"), 1);
+  EXPECT_EQ(Sample(text, "lifeline_checkpoint_last_committed_step"), 4);
+  EXPECT_GT(Sample(text, "lifeline_checkpoint_last_committed_timestamp_seconds"), 1.7e9);
+  EXPECT_EQ(Sample(text, "lifeline_anomalies_total{kind=\"straggler\",rank=\"2\"}"), 1);
+  EXPECT_EQ(Sample(text, "lifeline_anomalies_total{kind=\"hang\",rank=\"none\"}"), 0);
+  EXPECT_EQ(Sample(text, "lifeline_restarts_total"), 1);
+  EXPECT_EQ(Sample(text, "lifeline_ranks_alive"), 2);
+  EXPECT_EQ(Sample(text, "lifeline_trace_events_dropped_total{rank=\"0\"}"), 7);
+}
+
+TEST(MetricsTest, ServesTheExpositionOverHttp) {
+  AgentMetrics m("job", 1);
+  // A port picked by the kernel: bind 0, read it back, free it, then serve there.
+  const int probe = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  ASSERT_EQ(bind(probe, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(getsockname(probe, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  const int port = ntohs(a.sin_port);
+  close(probe);
+  ASSERT_TRUE(m.Serve("127.0.0.1:" + std::to_string(port)).ok());
+
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  const std::string req = "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n";
+  ASSERT_EQ(write(fd, req.data(), req.size()), static_cast<ssize_t>(req.size()));
+  std::string reply;
+  char buf[4096];
+  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) reply.append(buf, static_cast<size_t>(n));
+  close(fd);
+  EXPECT_NE(reply.find("200 OK"), std::string::npos) << reply.substr(0, 200);
+  EXPECT_NE(reply.find("lifeline_build_info{version="), std::string::npos);
+
+  // An address it cannot use is an error naming it.
+  AgentMetrics other("job", 1);
+  Status s = other.Serve("127.0.0.1:" + std::to_string(port));
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.ToString().find(std::to_string(port)), std::string::npos) << s.ToString();
+}
+
+}  // namespace
+}  // namespace lifeline::agent
