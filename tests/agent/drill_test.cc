@@ -174,5 +174,75 @@ TEST_F(DrillTest, ALongCleanRunWithJitterRaisesNoAnomaly) {
   EXPECT_EQ(Count(o.actions, "action", "finished"), 1) << Dump(o.actions);
 }
 
+// The control socket of a running agent answers status and dump; the YAML config's policy is
+// applied (straggler -> dump), and the ranks' dumps hold their last trace events.
+TEST_F(DrillTest, ControlSocketAndConfigFileDriveARunningAgent) {
+  const std::string run_dir = dir_ + "/run";
+  const std::string config = dir_ + "/agent.yaml";
+  std::ofstream(config) << "hang:\n  floor_seconds: 30\npolicy:\n  straggler: dump\nrestart:\n  max_restarts: 1\n";
+  const std::string log = dir_ + "/ctl.events.jsonl";
+  const std::string cmd = std::string(LIFELINE_AGENT_BIN) + " run --nproc 3 --config " + config + " --run-dir " +
+                          run_dir + " --events-log " + log + " -- " + LIFELINE_DRILL_BIN + " --dir " + dir_ +
+                          "/ctl.ckpt --steps 150 --ckpt-every 50 --fault slow@2:20:40 > " + dir_ + "/ctl.out 2>&1";
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  // Ask for the status once the ranks are stepping.
+  auto ctl = [&](const std::string& request) {
+    std::string out;
+    FILE* p = popen((std::string(LIFELINE_AGENT_BIN) + " ctl " + run_dir + "/control.sock " + request + " 2>&1").c_str(), "r");
+    char buf[4096];
+    for (size_t n; p != nullptr && (n = fread(buf, 1, sizeof(buf), p)) > 0;) out.append(buf, n);
+    if (p != nullptr) pclose(p);
+    return out;
+  };
+  nlohmann::json status;
+  for (int i = 0; i < 200; ++i) {
+    status = nlohmann::json::parse(ctl("status"), nullptr, false);
+    if (!status.is_discarded() && status.contains("ranks") && status["ranks"].size() == 3 &&
+        !status["ranks"][2]["step"].is_null() && status["ranks"][2]["step"].get<int>() >= 5)
+      break;
+    usleep(50000);
+  }
+  ASSERT_FALSE(status.is_discarded());
+  EXPECT_EQ(status["restarts"], 0) << status.dump();
+  EXPECT_EQ(status["max_restarts"], 1) << status.dump();
+  ASSERT_EQ(status["ranks"].size(), 3u) << status.dump();
+  EXPECT_TRUE(status["ranks"][0]["running"].get<bool>()) << status.dump();
+  EXPECT_NE(ctl("metrics").find("lifeline_steps_total{rank=\"1\"}"), std::string::npos);
+  EXPECT_NE(ctl("nonsense").find("unknown command"), std::string::npos);
+
+  int wstatus = 0;
+  ASSERT_EQ(waitpid(pid, &wstatus, 0), pid);
+  ASSERT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) << wstatus;
+  std::ifstream in(log);
+  int stragglers = 0, dumps = 0;
+  for (std::string line; std::getline(in, line);) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    if (j.value("kind", "") == "straggler") {
+      ++stragglers;
+      EXPECT_EQ(j["ranks"], nlohmann::json::array({2})) << line;
+      EXPECT_EQ(j["policy"], "dump") << line;
+    }
+    if (j.value("action", "") == "dump") ++dumps;
+  }
+  EXPECT_GE(stragglers, 1);
+  EXPECT_EQ(dumps, stragglers);
+  // The agent removed nothing it did not create: the run directory given is kept, with the dumps.
+  int dump_files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(run_dir))
+    if (e.path().filename().string().rfind("dump.", 0) == 0) {
+      ++dump_files;
+      std::ifstream f(e.path());
+      std::string first;
+      ASSERT_TRUE(std::getline(f, first)) << e.path();
+      EXPECT_NE(first.find("\"type\":"), std::string::npos) << first;
+    }
+  EXPECT_GE(dump_files, 3);
+}
+
 }  // namespace
 }  // namespace lifeline::agent
