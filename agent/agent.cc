@@ -104,7 +104,6 @@ void Agent::Log(nlohmann::json line) {
 
 Status Agent::Setup() {
   if (config_.job_id.empty()) config_.job_id = NewJobId();
-  if (config_.master_port == 0) config_.master_port = PickFreePort();
   if (config_.run_dir.empty()) {
     const char* runtime = getenv("XDG_RUNTIME_DIR");
     std::string base = runtime != nullptr && *runtime != '\0' ? runtime : "/tmp";
@@ -150,7 +149,9 @@ Status Agent::Launch() {
       {"GROUP_WORLD_SIZE", "1"},
       {"ROLE_WORLD_SIZE", n},
       {"MASTER_ADDR", config_.master_addr},
-      {"MASTER_PORT", std::to_string(config_.master_port)},
+      // Port 0 picks a free port for every launch: a relaunch must not wait for the previous rank
+      // 0's rendezvous port to leave TIME_WAIT.
+      {"MASTER_PORT", std::to_string(config_.master_port != 0 ? config_.master_port : PickFreePort())},
       {"TORCHELASTIC_RESTART_COUNT", std::to_string(restarts_)},
       {"TORCHELASTIC_MAX_RESTARTS", std::to_string(config_.restart.max_restarts)},
       {"LIFELINE_JOB", config_.job_id},

@@ -40,6 +40,7 @@ int main(int argc, char** argv) {
   std::string config_path, events_log, run_dir, metrics_addr;
   double hang_timeout = 0;
   uint32_t max_restarts = 0;
+  uint32_t master_port = 0;
   std::vector<std::string> command;
   CLI::Option* nproc_opt = run->add_option("--nproc", nproc, "Local ranks to launch")->check(CLI::Range(1, 1024));
   run->add_option("--config", config_path, "YAML file with any of the agent's settings (see the README)");
@@ -49,6 +50,10 @@ int main(int argc, char** argv) {
           ->check(CLI::PositiveNumber);
   CLI::Option* restarts_opt =
       run->add_option("--max-restarts", max_restarts, "Restart budget (default 3)")->check(CLI::NonNegativeNumber);
+  CLI::Option* port_opt =
+      run->add_option("--master-port", master_port, "MASTER_PORT for the ranks (default 29500; 0 picks a free port "
+                                                    "for every launch)")
+          ->check(CLI::Range(0, 65535));
   CLI::Option* log_opt = run->add_option("--events-log", events_log, "Append anomalies and actions as JSON lines here");
   CLI::Option* dir_opt = run->add_option("--run-dir", run_dir,
                                          "Directory for the trace rings, dumps and the control socket (default: a "
@@ -86,6 +91,7 @@ int main(int argc, char** argv) {
   if (nproc_opt->count() > 0) config.nproc = nproc;
   if (hang_opt->count() > 0) config.hang.floor_seconds = hang_timeout;
   if (restarts_opt->count() > 0) config.restart.max_restarts = max_restarts;
+  if (port_opt->count() > 0) config.master_port = master_port;
   if (log_opt->count() > 0) config.events_log = events_log;
   if (dir_opt->count() > 0) config.run_dir = run_dir;
   if (metrics_opt->count() > 0) config.metrics_addr = metrics_addr;

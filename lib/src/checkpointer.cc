@@ -122,7 +122,11 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::Open(CheckpointerOptions opt
 
   std::vector<std::string> shm_paths;
   if (o.memory_tier) {
-    LL_ASSIGN_OR_RETURN(m.tier, MemoryTier::Open(o.memory_tier_directory, o.directory, m.run_hash, o.rank,
+    std::string dir_id;
+    if (o.memory_tier_directory.empty()) {
+      LL_ASSIGN_OR_RETURN(dir_id, CheckpointDirectoryId(m.env, o.directory, /*create=*/true));
+    }
+    LL_ASSIGN_OR_RETURN(m.tier, MemoryTier::Open(o.memory_tier_directory, o.directory, dir_id, m.run_hash, o.rank,
                                                  o.world_size, o.staging_slots));
     for (unsigned k = 0; k < o.staging_slots; ++k) shm_paths.push_back(m.tier->SlotPath(k));
   }

@@ -1,5 +1,6 @@
 #include "lib/src/memory_tier.h"
 
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -32,6 +33,71 @@ Status MakePrivateDir(const std::string& dir) {
   return CheckPrivateDir(dir);
 }
 
+constexpr char kDirIdFile[] = "lifeline.id";
+constexpr char kOwnerFile[] = "owner";  // in a tier root: "<real path>\n<dir id>\n"
+
+std::string RealPath(const std::string& path) {
+  char resolved[PATH_MAX];
+  return realpath(path.c_str(), resolved) != nullptr ? std::string(resolved) : path;
+}
+
+bool IsDirId(std::string_view id) {
+  if (id.size() != 32) return false;
+  for (char c : id)
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  return true;
+}
+
+Result<std::string> NewDirId() {
+  unsigned char bytes[16];
+  size_t got = 0;
+  while (got < sizeof(bytes)) {
+    const ssize_t n = getrandom(bytes + got, sizeof(bytes) - got, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Status::FromErrno(errno, "getrandom");
+    }
+    got += static_cast<size_t>(n);
+  }
+  std::string id;
+  for (unsigned char b : bytes) {
+    char hex[3];
+    std::snprintf(hex, sizeof(hex), "%02x", b);
+    id += hex;
+  }
+  return id;
+}
+
+Result<std::string> ReadDirId(Env* env, const std::string& path) {
+  LL_ASSIGN_OR_RETURN(std::string text, ReadFileToString(env, path, 64));
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+  if (!IsDirId(text))
+    return Status::Corruption(path, "not a checkpoint directory identity (32 lowercase hex digits); remove the file "
+                                    "to give the directory a new one (its memory-tier snapshots are then ignored)");
+  return text;
+}
+
+// Removes tier roots of an earlier directory at the same path: their owner file names the path
+// with another identity. Best effort; another user's or malformed entries are left alone.
+void RemoveOrphanRoots(const std::string& user_dir, const std::string& keep, const std::string& real_path,
+                       const std::string& dir_id) {
+  Env* env = Env::Default();
+  Result<std::vector<std::string>> names = env->GetChildren(user_dir);
+  if (!names.ok()) return;
+  for (const std::string& name : *names) {
+    const std::string root = JoinPath(user_dir, name);
+    if (root == keep) continue;
+    Result<std::string> owner = ReadFileToString(env, JoinPath(root, kOwnerFile), PATH_MAX + 64);
+    if (!owner.ok()) continue;
+    const size_t nl = owner->find('\n');
+    if (nl == std::string::npos || owner->substr(0, nl) != real_path) continue;
+    std::string other_id = owner->substr(nl + 1);
+    while (!other_id.empty() && other_id.back() == '\n') other_id.pop_back();
+    if (other_id == dir_id) continue;
+    RemoveDirRecursively(env, root).IgnoreError();
+  }
+}
+
 std::string SlotPrefix(std::string_view run_hash, uint32_t rank, uint32_t world_size) {
   char buf[64];
   std::snprintf(buf, sizeof(buf), ".r%06u-of-%06u.slot", rank, world_size);
@@ -40,12 +106,44 @@ std::string SlotPrefix(std::string_view run_hash, uint32_t rank, uint32_t world_
 
 }  // namespace
 
-std::string DefaultMemoryTierRoot(const std::string& checkpoint_dir) {
-  char resolved[PATH_MAX];
-  const std::string real = realpath(checkpoint_dir.c_str(), resolved) != nullptr ? resolved : checkpoint_dir;
+Result<std::string> CheckpointDirectoryId(Env* env, const std::string& checkpoint_dir, bool create) {
+  const std::string path = JoinPath(checkpoint_dir, kDirIdFile);
+  if (env->FileExists(path) || !create) return ReadDirId(env, path);
+  LL_ASSIGN_OR_RETURN(std::string id, NewDirId());
+  const std::string tmp = path + ".tmp-" + std::to_string(getpid()) + "-" + id.substr(0, 8);
+  Status s;
+  {
+    LL_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, env->NewWritableFile(tmp, FileOptions{}));
+    const std::string text = id + "\n";
+    s = file->WriteAt(0, text.data(), text.size());
+    if (s.ok()) s = file->Sync();
+    Status c = file->Close();
+    if (s.ok()) s = c;
+  }
+  if (s.ok()) s = env->RenameFileNoReplace(tmp, path);
+  if (!s.ok()) {
+    env->RemoveFile(tmp).IgnoreError();
+    if (s.IsAlreadyExists()) return ReadDirId(env, path);  // another rank was first: use its identity
+    return s.Annotate("creating the checkpoint directory's identity");
+  }
+  LL_RETURN_IF_ERROR(env->SyncDir(checkpoint_dir));
+  return id;
+}
+
+std::string DefaultMemoryTierRoot(const std::string& checkpoint_dir, std::string_view dir_id) {
+  std::string key = RealPath(checkpoint_dir);
+  key.push_back('\0');
+  key.append(dir_id);
   char hex[17];
-  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(format::Checksum64(real)));
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(format::Checksum64(key)));
   return "/dev/shm/lifeline-" + std::to_string(geteuid()) + "/" + hex;
+}
+
+Result<std::string> FindMemoryTierRoot(Env* env, const std::string& checkpoint_dir) {
+  LL_ASSIGN_OR_RETURN(std::string id, CheckpointDirectoryId(env, checkpoint_dir, /*create=*/false));
+  std::string root = DefaultMemoryTierRoot(checkpoint_dir, id);
+  if (!Env::Default()->IsDirectory(root)) return Status::NotFound(root, "no memory tier on this node");
+  return root;
 }
 
 MemoryTier::MemoryTier(std::string root, std::string run_hash, uint32_t rank, uint32_t world_size, unsigned slots)
@@ -53,12 +151,18 @@ MemoryTier::MemoryTier(std::string root, std::string run_hash, uint32_t rank, ui
       world_size_(world_size), slots_(slots) {}
 
 Result<std::unique_ptr<MemoryTier>> MemoryTier::Open(std::string root, const std::string& checkpoint_dir,
-                                                     std::string run_hash, uint32_t rank, uint32_t world_size,
-                                                     unsigned slots) {
+                                                     const std::string& dir_id, std::string run_hash, uint32_t rank,
+                                                     uint32_t world_size, unsigned slots) {
   if (root.empty()) {
-    root = DefaultMemoryTierRoot(checkpoint_dir);
+    root = DefaultMemoryTierRoot(checkpoint_dir, dir_id);
     const std::string user_dir = root.substr(0, root.rfind('/'));
     LL_RETURN_IF_ERROR(MakePrivateDir(user_dir).Annotate("memory tier"));
+    LL_RETURN_IF_ERROR(MakePrivateDir(root).Annotate("memory tier"));
+    const std::string real_path = RealPath(checkpoint_dir);
+    const std::string owner = JoinPath(root, kOwnerFile);
+    if (!Env::Default()->FileExists(owner))
+      LL_RETURN_IF_ERROR(WriteFileAtomically(Env::Default(), owner, real_path + "\n" + dir_id + "\n").Annotate("memory tier"));
+    RemoveOrphanRoots(user_dir, root, real_path, dir_id);
   } else {
     LL_RETURN_IF_ERROR(Env::Default()->CreateDir(root).Annotate("memory tier"));
   }

@@ -33,9 +33,12 @@ namespace lifeline {
 
 class MemoryTier {
  public:
-  // `root` empty: /dev/shm/lifeline-<uid>/<16 hex of XXH3 of the checkpoint directory's real path>.
+  // `root` empty: DefaultMemoryTierRoot(checkpoint_dir, dir_id), where dir_id is
+  // CheckpointDirectoryId(checkpoint_dir); the root records which directory it belongs to, and
+  // roots left behind by an earlier directory of the same path (deleted and created again) are
+  // removed.
   static Result<std::unique_ptr<MemoryTier>> Open(std::string root, const std::string& checkpoint_dir,
-                                                  std::string run_hash, uint32_t rank, uint32_t world_size,
+                                                  const std::string& dir_id, std::string run_hash, uint32_t rank, uint32_t world_size,
                                                   unsigned slots);
 
   const std::string& root() const { return root_; }
@@ -65,8 +68,20 @@ class MemoryTier {
   const unsigned slots_;
 };
 
-// The default root for a checkpoint directory (see MemoryTier::Open).
-std::string DefaultMemoryTierRoot(const std::string& checkpoint_dir);
+// The identity of a checkpoint directory: the 32 hex digits in <dir>/lifeline.id. With `create`,
+// the first caller writes a random one (atomically; concurrent ranks all end up with the winner's).
+// NotFound when the file is absent and !create; Corruption naming the file when it is malformed.
+// The memory tier is keyed by it, so a directory deleted and created again under the same path
+// never sees the old directory's snapshots.
+Result<std::string> CheckpointDirectoryId(Env* env, const std::string& checkpoint_dir, bool create);
+
+// The default root for a checkpoint directory of identity `dir_id`:
+// /dev/shm/lifeline-<uid>/<16 hex of XXH3-64 of (real path, NUL, dir_id)>.
+std::string DefaultMemoryTierRoot(const std::string& checkpoint_dir, std::string_view dir_id);
+
+// The memory tier of `checkpoint_dir` on this node if there is one (for tools): its root, or
+// NotFound when the directory has no identity yet or nothing in memory.
+Result<std::string> FindMemoryTierRoot(Env* env, const std::string& checkpoint_dir);
 
 }  // namespace lifeline
 

@@ -154,7 +154,7 @@ class BlockStreamWriter {
 
 }  // namespace
 
-Result<RankSavePlan> PlanRankSave(const SaveRequest& request, uint64_t replica_split_bytes) {
+Result<RankSavePlan> PlanRankSave(const SaveRequest& request, uint64_t replica_split_bytes, bool require_data) {
   RankSavePlan plan;
   std::unordered_map<std::string, uint32_t> by_name;
   for (size_t i = 0; i < request.tensors.size(); ++i) {
@@ -169,7 +169,8 @@ Result<RankSavePlan> PlanRankSave(const SaveRequest& request, uint64_t replica_s
     if (s.replica_count == 0 || s.replica_index >= s.replica_count)
       return Status::InvalidArgument(what, "replica index " + std::to_string(s.replica_index) + " not below count " +
                                                std::to_string(s.replica_count));
-    if (region.num_elements() > 0 && s.data == nullptr) return Status::InvalidArgument(what, "data is null");
+    if (require_data && region.num_elements() > 0 && s.data == nullptr)
+      return Status::InvalidArgument(what, "data is null");
 
     auto [it, inserted] = by_name.emplace(s.name, static_cast<uint32_t>(plan.tensors.size()));
     if (inserted) {
@@ -193,7 +194,8 @@ Result<RankSavePlan> PlanRankSave(const SaveRequest& request, uint64_t replica_s
       const int64_t len = per + (i_part < extra ? 1 : 0);
       if (len > 0)
         plan.fragments.push_back(PlannedFragment{tensor, format::SubRegion(region, begin, begin + len),
-                                                 base + static_cast<uint64_t>(begin) * elem, static_cast<uint32_t>(i)});
+                                                 base != nullptr ? base + static_cast<uint64_t>(begin) * elem : nullptr,
+                                                 static_cast<uint32_t>(i)});
     } else if (ReplicaHash(s.name, region) % s.replica_count == s.replica_index) {
       plan.fragments.push_back(PlannedFragment{tensor, region, base, static_cast<uint32_t>(i)});
     }
@@ -277,7 +279,8 @@ format::CheckpointIndex RawImageIndex(const RankSavePlan& plan, const std::vecto
 
 Result<format::CheckpointIndex> WriteRankData(Env* env, const std::string& step_dir, const RankSavePlan& plan,
                                               const std::vector<std::pair<std::string, std::string>>& objects,
-                                              const std::string& metadata_json, const RankWriteOptions& o) {
+                                              const std::string& metadata_json, const RankWriteOptions& o,
+                                              const FragmentReader& reader) {
   if (o.chunk_bytes == 0 || o.chunk_bytes % 8 != 0)
     return Status::InvalidArgument("chunk_bytes must be a positive multiple of 8");
   format::CheckpointIndex index = IndexSkeleton(plan, metadata_json, o);
@@ -317,6 +320,9 @@ Result<format::CheckpointIndex> WriteRankData(Env* env, const std::string& step_
 
   format::StreamingChecksum hasher;
   format::ChunkCodec codec;
+  AlignedBuffer fetched(reader != nullptr ? o.chunk_bytes : 0);  // one chunk fetched through `reader`
+  if (reader != nullptr && fetched.data() == nullptr)
+    return fail(Status::ResourceExhausted(path, "cannot allocate a chunk buffer"));
   std::vector<uint8_t> encoded(o.codec == format::Codec::kNone
                                    ? 0
                                    : format::ChunkCodec::MaxEncodedSize(o.codec, o.chunk_bytes));
@@ -333,12 +339,22 @@ Result<format::CheckpointIndex> WriteRankData(Env* env, const std::string& step_
     f.first_chunk = index.chunks.size();
     for (uint64_t done = 0; done < raw && s.ok();) {
       const uint64_t n = std::min(o.chunk_bytes, raw - done);
+      const uint8_t* src = pf.source != nullptr ? pf.source + done : nullptr;
+      if (src == nullptr) {
+        if (reader == nullptr) {
+          s = Status::InvalidArgument("tensor '" + t.name + "'", "no bytes to write (null source and no reader)");
+          break;
+        }
+        s = reader(pf, done, n, fetched.data());
+        if (!s.ok()) break;
+        src = fetched.data();
+      }
       hasher.Reset();
       uint64_t stored = n;
       if (o.codec == format::Codec::kNone) {
-        s = writer.Append(pf.source + done, n, &hasher);
+        s = writer.Append(src, n, &hasher);
       } else {
-        Result<size_t> len = codec.Encode(o.codec, DTypeSize(t.dtype), o.codec_level, pf.source + done, n,
+        Result<size_t> len = codec.Encode(o.codec, DTypeSize(t.dtype), o.codec_level, src, n,
                                           encoded.data(), encoded.size());
         if (!len.ok()) {
           s = len.status().Annotate("tensor '" + t.name + "'");

@@ -5,6 +5,7 @@
 #define LIFELINE_SRC_SAVER_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -29,11 +30,14 @@ struct RankSavePlan {
 };
 
 // Validates the request (names, dtypes, regions, replica fields, consistent declarations of a
-// tensor held in several pieces) and decides what this rank writes. Replica rule (SPEC.md,
+// tensor held in several pieces) and decides what this rank writes. With `require_data` false, a
+// shard may have no data (a plan for bytes that WriteRankData will fetch through a FragmentReader);
+// its fragments' `source` is then null. Replica rule (SPEC.md,
 // "Replicas"): a replicated piece larger than `replica_split_bytes` is split into replica_count
 // near-equal element ranges, replica i writing range i; a smaller one is written whole by replica
 // XXH3-64(name || region) mod replica_count. Deterministic: every replica reaches the same answer.
-Result<RankSavePlan> PlanRankSave(const SaveRequest& request, uint64_t replica_split_bytes);
+Result<RankSavePlan> PlanRankSave(const SaveRequest& request, uint64_t replica_split_bytes,
+                                  bool require_data = true);
 
 struct RankWriteOptions {
   uint64_t step = 0;
@@ -55,9 +59,17 @@ struct RankWriteOptions {
 // changes.
 // With a codec, each chunk is encoded on the way (stored lengths and checksums of the stored bytes
 // go in the index). `objects` are the per-rank objects, written raw after the fragments.
+//
+// `reader`, when set, supplies the raw bytes of fragments whose `source` is null: it is called in
+// file order with consecutive ranges of at most chunk_bytes of one fragment's raw bytes (byte
+// offsets into the fragment) and must fill `dst` with exactly n bytes or fail; its error fails the
+// write. This is how the `lifeline` tool streams a conversion without holding the model in memory.
+using FragmentReader =
+    std::function<Status(const PlannedFragment& fragment, uint64_t raw_offset, uint64_t n, uint8_t* dst)>;
 Result<format::CheckpointIndex> WriteRankData(Env* env, const std::string& step_dir, const RankSavePlan& plan,
                                               const std::vector<std::pair<std::string, std::string>>& objects,
-                                              const std::string& metadata_json, const RankWriteOptions& options);
+                                              const std::string& metadata_json, const RankWriteOptions& options,
+                                              const FragmentReader& reader = nullptr);
 
 // The data-file image of a staged snapshot: the 4096-byte header, then every fragment's raw bytes
 // in plan order, then the objects. Offsets are those of the data file when no codec is used.

@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include "lib/src/env/io_queue_internal.h"
+#include "lib/src/memory_tier.h"
 #include "lifeline/checkpoint.h"
 #include "tests/integration/test_util.h"
 
@@ -461,6 +462,88 @@ TEST(MemoryTierTest, LoadPrefersTheTierOnlyWhenItIsAtLeastAsNewAsTheDisk) {
   EXPECT_FALSE(r->from_memory_tier);
   EXPECT_EQ(r->step, 3u);
   EXPECT_EQ(buf, WholeState(3).tensors[0].bytes);
+}
+
+// With the default tier root (in /dev/shm), the tier belongs to the checkpoint directory itself,
+// not to its path: a directory deleted and created again starts with no snapshot in memory.
+TEST(MemoryTierTest, ADirectoryCreatedAgainAtTheSamePathNeverLoadsTheOldSnapshots) {
+  TempDir dir;
+  CheckpointerOptions o = BaseOptions(dir.Sub("ckpt"));
+  o.run_id = "first";
+  o.memory_tier = true;  // default root
+  o.memory_tier_cleanup_on_close = false;
+  std::string first_root;
+  {
+    auto ckpt = Checkpointer::Open(o);
+    ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
+    first_root = (*ckpt)->memory_tier_directory();
+    ASSERT_EQ(first_root.rfind("/dev/shm/lifeline-", 0), 0u) << first_root;
+    WholeState state(7);
+    ASSERT_TRUE((*ckpt)->Save(7, state.Request()).WaitCommitted(30).ok());
+  }
+  ASSERT_TRUE(Env::Default()->FileExists(dir.Sub("ckpt") + "/lifeline.id"));
+
+  // The same directory, reopened: its identity is unchanged and the tier serves step 7.
+  o.run_id = "second";
+  {
+    auto ckpt = Checkpointer::Open(o);
+    ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
+    EXPECT_EQ((*ckpt)->memory_tier_directory(), first_root);
+    WholeState state(7);
+    LoadRequest req;
+    std::vector<uint8_t> buf(state.tensors[0].bytes.size());
+    req.tensors.push_back(TensorShard::Whole(state.tensors[0].name, state.tensors[0].dtype, state.tensors[0].shape, buf.data()));
+    auto r = (*ckpt)->Load(std::nullopt, req);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_TRUE(r->from_memory_tier);
+    EXPECT_EQ(r->step, 7u);
+  }
+
+  // rm -rf and mkdir: a new job there starts from nothing, and the old tier is gone.
+  ASSERT_TRUE(RemoveDirRecursively(Env::Default(), dir.Sub("ckpt")).ok());
+  o.run_id = "third";
+  o.memory_tier_cleanup_on_close = true;
+  auto ckpt = Checkpointer::Open(o);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
+  EXPECT_NE((*ckpt)->memory_tier_directory(), first_root);
+  EXPECT_FALSE(Env::Default()->IsDirectory(first_root)) << "the deleted directory's tier was left behind";
+  auto tier = (*ckpt)->ListMemoryTier();
+  ASSERT_TRUE(tier.ok());
+  EXPECT_TRUE(tier->empty());
+  WholeState state(7);
+  LoadRequest req;
+  std::vector<uint8_t> buf(state.tensors[0].bytes.size());
+  req.tensors.push_back(TensorShard::Whole(state.tensors[0].name, state.tensors[0].dtype, state.tensors[0].shape, buf.data()));
+  auto r = (*ckpt)->Load(std::nullopt, req);
+  EXPECT_FALSE(r.ok()) << "loaded step " << r->step << " of the deleted directory";
+  const std::string second_root = (*ckpt)->memory_tier_directory();
+  ckpt->reset();
+  RemoveDirRecursively(Env::Default(), second_root).IgnoreError();
+}
+
+// Ranks opening a new directory at the same moment agree on one identity.
+TEST(MemoryTierTest, ConcurrentRanksAgreeOnTheDirectoryIdentity) {
+  TempDir dir;
+  ASSERT_TRUE(Env::Default()->CreateDir(dir.Sub("ckpt")).ok());
+  std::vector<std::string> ids(8);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    threads.emplace_back([&, i] {
+      auto id = CheckpointDirectoryId(Env::Default(), dir.Sub("ckpt"), /*create=*/true);
+      ids[i] = id.ok() ? *id : id.status().ToString();
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(ids[0].size(), 32u) << ids[0];
+  for (const std::string& id : ids) EXPECT_EQ(id, ids[0]);
+  EXPECT_EQ(ListDir(dir.Sub("ckpt")), std::vector<std::string>{"lifeline.id"}) << "a temporary file was left behind";
+
+  // A damaged identity is reported, naming the file.
+  ASSERT_TRUE(WriteWholeFile(dir.Sub("ckpt") + "/lifeline.id", "not an id\n"));
+  auto bad = CheckpointDirectoryId(Env::Default(), dir.Sub("ckpt"), /*create=*/true);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_TRUE(bad.status().IsCorruption());
+  EXPECT_NE(bad.status().message().find("lifeline.id"), std::string::npos) << bad.status().ToString();
 }
 
 TEST(MemoryTierTest, PreparingStagingAfterARestartKeepsTheTierSnapshot) {

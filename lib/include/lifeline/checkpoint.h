@@ -175,7 +175,9 @@ struct CheckpointerOptions {
   // finished. Load prefers the memory tier when its newest complete step is at least as new as the
   // disk's. Needs every rank of the saved job on this node to be complete (single-node jobs).
   bool memory_tier = false;
-  // Empty: /dev/shm/lifeline-<uid>/<hash of the checkpoint directory's absolute path>.
+  // Empty: /dev/shm/lifeline-<uid>/<hash of the checkpoint directory's real path and identity>.
+  // The identity is a random id kept in <directory>/lifeline.id (written by the first rank), so a
+  // directory that is deleted and created again never loads the old directory's snapshots.
   std::string memory_tier_directory;
   // On orderly destruction, remove this rank's snapshots from the memory tier once they are durable
   // on disk (false keeps them, e.g. for a process that is about to be restarted on purpose).

@@ -141,6 +141,13 @@ class Env {
   virtual Status RemoveDir(const std::string& path) = 0;
   // Atomically replaces `to` with `from` (rename(2)).
   virtual Status RenameFile(const std::string& from, const std::string& to) = 0;
+  // Renames `from` to `to` only if `to` does not exist: AlreadyExists otherwise, and `from` stays.
+  // Atomic in the POSIX Env (renameat2 RENAME_NOREPLACE, else link + unlink); the default checks
+  // FileExists first, which is enough for single-process test Envs.
+  virtual Status RenameFileNoReplace(const std::string& from, const std::string& to) {
+    if (FileExists(to)) return Status::AlreadyExists(to);
+    return RenameFile(from, to);
+  }
   // Names (not paths) of the entries of a directory, without "." and "..", in no order.
   virtual Result<std::vector<std::string>> GetChildren(const std::string& dir) = 0;
   virtual bool FileExists(const std::string& path) = 0;
@@ -171,6 +178,9 @@ class EnvWrapper : public Env {
   Status RemoveDir(const std::string& path) override { return target_->RemoveDir(path); }
   Status RenameFile(const std::string& from, const std::string& to) override {
     return target_->RenameFile(from, to);
+  }
+  Status RenameFileNoReplace(const std::string& from, const std::string& to) override {
+    return target_->RenameFileNoReplace(from, to);
   }
   Result<std::vector<std::string>> GetChildren(const std::string& dir) override {
     return target_->GetChildren(dir);
@@ -218,7 +228,7 @@ class FaultInjectionEnv : public EnvWrapper {
   void FailWritesAfterBytes(int64_t bytes);
   // Every Sync() and SyncDir() fails while set.
   void FailSyncs(bool fail);
-  // Every RenameFile fails while set.
+  // Every RenameFile and RenameFileNoReplace fails while set.
   void FailRenames(bool fail);
   // Only paths containing this substring are affected by the knobs above (empty: all paths).
   void RestrictToPathsContaining(std::string substring);
@@ -226,6 +236,7 @@ class FaultInjectionEnv : public EnvWrapper {
   Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path,
                                                         const FileOptions& options) override;
   Status RenameFile(const std::string& from, const std::string& to) override;
+  Status RenameFileNoReplace(const std::string& from, const std::string& to) override;
   Status SyncDir(const std::string& dir) override;
   Result<std::unique_ptr<IoQueue>> NewIoQueue(const IoQueueOptions& options) override;
 

@@ -100,6 +100,13 @@ Status FaultInjectionEnv::RenameFile(const std::string& from, const std::string&
   return target()->RenameFile(from, to);
 }
 
+Status FaultInjectionEnv::RenameFileNoReplace(const std::string& from, const std::string& to) {
+  if (state_->fail_renames.load() && (state_->Matches(from) || state_->Matches(to))) {
+    return Status::FromErrno(EIO, from + " -> " + to + " (injected rename failure)");
+  }
+  return target()->RenameFileNoReplace(from, to);
+}
+
 Status FaultInjectionEnv::SyncDir(const std::string& dir) {
   if (state_->fail_syncs.load() && state_->Matches(dir)) {
     return Status::FromErrno(EIO, dir + " (injected fsync failure)");

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <string>
 
 #include "lib/src/env/io_queue_internal.h"
@@ -212,6 +213,18 @@ class PosixEnv final : public Env {
 
   Status RenameFile(const std::string& from, const std::string& to) override {
     return ::rename(from.c_str(), to.c_str()) < 0 ? Status::FromErrno(errno, from + " -> " + to) : Status::OK();
+  }
+
+  Status RenameFileNoReplace(const std::string& from, const std::string& to) override {
+    if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE) == 0) return Status::OK();
+    if (errno == EEXIST) return Status::AlreadyExists(to);
+    if (errno != EINVAL && errno != ENOSYS) return Status::FromErrno(errno, from + " -> " + to);
+    // The file system cannot rename without replacing: a hard link fails on an existing name too.
+    if (::link(from.c_str(), to.c_str()) != 0) {
+      return errno == EEXIST ? Status::AlreadyExists(to) : Status::FromErrno(errno, from + " -> " + to);
+    }
+    ::unlink(from.c_str());
+    return Status::OK();
   }
 
   Result<std::vector<std::string>> GetChildren(const std::string& dir) override {

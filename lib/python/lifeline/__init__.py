@@ -1,0 +1,303 @@
+"""Lifeline: lazy, resharding checkpoints and supervision for distributed training.
+
+    import lifeline
+    ckpt = lifeline.Checkpointer("/ckpt/run7", rank=rank, world_size=world, memory_tier=True, keep_last=3)
+    step = ckpt.load(state)            # newest complete checkpoint, any world size; None when there is none
+    lifeline.guard_optimizer(optimizer, ckpt)
+    for step in range(...):
+        with lifeline.trace.step(step):
+            loss = model(batch); loss.backward()
+            optimizer.step()           # waits for the snapshot of the last save first
+            if step % 100 == 0:
+                ckpt.save(step, state) # returns at once; the state is copied while training goes on
+
+`state` is a tree of dicts and lists whose tensors (or lifeline.Shard pieces of global tensors) are
+saved zero-copy in Lifeline's universal format and whose other leaves are kept per rank. See the
+README, section "Python".
+"""
+
+import json as _json
+import os as _os
+
+from . import _lifeline
+from . import trace
+from ._state import Shard
+from . import _state
+
+Error = _lifeline.Error
+
+__all__ = ["Checkpointer", "Ticket", "Shard", "Error", "trace", "guard_optimizer"]
+
+
+class Ticket:
+    """A save in flight. Copies of it refer to the same save; dropping it never cancels the save."""
+
+    def __init__(self, impl, names):
+        self._impl = impl
+        self._names = names  # tensor path -> index in the request
+
+    @property
+    def step(self):
+        return self._impl.step
+
+    def wait_snapshot(self):
+        """Blocks until this rank's state is copied; then the tensors may be mutated.
+
+        Raises lifeline.Error if the save failed or was skipped (the tensors are not read any more)."""
+        self._impl.wait_snapshot()
+
+    def wait_tensor(self, path):
+        """Blocks until the tensor at `path` ("optim.3.exp_avg") is copied, so it alone may be mutated."""
+        try:
+            index = self._names[path]
+        except KeyError:
+            raise KeyError(f"no tensor {path!r} in the save of step {self.step}") from None
+        self._impl.wait_tensor(index)
+
+    def wait_persisted(self):
+        """Blocks until this rank's data and index are durable."""
+        self._impl.wait_persisted()
+
+    def wait_committed(self, timeout=600.0):
+        """Blocks until every rank's part is durable and the checkpoint is visible."""
+        self._impl.wait_committed(float(timeout))
+
+    def wait(self, timeout=600.0):
+        """Persisted and committed; raises lifeline.Error on failure (naming the file, rank or step)."""
+        self._impl.wait_committed(float(timeout))
+
+    def progress(self):
+        """A dict, without blocking: step, phase (copying/persisting/persisted/committed/failed/skipped),
+        error (None or the message), bytes_total, bytes_copied, bytes_stored, stall_seconds,
+        snapshot_seconds, persist_seconds, staged, memory_tier."""
+        return self._impl.progress()
+
+    @property
+    def phase(self):
+        return self._impl.progress()["phase"]
+
+    def error(self):
+        """None while the save is fine, else the error message; never blocks."""
+        return self._impl.progress()["error"]
+
+    def done(self):
+        return self._impl.progress()["phase"] in ("persisted", "committed", "failed", "skipped")
+
+    def __repr__(self):
+        p = self._impl.progress()
+        return f"<lifeline.Ticket step={p['step']} {p['phase']}{' ' + p['error'] if p['error'] else ''}>"
+
+
+def _env_int(*names):
+    for n in names:
+        v = _os.environ.get(n)
+        if v not in (None, ""):
+            return int(v)
+    return None
+
+
+class Checkpointer:
+    """Saves and loads this rank's share of the training state.
+
+    Checkpointer(directory, rank=None, world_size=None, **options): rank and world_size default to
+    RANK and WORLD_SIZE from the environment (torchrun, lifeline-agent), else 0 and 1. Options:
+    keep_last, memory_tier, memory_tier_directory, memory_tier_cleanup_on_close, codec (None, "zstd",
+    "zstd-bytegroup"), codec_level, staging_budget_bytes, staging_slots, busy_policy ("wait", "skip"),
+    copy_threads, background_nice, direct_io, drain_directory, drain_keep_last, run_id, chunk_bytes,
+    write_block_bytes, save_memory_budget, load_memory_budget, queue_depth, replica_split_bytes,
+    register_buffers, fault_injection (enables inject_faults, for tests). Each has the meaning of the
+    C++ CheckpointerOptions field of the same name.
+    """
+
+    def __init__(self, directory, rank=None, world_size=None, **options):
+        if rank is None:
+            rank = _env_int("RANK") or 0
+        if world_size is None:
+            world_size = _env_int("WORLD_SIZE") or 1
+        self.directory = str(directory)
+        self.rank = int(rank)
+        self.world_size = int(world_size)
+        self._impl = _lifeline.Checkpointer(self.directory, self.rank, self.world_size, options)
+        self._pending = []        # tickets whose snapshot may still read the caller's tensors
+        self._last = None
+        self._announced = False   # process_start sent to the agent
+        self.last_load = None
+
+    # ---- saving ----
+
+    def _request(self, state):
+        specs, keep, objects, names = [], [], [], {}
+        for path, leaf in _state.walk(state):
+            if isinstance(leaf, Shard) or _state.is_tensor(leaf):
+                spec, buffer = _state.tensor_spec(path, leaf)
+                names[path] = len(specs)
+                specs.append(spec)
+                keep.append(buffer)
+            else:
+                objects.append((path, _state.encode_object(path, leaf)))
+        return specs, keep, objects, names
+
+    def save(self, step, state, metadata=None):
+        """Starts saving `state` as step `step` and returns a Ticket at once.
+
+        The tensors are read in the background: do not mutate them before ticket.wait_snapshot()
+        (or use guard_optimizer). Errors (a bad request, I/O failures, a step already committed)
+        are raised by the ticket's waits; earlier checkpoints are never harmed by a failed save."""
+        self._prune()
+        specs, keep, objects, names = self._request(state)
+        meta = _json.dumps(metadata) if metadata is not None else ""
+        impl = self._impl.save(int(step), specs, objects, meta, keep)
+        self._pending.append(impl)
+        self._last = Ticket(impl, names)
+        return self._last
+
+    def prepare_staging(self, state):
+        """Sizes and faults in the host staging memory for saves shaped like `state`, so the first
+        checkpoints cost what later ones do. Call once at start-up; the tensors are not read."""
+        specs, _keep, objects, _names = self._request(state)
+        self._impl.prepare_staging(specs, objects, "")
+
+    def wait_snapshot(self):
+        """Waits until no save reads the caller's tensors any more (guard_optimizer calls this)."""
+        pending, self._pending = self._pending, []
+        errors = []
+        for impl in pending:
+            try:
+                impl.wait_snapshot()
+            except Error as e:  # a failed save has let go of the tensors too; report it via its ticket
+                errors.append(e)
+        return errors
+
+    def _prune(self):
+        self._pending = [t for t in self._pending if not t.snapshot_done()]
+
+    @property
+    def last_ticket(self):
+        return self._last
+
+    # ---- loading ----
+
+    def load(self, state, step=None, objects_of_rank=None, strict_objects=False):
+        """Fills the tensors of `state` in place from step `step` (default: the newest complete
+        checkpoint, from the memory tier when it is at least as new as the disk's) and puts the
+        saved non-tensor leaves back into their containers. Returns the step, or None when there is
+        no complete checkpoint. The checkpoint may have been saved with any world size and layout:
+        each tensor or Shard gets its region of the stored global tensor. `last_load` then holds
+        step, from_memory_tier, saved_world_size, bytes_read, metadata and missing_objects."""
+        specs, targets, contiguous = [], {}, {}
+        for path, leaf in _state.walk(state):
+            if not (isinstance(leaf, Shard) or _state.is_tensor(leaf)):
+                continue
+            t = leaf.tensor if isinstance(leaf, Shard) else leaf
+            spec, buffer = _state.tensor_spec(path, leaf)
+            specs.append(spec)
+            targets[path] = t
+            if buffer is not t:
+                contiguous[path] = buffer
+        result = self._impl.load(None if step is None else int(step), specs, objects_of_rank)
+        if result is None:  # no complete checkpoint anywhere: a fresh start
+            self.last_load = None
+            self._announce(None)
+            return None
+
+        def tensor_done(path):
+            if path in contiguous:
+                targets[path].copy_(contiguous[path]) if hasattr(targets[path], "copy_") \
+                    else targets[path].__setitem__(Ellipsis, contiguous[path])
+        missing = []
+        objects = dict(result["objects"])
+        _state.restore(state, tensor_done, objects, missing)
+        if strict_objects and missing:
+            raise Error(f"NotFound: step {result['step']} holds no per-rank object for {', '.join(missing)}")
+        meta = result["metadata_json"]
+        self.last_load = {
+            "step": result["step"],
+            "from_memory_tier": result["from_memory_tier"],
+            "saved_world_size": result["saved_world_size"],
+            "bytes_read": result["bytes_read"],
+            "metadata": _json.loads(meta) if meta else None,
+            "missing_objects": missing,
+        }
+        self._announce(result["step"])
+        return result["step"]
+
+    def _announce(self, step):
+        # Tells lifeline-agent (if any) that this process has resumed, once: it times restarts by it.
+        if not self._announced:
+            self._announced = True
+            trace.process_start(step)
+
+    # ---- housekeeping ----
+
+    def latest_step(self):
+        """The newest complete step on disk, or None."""
+        return self._impl.latest_step()
+
+    def list(self, memory_tier=False):
+        """Every checkpoint under the directory (or in the memory tier), newest first, as dicts."""
+        return self._impl.list(bool(memory_tier))
+
+    def flush(self):
+        """Waits until every save so far is persisted; raises the first error among them."""
+        self._impl.flush()
+        self._pending = []
+
+    def collect_garbage(self):
+        self._impl.collect_garbage()
+
+    def wait_for_commit(self, step, timeout=600.0):
+        self._impl.wait_for_commit(int(step), float(timeout))
+
+    @property
+    def memory_tier_directory(self):
+        return self._impl.memory_tier_directory
+
+    def inject_faults(self, fail_writes_after_bytes=-1, fail_syncs=False, fail_renames=False, paths_containing=""):
+        """For tests: writes fail with ENOSPC after N more bytes, syncs or renames fail. Needs
+        fault_injection=True at construction. Call with no arguments to heal."""
+        self._impl.inject_faults(int(fail_writes_after_bytes), bool(fail_syncs), bool(fail_renames),
+                                 str(paths_containing))
+
+    def close(self):
+        """Waits for every save to be persisted, then releases the staging memory. Idempotent."""
+        if not self._impl.closed:
+            self._impl.close()
+        self._pending = []
+
+    @property
+    def closed(self):
+        return self._impl.closed
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __repr__(self):
+        return f"<lifeline.Checkpointer {self.directory!r} rank {self.rank}/{self.world_size}>"
+
+
+def guard_optimizer(optimizer, checkpointer):
+    """Makes optimizer.step() wait for the snapshots of `checkpointer`'s pending saves first, so a
+    lazy save never sees a half-updated state. Returns a handle whose remove() undoes it."""
+    def before_step(*_args, **_kwargs):
+        checkpointer.wait_snapshot()
+
+    if hasattr(optimizer, "register_step_pre_hook"):  # torch >= 2.0
+        return optimizer.register_step_pre_hook(lambda opt, args, kwargs: before_step())
+
+    original = optimizer.step
+
+    def step(*args, **kwargs):
+        before_step()
+        return original(*args, **kwargs)
+
+    optimizer.step = step
+
+    class _Handle:
+        def remove(self):
+            if optimizer.step is step:
+                optimizer.step = original
+    return _Handle()

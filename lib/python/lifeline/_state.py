@@ -1,0 +1,315 @@
+"""Walking a training state: tensors and Shards become tensor descriptions, the rest per-rank objects.
+
+A state is a tree of dicts, lists and tuples. Its leaves are:
+  * tensors (torch, or numpy arrays) and lifeline.Shard: saved in Lifeline's sharded format, by
+    the path of the leaf ("model.layers.0.weight", "optim.3.exp_avg"), zero-copy;
+  * everything else (numbers, strings, bytes, None, and containers holding no tensor): a per-rank
+    object stored under its path, encoded as tagged JSON. Never pickle: loading a checkpoint must
+    not run code from it.
+Paths join dict keys (str or int) and list indices with ".".
+"""
+
+import base64
+import json
+import math
+
+from . import _lifeline
+
+try:  # torch is optional: numpy arrays work without it.
+    import torch
+except ImportError:  # pragma: no cover - exercised only where torch is absent
+    torch = None
+
+try:
+    import numpy
+except ImportError:  # pragma: no cover
+    numpy = None
+
+
+class Shard:
+    """A piece of a global tensor held by this rank.
+
+    Shard(t, global_shape=G, offsets=O)             a block of G at offsets O, of t's shape (tensor parallel)
+    Shard(t, global_shape=G, flat_range=(b, e))     elements [b, e) of G flattened (ZeRO / FSDP)
+    Shard(t, global_shape=G, offsets=O, shape=S, flat_range=(b, e))
+                                                   elements [b, e) of the block (O, S) flattened
+    Shard(t, ..., replica=(i, n))                   copy i of n identical copies (data parallel):
+                                                   written once, by a replica every rank picks alike
+    With neither offsets nor flat_range, t is the whole tensor (global_shape defaults to t's shape).
+    """
+
+    __slots__ = ("tensor", "global_shape", "offsets", "shape", "flat_range", "replica")
+
+    def __init__(self, tensor, global_shape=None, offsets=None, flat_range=None, replica=None, shape=None):
+        tshape = tuple(int(d) for d in tensor.shape)
+        numel = _numel(tshape)
+        self.tensor = tensor
+        self.global_shape = tuple(int(d) for d in (global_shape if global_shape is not None else tshape))
+        self.offsets = tuple(int(o) for o in offsets) if offsets is not None else None
+        self.flat_range = (int(flat_range[0]), int(flat_range[1])) if flat_range is not None else None
+        if replica is None:
+            replica = (0, 1)
+        self.replica = (int(replica[0]), int(replica[1]))
+        if not 0 <= self.replica[0] < self.replica[1]:
+            raise ValueError(f"Shard: replica={replica} must be (index, count) with 0 <= index < count")
+        if self.offsets is not None and len(self.offsets) != len(self.global_shape):
+            raise ValueError(f"Shard: offsets {self.offsets} and global_shape {self.global_shape} differ in rank")
+        if self.flat_range is None:
+            # The tensor is the block itself (or the whole tensor).
+            if shape is not None and tuple(shape) != tshape:
+                raise ValueError(f"Shard: shape={tuple(shape)} differs from the tensor's shape {tshape}")
+            self.shape = tshape if self.offsets is not None else self.global_shape
+            if self.offsets is None and tshape != self.global_shape and numel != _numel(self.global_shape):
+                raise ValueError(f"Shard: a tensor of shape {tshape} without offsets or flat_range must be the "
+                                 f"whole global tensor {self.global_shape}")
+            if self.offsets is not None and len(tshape) != len(self.global_shape):
+                raise ValueError(f"Shard: tensor shape {tshape} and global_shape {self.global_shape} differ in rank")
+        else:
+            b, e = self.flat_range
+            if self.offsets is None:
+                self.shape = self.global_shape
+            else:
+                if shape is None:
+                    raise ValueError("Shard: offsets with flat_range needs shape=, the block's shape")
+                self.shape = tuple(int(d) for d in shape)
+            if not 0 <= b <= e <= _numel(self.shape):
+                raise ValueError(f"Shard: flat_range {self.flat_range} outside the {_numel(self.shape)} elements "
+                                 f"of the block")
+            if e - b != numel:
+                raise ValueError(f"Shard: flat_range {self.flat_range} holds {e - b} elements but the tensor has "
+                                 f"{numel}")
+
+    def __repr__(self):
+        parts = [f"global_shape={self.global_shape}"]
+        if self.offsets is not None:
+            parts.append(f"offsets={self.offsets}")
+        if self.flat_range is not None:
+            parts.append(f"flat_range={self.flat_range}")
+        if self.replica != (0, 1):
+            parts.append(f"replica={self.replica}")
+        return f"Shard({', '.join(parts)})"
+
+    def geometry(self):
+        """(global_shape, offsets, shape, flat_begin, flat_end) as the C++ TensorShard wants them."""
+        offsets = self.offsets if self.offsets is not None else (0,) * len(self.global_shape)
+        if self.flat_range is not None:
+            b, e = self.flat_range
+        else:
+            b, e = 0, _numel(self.shape)
+        return list(self.global_shape), list(offsets), list(self.shape), b, e
+
+
+def _numel(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+# ---- dtypes ----------------------------------------------------------------------------------------
+
+_TORCH_DTYPES = {}
+if torch is not None:
+    for _name, _ll in [("float64", "f64"), ("float32", "f32"), ("float16", "f16"), ("bfloat16", "bf16"),
+                       ("float8_e4m3fn", "f8e4m3"), ("float8_e5m2", "f8e5m2"), ("int64", "i64"),
+                       ("int32", "i32"), ("int16", "i16"), ("int8", "i8"), ("uint8", "u8"), ("bool", "bool")]:
+        if hasattr(torch, _name):
+            _TORCH_DTYPES[getattr(torch, _name)] = _ll
+
+_NUMPY_DTYPES = {"float64": "f64", "float32": "f32", "float16": "f16", "int64": "i64", "int32": "i32",
+                 "int16": "i16", "int8": "i8", "uint8": "u8", "bool": "bool"}
+
+
+def is_tensor(x):
+    return (torch is not None and isinstance(x, torch.Tensor)) or (numpy is not None and isinstance(x, numpy.ndarray))
+
+
+def _dtype_name(t, path):
+    if torch is not None and isinstance(t, torch.Tensor):
+        name = _TORCH_DTYPES.get(t.dtype)
+    else:
+        name = _NUMPY_DTYPES.get(str(t.dtype))
+    if name is None:
+        raise TypeError(f"state[{path!r}]: dtype {t.dtype} is not one Lifeline stores "
+                        f"(float64/32/16, bfloat16, float8, int64/32/16/8, uint8, bool)")
+    return name
+
+
+def _check_host(t, path):
+    if torch is not None and isinstance(t, torch.Tensor):
+        if t.device.type != "cpu":
+            raise TypeError(f"state[{path!r}]: a {t.device.type} tensor; this build of Lifeline snapshots host "
+                            f"memory only (move it with .cpu(), or build with the CUDA copy engine)")
+        if t.is_sparse or t.layout != torch.strided:
+            raise TypeError(f"state[{path!r}]: only dense (strided) tensors can be saved")
+
+
+def _contiguous(t):
+    if torch is not None and isinstance(t, torch.Tensor):
+        return t if t.is_contiguous() else t.contiguous()
+    return t if t.flags["C_CONTIGUOUS"] else numpy.ascontiguousarray(t)
+
+
+def _address(t):
+    if torch is not None and isinstance(t, torch.Tensor):
+        return t.data_ptr()
+    return t.ctypes.data
+
+
+def _writable_view(t):
+    """The tensor to load into and, when it is not contiguous, the contiguous buffer to use instead."""
+    c = _contiguous(t)
+    return c, (c is not t)
+
+
+# ---- walking -----------------------------------------------------------------------------------------
+
+def _has_tensor(x):
+    if isinstance(x, Shard) or is_tensor(x):
+        return True
+    if isinstance(x, dict):
+        return any(_has_tensor(v) for v in x.values())
+    if isinstance(x, (list, tuple)):
+        return any(_has_tensor(v) for v in x)
+    return False
+
+
+def _join(prefix, key):
+    if isinstance(key, bool) or not isinstance(key, (str, int)):
+        raise TypeError(f"state[{prefix!r}]: key {key!r} is a {type(key).__name__}; keys must be str or int")
+    return f"{prefix}.{key}" if prefix else str(key)
+
+
+def walk(state):
+    """Yields (path, leaf) for every tensor/Shard leaf and every object leaf (containers without tensors)."""
+    def visit(x, path):
+        if isinstance(x, Shard) or is_tensor(x):
+            yield path, x
+        elif isinstance(x, dict) and _has_tensor(x):
+            for k, v in x.items():
+                yield from visit(v, _join(path, k))
+        elif isinstance(x, (list, tuple)) and _has_tensor(x):
+            for i, v in enumerate(x):
+                yield from visit(v, _join(path, i))
+        else:
+            if not path:
+                raise TypeError("the state must be a dict or list holding tensors")
+            yield path, x
+    if not isinstance(state, (dict, list)):
+        raise TypeError(f"the state must be a dict or a list, not {type(state).__name__}")
+    yield from visit(state, "")
+
+
+def tensor_spec(path, leaf):
+    """The C++ description of a tensor leaf for saving, and the object whose memory it reads."""
+    if isinstance(leaf, Shard):
+        t = leaf.tensor
+        _check_host(t, path)
+        global_shape, offsets, shape, b, e = leaf.geometry()
+        ri, rc = leaf.replica
+    else:
+        t = leaf
+        _check_host(t, path)
+        global_shape = [int(d) for d in t.shape]
+        offsets, shape, b, e = [0] * len(global_shape), list(global_shape), 0, _numel(global_shape)
+        ri, rc = 0, 1
+    if not is_tensor(t):
+        raise TypeError(f"state[{path!r}]: Shard wraps a {type(t).__name__}, not a tensor")
+    if _numel(t.shape) != e - b:
+        raise ValueError(f"state[{path!r}]: the tensor has {_numel(t.shape)} elements, its Shard describes {e - b}")
+    c = _contiguous(t)
+    spec = (path, _dtype_name(t, path), global_shape, offsets, shape, b, e, ri, rc, _address(c) if e > b else 0)
+    return spec, c
+
+
+# ---- per-rank objects: tagged JSON -----------------------------------------------------------------------
+
+def _to_json(x, path):
+    if x is None or isinstance(x, (bool, str)):
+        return x
+    if isinstance(x, int):
+        return x
+    if isinstance(x, float):
+        if math.isfinite(x):
+            return x
+        return {"__float__": repr(x)}
+    if isinstance(x, (bytes, bytearray)):
+        return {"__bytes__": base64.b64encode(bytes(x)).decode("ascii")}
+    if isinstance(x, tuple):
+        return {"__tuple__": [_to_json(v, path) for v in x]}
+    if isinstance(x, list):
+        return [_to_json(v, path) for v in x]
+    if isinstance(x, dict):
+        items = []
+        for k, v in x.items():
+            if isinstance(k, bool) or not isinstance(k, (str, int)):
+                raise TypeError(f"state[{path!r}]: dict key {k!r} is a {type(k).__name__}; keys must be str or int")
+            items.append([k, _to_json(v, path)])
+        return {"__dict__": items}
+    if numpy is not None and isinstance(x, numpy.generic):
+        return _to_json(x.item(), path)
+    raise TypeError(f"state[{path!r}]: cannot save a {type(x).__name__} (leaves must be tensors, lifeline.Shard, "
+                    f"numbers, strings, bytes, None, or lists/tuples/dicts of those)")
+
+
+def _from_json(j):
+    if isinstance(j, list):
+        return [_from_json(v) for v in j]
+    if isinstance(j, dict):
+        if "__tuple__" in j:
+            return tuple(_from_json(v) for v in j["__tuple__"])
+        if "__dict__" in j:
+            return {k: _from_json(v) for k, v in j["__dict__"]}
+        if "__bytes__" in j:
+            return base64.b64decode(j["__bytes__"])
+        if "__float__" in j:
+            return float(j["__float__"])
+        raise ValueError(f"unknown tag in a stored object: {sorted(j)}")
+    return j
+
+
+def encode_object(path, value):
+    return json.dumps(_to_json(value, path), separators=(",", ":"), allow_nan=False).encode("utf-8")
+
+
+def decode_object(path, data):
+    try:
+        return _from_json(json.loads(data.decode("utf-8")))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise _lifeline.Error(f"Corruption: per-rank object {path!r} cannot be decoded: {e}") from None
+
+
+# ---- restoring ------------------------------------------------------------------------------------------
+
+def restore(state, tensor_done, objects, missing):
+    """Puts loaded objects back into `state` in place; tensors were filled by the load already.
+
+    `tensor_done(path)` finishes a tensor leaf (copying from a contiguous buffer when needed).
+    `objects` maps path -> bytes. Object leaves absent from the checkpoint keep their value and are
+    listed in `missing`.
+    """
+    def visit(x, path):
+        if isinstance(x, Shard) or is_tensor(x):
+            tensor_done(path)
+            return x
+        if isinstance(x, dict) and _has_tensor(x):
+            for k in list(x.keys()):
+                x[k] = visit(x[k], _join(path, k))
+            return x
+        if isinstance(x, list) and _has_tensor(x):
+            for i in range(len(x)):
+                x[i] = visit(x[i], _join(path, i))
+            return x
+        if isinstance(x, tuple) and _has_tensor(x):
+            return type(x)(*[visit(v, _join(path, i)) for i, v in enumerate(x)]) if hasattr(x, "_fields") \
+                else tuple(visit(v, _join(path, i)) for i, v in enumerate(x))
+        if path in objects:
+            return decode_object(path, objects[path])
+        missing.append(path)
+        return x
+    if isinstance(state, dict):
+        for k in list(state.keys()):
+            state[k] = visit(state[k], _join("", k))
+    else:
+        for i in range(len(state)):
+            state[i] = visit(state[i], _join("", i))

@@ -1,0 +1,471 @@
+// lifeline._lifeline: the Python extension under the `lifeline` package.
+//
+// A thin layer over the C++ API. It knows nothing about torch: the Python side (lifeline/_state.py)
+// walks the state, and hands this module plain descriptions of memory (a dtype name, shapes, and
+// the address of the tensor's first element). The tensors themselves are never copied or pickled
+// here: the Checkpointer reads them in place, in the background, which is why every ticket keeps a
+// reference to the Python objects that own that memory until its snapshot is complete.
+//
+// Every call that may block (Save under the "wait" policy, every Wait*, Load, Flush, close)
+// releases the GIL, so other Python threads (a data loader, a heartbeat) keep running.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "lifeline/checkpoint.h"
+#include "lifeline/dtype.h"
+#include "lifeline/env.h"
+#include "lifeline/status.h"
+#include "lifeline/trace.h"
+
+namespace py = pybind11;
+
+namespace lifeline::python {
+namespace {
+
+// lifeline.Error, created at import. Carries `code` ("IOError", "NotFound", ...) besides the message.
+PyObject* g_error = nullptr;
+
+[[noreturn]] void Raise(const Status& s) {
+  py::object err = py::reinterpret_borrow<py::object>(g_error)(py::str(s.ToString()));
+  err.attr("code") = py::str(StatusCodeName(s.code()));
+  PyErr_SetObject(g_error, err.ptr());
+  throw py::error_already_set();
+}
+
+void Check(const Status& s) {
+  if (!s.ok()) Raise(s);
+}
+
+// One tensor as the Python side describes it:
+// (name, dtype, global_shape, offsets, shape, flat_begin, flat_end, replica_index, replica_count, address)
+using TensorSpec = std::tuple<std::string, std::string, std::vector<int64_t>, std::vector<int64_t>,
+                              std::vector<int64_t>, int64_t, int64_t, uint32_t, uint32_t, uintptr_t>;
+
+std::vector<TensorShard> ToShards(const std::vector<TensorSpec>& specs) {
+  std::vector<TensorShard> out;
+  out.reserve(specs.size());
+  for (const TensorSpec& s : specs) {
+    const std::string& dtype_name = std::get<1>(s);
+    std::optional<DType> dtype = ParseDType(dtype_name);
+    if (!dtype) {
+      throw py::value_error("tensor " + std::get<0>(s) + ": dtype " + dtype_name + " is not one Lifeline stores");
+    }
+    TensorShard t;
+    t.name = std::get<0>(s);
+    t.dtype = *dtype;
+    t.global_shape = std::get<2>(s);
+    t.offsets = std::get<3>(s);
+    t.shape = std::get<4>(s);
+    t.flat_begin = std::get<5>(s);
+    t.flat_end = std::get<6>(s);
+    t.replica_index = std::get<7>(s);
+    t.replica_count = std::get<8>(s);
+    t.data = reinterpret_cast<void*>(std::get<9>(s));
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+SaveRequest ToSaveRequest(const std::vector<TensorSpec>& specs,
+                          const std::vector<std::pair<std::string, py::bytes>>& objects,
+                          const std::string& metadata_json) {
+  SaveRequest req;
+  req.tensors = ToShards(specs);
+  for (const auto& [name, value] : objects) req.objects.emplace_back(name, std::string(value));
+  req.metadata_json = metadata_json;
+  return req;
+}
+
+py::dict ProgressDict(const SaveProgress& p) {
+  py::dict d;
+  d["step"] = p.step;
+  d["phase"] = SavePhaseName(p.phase);
+  d["error"] = p.status.ok() ? py::object(py::none()) : py::object(py::str(p.status.ToString()));
+  d["bytes_total"] = p.bytes_total;
+  d["bytes_copied"] = p.bytes_copied;
+  d["bytes_stored"] = p.bytes_stored;
+  d["stall_seconds"] = p.stall_seconds;
+  d["snapshot_seconds"] = p.snapshot_seconds;
+  d["persist_seconds"] = p.persist_seconds;
+  d["staged"] = p.staged;
+  d["memory_tier"] = p.memory_tier;
+  return d;
+}
+
+py::dict InfoDict(const CheckpointInfo& i) {
+  py::dict d;
+  d["step"] = i.step;
+  d["complete"] = i.complete;
+  d["world_size"] = i.world_size;
+  d["ranks_present"] = i.ranks_present;
+  d["bytes"] = i.bytes;
+  d["created_unix_ns"] = i.created_unix_ns;
+  d["directory"] = i.directory;
+  d["problem"] = i.problem;
+  return d;
+}
+
+// A save in flight. Holds the Python objects whose memory the save reads until its snapshot is
+// complete; after that they are let go, so the caller's tensors are not kept alive by old tickets.
+class Ticket {
+ public:
+  Ticket(SaveTicket ticket, py::object keepalive) : ticket_(std::move(ticket)), keepalive_(std::move(keepalive)) {}
+
+  uint64_t step() const { return ticket_.step(); }
+
+  void WaitSnapshot() {
+    Status s;
+    {
+      py::gil_scoped_release release;
+      s = ticket_.WaitSnapshot();
+    }
+    // Copied, failed or skipped: in every case the library no longer reads the tensors.
+    keepalive_ = py::none();
+    Check(s);
+  }
+  void WaitTensor(size_t i) {
+    Status s;
+    {
+      py::gil_scoped_release release;
+      s = ticket_.WaitTensor(i);
+    }
+    Check(s);
+  }
+  bool TensorCopied(size_t i) const { return ticket_.TensorCopied(i); }
+  void WaitPersisted() {
+    WaitSnapshot();
+    Status s;
+    {
+      py::gil_scoped_release release;
+      s = ticket_.WaitPersisted();
+    }
+    Check(s);
+  }
+  void WaitCommitted(double timeout_seconds) {
+    WaitPersisted();
+    Status s;
+    {
+      py::gil_scoped_release release;
+      s = ticket_.WaitCommitted(timeout_seconds);
+    }
+    Check(s);
+  }
+  py::dict Progress() const { return ProgressDict(ticket_.Progress()); }
+  // True once the library no longer reads the caller's memory (releases it then, without blocking).
+  bool SnapshotDone() {
+    const SavePhase phase = ticket_.Progress().phase;
+    const bool done = phase != SavePhase::kCopying;
+    if (done) keepalive_ = py::none();
+    return done;
+  }
+
+ private:
+  SaveTicket ticket_;
+  py::object keepalive_;
+};
+
+std::optional<SaveCodec> ParseCodec(const std::string& name) {
+  if (name.empty() || name == "none") return SaveCodec::kNone;
+  if (name == "zstd") return SaveCodec::kZstd;
+  if (name == "zstd-bytegroup" || name == "zstd_bytegroup" || name == "bytegroup") return SaveCodec::kZstdByteGroup;
+  return std::nullopt;
+}
+
+// Reads the keyword options of lifeline.Checkpointer(...) into CheckpointerOptions; an unknown
+// name or a value of the wrong type is a TypeError/ValueError naming the option.
+CheckpointerOptions ParseOptions(const std::string& directory, uint32_t rank, uint32_t world_size,
+                                 const py::dict& kwargs, bool* fault_injection) {
+  CheckpointerOptions o;
+  o.directory = directory;
+  o.rank = rank;
+  o.world_size = world_size;
+  *fault_injection = false;
+  for (const auto& item : kwargs) {
+    const std::string key = py::cast<std::string>(item.first);
+    py::handle v = item.second;
+    try {
+      if (key == "run_id") o.run_id = py::cast<std::string>(v);
+      else if (key == "keep_last") o.keep_last = py::cast<uint32_t>(v);
+      else if (key == "chunk_bytes") o.chunk_bytes = py::cast<uint64_t>(v);
+      else if (key == "write_block_bytes") o.write_block_bytes = py::cast<uint64_t>(v);
+      else if (key == "save_memory_budget") o.save_memory_budget = py::cast<uint64_t>(v);
+      else if (key == "load_memory_budget") o.load_memory_budget = py::cast<uint64_t>(v);
+      else if (key == "queue_depth") o.queue_depth = py::cast<unsigned>(v);
+      else if (key == "direct_io") o.direct_io = py::cast<bool>(v);
+      else if (key == "replica_split_bytes") o.replica_split_bytes = py::cast<uint64_t>(v);
+      else if (key == "staging_budget_bytes") o.staging_budget_bytes = py::cast<uint64_t>(v);
+      else if (key == "staging_slots") o.staging_slots = py::cast<unsigned>(v);
+      else if (key == "copy_threads") o.copy_threads = py::cast<unsigned>(v);
+      else if (key == "background_nice") o.background_nice = py::cast<int>(v);
+      else if (key == "memory_tier") o.memory_tier = py::cast<bool>(v);
+      else if (key == "memory_tier_directory") o.memory_tier_directory = py::cast<std::string>(v);
+      else if (key == "memory_tier_cleanup_on_close") o.memory_tier_cleanup_on_close = py::cast<bool>(v);
+      else if (key == "codec_level") o.codec_level = py::cast<int>(v);
+      else if (key == "register_buffers") o.register_buffers = py::cast<bool>(v);
+      else if (key == "drain_directory") o.drain_directory = py::cast<std::string>(v);
+      else if (key == "drain_keep_last") o.drain_keep_last = py::cast<uint32_t>(v);
+      else if (key == "fault_injection") *fault_injection = py::cast<bool>(v);
+      else if (key == "codec") {
+        const std::string name = v.is_none() ? "" : py::cast<std::string>(v);
+        std::optional<SaveCodec> codec = ParseCodec(name);
+        if (!codec) throw py::value_error("codec=" + name + ": expected None, 'zstd' or 'zstd-bytegroup'");
+        o.codec = *codec;
+      } else if (key == "busy_policy") {
+        const std::string name = py::cast<std::string>(v);
+        if (name == "wait") o.busy_policy = BusyPolicy::kWait;
+        else if (name == "skip") o.busy_policy = BusyPolicy::kSkip;
+        else throw py::value_error("busy_policy=" + name + ": expected 'wait' or 'skip'");
+      } else {
+        throw py::type_error("Checkpointer() got an unknown option '" + key + "'");
+      }
+    } catch (const py::cast_error&) {
+      throw py::type_error("Checkpointer() option '" + key + "' has the wrong type (" +
+                           py::cast<std::string>(py::str(py::type::of(v).attr("__name__"))) + ")");
+    }
+  }
+  return o;
+}
+
+// True when the directory or the memory tier holds a complete checkpoint (errors count as "yes",
+// so that they surface through the load's own error).
+bool AnyCompleteCheckpoint(Checkpointer& c) {
+  Result<std::optional<uint64_t>> latest = c.LatestStep();
+  if (!latest.ok() || latest->has_value()) return true;
+  Result<std::vector<CheckpointInfo>> tier = c.ListMemoryTier();
+  if (!tier.ok()) return true;
+  for (const CheckpointInfo& i : *tier) {
+    if (i.complete) return true;
+  }
+  return false;
+}
+
+class PyCheckpointer {
+ public:
+  PyCheckpointer(const std::string& directory, uint32_t rank, uint32_t world_size, const py::dict& kwargs) {
+    bool fault_injection = false;
+    CheckpointerOptions options = ParseOptions(directory, rank, world_size, kwargs, &fault_injection);
+    if (fault_injection) {
+      faults_ = std::make_unique<FaultInjectionEnv>(Env::Default());
+      options.env = faults_.get();
+    }
+    Result<std::unique_ptr<Checkpointer>> c = [&] {
+      py::gil_scoped_release release;
+      return Checkpointer::Open(std::move(options));
+    }();
+    if (!c.ok()) Raise(c.status());
+    impl_ = std::move(*c);
+  }
+
+  ~PyCheckpointer() {
+    py::gil_scoped_release release;
+    impl_.reset();
+  }
+
+  Checkpointer& impl() {
+    if (!impl_) Raise(Status::FailedPrecondition("checkpointer", "used after close()"));
+    return *impl_;
+  }
+
+  Ticket Save(uint64_t step, const std::vector<TensorSpec>& specs,
+              const std::vector<std::pair<std::string, py::bytes>>& objects, const std::string& metadata_json,
+              py::object keepalive) {
+    SaveRequest req = ToSaveRequest(specs, objects, metadata_json);
+    Checkpointer& c = impl();
+    SaveTicket t;
+    {
+      py::gil_scoped_release release;
+      t = c.Save(step, req);
+    }
+    return Ticket(std::move(t), std::move(keepalive));
+  }
+
+  void PrepareStaging(const std::vector<TensorSpec>& specs,
+                      const std::vector<std::pair<std::string, py::bytes>>& objects, const std::string& metadata_json) {
+    SaveRequest req = ToSaveRequest(specs, objects, metadata_json);
+    Checkpointer& c = impl();
+    Status s;
+    {
+      py::gil_scoped_release release;
+      s = c.PrepareStaging(req);
+    }
+    Check(s);
+  }
+
+  // None when `step` is None and there is no complete checkpoint at all (a fresh start); every
+  // other failure raises, a tensor missing from an existing checkpoint included.
+  std::optional<py::dict> Load(std::optional<uint64_t> step, const std::vector<TensorSpec>& specs,
+                               std::optional<uint32_t> objects_of_rank) {
+    LoadRequest req;
+    req.tensors = ToShards(specs);
+    req.objects_of_rank = objects_of_rank;
+    Checkpointer& c = impl();
+    bool none_at_all = false;
+    Result<LoadResult> r = [&] {
+      py::gil_scoped_release release;
+      Result<LoadResult> result = c.Load(step, req);
+      if (!result.ok() && result.status().IsNotFound() && !step) none_at_all = !AnyCompleteCheckpoint(c);
+      return result;
+    }();
+    if (none_at_all) return std::nullopt;
+    if (!r.ok()) Raise(r.status());
+    py::dict d;
+    d["step"] = r->step;
+    d["saved_world_size"] = r->saved_world_size;
+    py::list objects;
+    for (const auto& [name, value] : r->objects) objects.append(py::make_tuple(name, py::bytes(value)));
+    d["objects"] = objects;
+    d["metadata_json"] = r->metadata_json;
+    d["bytes_read"] = r->bytes_read;
+    d["bytes_scattered"] = r->bytes_scattered;
+    d["from_memory_tier"] = r->from_memory_tier;
+    return d;
+  }
+
+  py::list List(bool memory_tier) {
+    Checkpointer& c = impl();
+    Result<std::vector<CheckpointInfo>> r = [&] {
+      py::gil_scoped_release release;
+      return memory_tier ? c.ListMemoryTier() : c.List();
+    }();
+    if (!r.ok()) Raise(r.status());
+    py::list out;
+    for (const CheckpointInfo& i : *r) out.append(InfoDict(i));
+    return out;
+  }
+
+  std::optional<uint64_t> LatestStep() {
+    Checkpointer& c = impl();
+    Result<std::optional<uint64_t>> r = [&] {
+      py::gil_scoped_release release;
+      return c.LatestStep();
+    }();
+    if (!r.ok()) Raise(r.status());
+    return *r;
+  }
+
+  void Flush() {
+    Checkpointer& c = impl();
+    Status s;
+    {
+      py::gil_scoped_release release;
+      s = c.Flush();
+    }
+    Check(s);
+  }
+
+  void CollectGarbage() {
+    Checkpointer& c = impl();
+    Status s;
+    {
+      py::gil_scoped_release release;
+      s = c.CollectGarbage();
+    }
+    Check(s);
+  }
+
+  void WaitForCommit(uint64_t step, double timeout_seconds) {
+    Checkpointer& c = impl();
+    Status s;
+    {
+      py::gil_scoped_release release;
+      s = c.WaitForCommit(step, timeout_seconds);
+    }
+    Check(s);
+  }
+
+  // Waits for every save to be persisted, then releases everything. Idempotent.
+  void Close() {
+    std::unique_ptr<Checkpointer> c = std::move(impl_);
+    py::gil_scoped_release release;
+    c.reset();
+  }
+  bool closed() const { return impl_ == nullptr; }
+
+  std::string MemoryTierDirectory() { return impl().memory_tier_directory(); }
+
+  void InjectFaults(int64_t fail_writes_after_bytes, bool fail_syncs, bool fail_renames, const std::string& paths) {
+    if (!faults_) {
+      Raise(Status::FailedPrecondition("inject_faults", "the Checkpointer was not opened with fault_injection=True"));
+    }
+    faults_->RestrictToPathsContaining(paths);
+    faults_->FailWritesAfterBytes(fail_writes_after_bytes);
+    faults_->FailSyncs(fail_syncs);
+    faults_->FailRenames(fail_renames);
+  }
+
+ private:
+  std::unique_ptr<FaultInjectionEnv> faults_;  // outlives impl_ (declared first, destroyed last)
+  std::unique_ptr<Checkpointer> impl_;
+};
+
+trace::Op ParseOp(const std::string& name) { return trace::OpFromName(name); }
+
+}  // namespace
+}  // namespace lifeline::python
+
+PYBIND11_MODULE(_lifeline, m) {
+  using namespace lifeline;
+  using namespace lifeline::python;
+  m.doc() = "Lifeline's C++ core; use the `lifeline` package instead.";
+
+  g_error = PyErr_NewExceptionWithDoc(
+      "lifeline.Error",
+      "A Lifeline operation failed. `code` names the kind (IOError, NotFound, Corruption, InvalidArgument, "
+      "AlreadyExists, Unavailable, ...); the message names the file, tensor, rank or step.",
+      PyExc_RuntimeError, nullptr);
+  if (g_error == nullptr) throw py::error_already_set();
+  m.attr("Error") = py::handle(g_error);
+
+  py::class_<Ticket>(m, "Ticket")
+      .def_property_readonly("step", &Ticket::step)
+      .def("wait_snapshot", &Ticket::WaitSnapshot)
+      .def("wait_tensor", &Ticket::WaitTensor)
+      .def("tensor_copied", &Ticket::TensorCopied)
+      .def("wait_persisted", &Ticket::WaitPersisted)
+      .def("wait_committed", &Ticket::WaitCommitted)
+      .def("progress", &Ticket::Progress)
+      .def("snapshot_done", &Ticket::SnapshotDone);
+
+  py::class_<PyCheckpointer>(m, "Checkpointer")
+      .def(py::init<const std::string&, uint32_t, uint32_t, const py::dict&>())
+      .def("save", &PyCheckpointer::Save)
+      .def("prepare_staging", &PyCheckpointer::PrepareStaging)
+      .def("load", &PyCheckpointer::Load)
+      .def("list", &PyCheckpointer::List)
+      .def("latest_step", &PyCheckpointer::LatestStep)
+      .def("flush", &PyCheckpointer::Flush)
+      .def("collect_garbage", &PyCheckpointer::CollectGarbage)
+      .def("wait_for_commit", &PyCheckpointer::WaitForCommit)
+      .def("close", &PyCheckpointer::Close)
+      .def_property_readonly("closed", &PyCheckpointer::closed)
+      .def_property_readonly("memory_tier_directory", &PyCheckpointer::MemoryTierDirectory)
+      .def("inject_faults", &PyCheckpointer::InjectFaults);
+
+  m.def("dtype_size", [](const std::string& name) -> size_t {
+    std::optional<DType> t = ParseDType(name);
+    return t ? DTypeSize(*t) : 0;
+  });
+
+  // Tracing: thin wrappers; every one returns at once when no agent is present.
+  m.def("trace_active", [] { return trace::Active(); });
+  m.def("trace_step_begin", [](uint64_t step) { trace::StepBegin(step); });
+  m.def("trace_step_end", [](uint64_t step) { trace::StepEnd(step); });
+  m.def("trace_collective_begin", [](const std::string& op, uint64_t bytes, uint32_t comm) {
+    return trace::CollectiveBegin(ParseOp(op), bytes, comm);
+  });
+  m.def("trace_collective_posted", [](uint64_t seq, uint32_t comm) { trace::CollectivePosted(seq, comm); });
+  m.def("trace_collective_end", [](uint64_t seq, uint32_t comm) { trace::CollectiveEnd(seq, comm); });
+  m.def("trace_heartbeat", [] { trace::Heartbeat(); });
+  m.def("trace_process_start", [](std::optional<uint64_t> step) { trace::ProcessStart(step ? *step : trace::kNoStep); });
+  m.def("trace_process_exit", [] { trace::ProcessExit(); });
+  m.def("trace_dropped", [] { return trace::Dropped(); });
+  m.def("trace_dump", [](const std::string& path, uint64_t max_events) {
+    Check(trace::DumpRecent(path, max_events));
+  });
+}
