@@ -39,7 +39,8 @@
 // load: the model's shape comes from the checkpoint's metadata; every rank allocates the targets
 // of its layout before the clock starts; the time runs until every Load returned. Then every
 // element is compared with the value function (outside the timing), and the per-rank objects of
-// rank r mod saved-world-size are checked. Exit 1 when the load fails or anything differs.
+// rank r mod W are checked, W being the world size of the job that saved them (tp x dp of the
+// metadata, which `lifeline reshard` and `convert` keep). Exit 1 when the load fails or anything differs.
 //
 // --json fields. save: bytes (unique tensor bytes written per save, replicas counted once),
 // bytes_on_disk (of the last step), iterations, steady_iterations (how many the medians cover),
@@ -123,36 +124,7 @@ struct SaveOptions : CommonOptions {
   BenchSaveTuning tuning;
 };
 
-// Resolves (--ranks, --tp, --dp) into a layout; InvalidArgument when they disagree.
-Result<ParallelLayout> ResolveLayout(const CommonOptions& o) {
-  if (o.ranks == 0) return Status::InvalidArgument("--ranks must be at least 1");
-  ParallelLayout l;
-  if (o.tp == 0 && o.dp == 0) {
-    l.tp = o.ranks;
-    l.dp = 1;
-  } else if (o.dp == 0) {
-    if (o.ranks % o.tp != 0) {
-      return Status::InvalidArgument("--tp " + std::to_string(o.tp) + " does not divide --ranks " + std::to_string(o.ranks));
-    }
-    l.tp = o.tp;
-    l.dp = o.ranks / o.tp;
-  } else if (o.tp == 0) {
-    if (o.ranks % o.dp != 0) {
-      return Status::InvalidArgument("--dp " + std::to_string(o.dp) + " does not divide --ranks " + std::to_string(o.ranks));
-    }
-    l.dp = o.dp;
-    l.tp = o.ranks / o.dp;
-  } else {
-    l.tp = o.tp;
-    l.dp = o.dp;
-  }
-  if (uint64_t{l.tp} * l.dp != o.ranks) {
-    return Status::InvalidArgument("--tp " + std::to_string(l.tp) + " x --dp " + std::to_string(l.dp) + " = " +
-                                   std::to_string(uint64_t{l.tp} * l.dp) + " ranks, but --ranks is " +
-                                   std::to_string(o.ranks));
-  }
-  return l;
-}
+Result<ParallelLayout> ResolveLayout(const CommonOptions& o) { return cli::ResolveLayout(o.ranks, o.tp, o.dp); }
 
 Result<CheckpointerOptions> MakeCheckpointerOptions(const CommonOptions& o, uint32_t world_size,
                                                     const std::string& run_id) {
@@ -799,12 +771,17 @@ int RunLoad(const CommonOptions& o) {
   const std::optional<uint64_t> want_step = o.step >= 0 ? std::optional<uint64_t>(o.step) : std::nullopt;
   uint64_t step = 0;
   uint32_t saved_world = 0;
+  uint32_t objects_world = 0;
   ModelShape shape;
   {
     auto reader = CheckpointReader::Open(Env::Default(), o.dir, want_step);
     if (!reader.ok()) return ReportFailure(kCommand, reader.status(), o.json);
     step = (*reader)->step();
     saved_world = (*reader)->manifest().world_size;
+    // The objects were saved by the ranks of the job the metadata names; a resharded checkpoint
+    // keeps them under those ranks.
+    if (const uint32_t w = MetadataWorldSize((*reader)->manifest().metadata_json); w != 0) objects_world = w;
+    else objects_world = saved_world;
     auto parsed = ParseModelMetadata((*reader)->manifest().metadata_json);
     if (!parsed.ok()) return ReportFailure(kCommand, parsed.status().Annotate((*reader)->step_dir()), o.json);
     shape = *parsed;
@@ -845,7 +822,7 @@ int RunLoad(const CommonOptions& o) {
       } else {
         out.status = c.status();
       }
-      const uint32_t objects_rank = saved_world > 0 ? r % saved_world : r;
+      const uint32_t objects_rank = objects_world > 0 ? r % objects_world : r;
       LoadRequest request;
       request.tensors = state.shards();
       request.objects_of_rank = objects_rank;

@@ -39,6 +39,8 @@ struct Command {
 void AddBenchCommands(CLI::App& root, std::vector<Command>* commands);
 void AddInspectCommand(CLI::App& root, std::vector<Command>* commands);
 void AddVerifyCommand(CLI::App& root, std::vector<Command>* commands);
+// convert, reshard, ls, gc and diff (convert_commands.cc).
+void AddConvertCommands(CLI::App& root, std::vector<Command>* commands);
 // Adds `bench index` under the `bench` command (bench_index.cc).
 void AddBenchIndexCommand(CLI::App* bench, std::vector<Command>* commands);
 // Adds `bench compress` under the `bench` command (bench_compress.cc).

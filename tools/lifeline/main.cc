@@ -1,4 +1,4 @@
-// lifeline: inspect, verify and benchmark Lifeline checkpoints. See commands.h for the output
+// lifeline: inspect, verify, convert, reshard, list, collect and benchmark Lifeline checkpoints. See commands.h for the output
 // contract shared by the subcommands.
 #include <vector>
 
@@ -8,7 +8,7 @@
 #include "tools/lifeline/commands.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"lifeline: inspect, verify and benchmark Lifeline checkpoints"};
+  CLI::App app{"lifeline: inspect, verify, convert, reshard and benchmark Lifeline checkpoints"};
   app.require_subcommand(1);
   bool verbose = false;
   app.add_flag("-v,--verbose", verbose, "Also print the library's informational messages");
@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   lifeline::cli::AddBenchCommands(app, &commands);
   lifeline::cli::AddInspectCommand(app, &commands);
   lifeline::cli::AddVerifyCommand(app, &commands);
+  lifeline::cli::AddConvertCommands(app, &commands);
 
   try {
     app.parse(argc, argv);

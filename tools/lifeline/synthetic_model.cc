@@ -300,6 +300,15 @@ Result<ModelShape> ParseModelMetadata(std::string_view metadata_json) {
   return s;
 }
 
+uint32_t MetadataWorldSize(std::string_view metadata_json) {
+  const nlohmann::json j = nlohmann::json::parse(metadata_json, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return 0;
+  auto tp = j.find("tp"), dp = j.find("dp");
+  if (tp == j.end() || dp == j.end() || !tp->is_number_unsigned() || !dp->is_number_unsigned()) return 0;
+  const uint64_t w = tp->get<uint64_t>() * dp->get<uint64_t>();
+  return w >= 1 && w <= (1u << 20) ? static_cast<uint32_t>(w) : 0;
+}
+
 Result<RankState> RankState::Build(const std::vector<ModelTensor>& tensors, const ParallelLayout& layout,
                                    uint32_t rank, uint64_t step, bool fill) {
   RankState state;
@@ -334,5 +343,35 @@ uint64_t RankState::CountMismatches(uint64_t step) const {
 }
 
 void RankState::FreeDeleter::operator()(void* p) const { std::free(p); }
+
+Result<ParallelLayout> ResolveLayout(uint32_t ranks, uint32_t tp, uint32_t dp) {
+  if (ranks == 0) return Status::InvalidArgument("--ranks must be at least 1");
+  ParallelLayout l;
+  if (tp == 0 && dp == 0) {
+    l.tp = ranks;
+    l.dp = 1;
+  } else if (dp == 0) {
+    if (ranks % tp != 0) {
+      return Status::InvalidArgument("--tp " + std::to_string(tp) + " does not divide --ranks " + std::to_string(ranks));
+    }
+    l.tp = tp;
+    l.dp = ranks / tp;
+  } else if (tp == 0) {
+    if (ranks % dp != 0) {
+      return Status::InvalidArgument("--dp " + std::to_string(dp) + " does not divide --ranks " + std::to_string(ranks));
+    }
+    l.dp = dp;
+    l.tp = ranks / dp;
+  } else {
+    l.tp = tp;
+    l.dp = dp;
+  }
+  if (uint64_t{l.tp} * l.dp != ranks) {
+    return Status::InvalidArgument("--tp " + std::to_string(l.tp) + " x --dp " + std::to_string(l.dp) + " = " +
+                                   std::to_string(uint64_t{l.tp} * l.dp) + " ranks, but --ranks is " +
+                                   std::to_string(ranks));
+  }
+  return l;
+}
 
 }  // namespace lifeline::cli

@@ -82,6 +82,11 @@ struct ParallelLayout {
   uint32_t world_size() const { return tp * dp; }
 };
 
+// Resolves (--ranks, --tp, --dp) into a layout, as every command taking a layout does: --tp alone
+// gives dp = ranks / tp, --dp alone tp = ranks / dp, neither tp = ranks. InvalidArgument when they
+// disagree.
+Result<ParallelLayout> ResolveLayout(uint32_t ranks, uint32_t tp, uint32_t dp);
+
 // How a tensor is spread over the ranks (see the table above).
 enum class Placement {
   kWholeOnEveryRank,  // Replica(r, N)
@@ -155,6 +160,9 @@ std::string ModelMetadataJson(const ModelShape& shape, const ParallelLayout& lay
 // The model shape recorded by ModelMetadataJson. InvalidArgument naming what is missing when the
 // text is not such metadata.
 Result<ModelShape> ParseModelMetadata(std::string_view metadata_json);
+// tp x dp of the job that saved the model, from its metadata (kept by `lifeline reshard` and
+// `convert`, so it still names the ranks the per-rank objects belong to); 0 when absent.
+uint32_t MetadataWorldSize(std::string_view metadata_json);
 
 // One rank's shards together with their buffers (4096-byte aligned, so direct I/O may use them).
 class RankState {

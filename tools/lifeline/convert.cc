@@ -1,0 +1,481 @@
+#include "tools/lifeline/convert.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cinttypes>
+#include <cstring>
+#include <map>
+#include <set>
+#include <unordered_map>
+
+#include <nlohmann/json.hpp>
+
+#include "formats/geometry.h"
+#include "formats/index_codec.h"
+#include "formats/safetensors.h"
+#include "lib/src/aligned_buffer.h"
+#include "lib/src/checkpoint_layout.h"
+#include "lib/src/commit.h"
+#include "lib/src/saver.h"
+#include "lifeline/env.h"
+#include "tools/lifeline/hdf5_file.h"
+#include "tools/lifeline/progress.h"
+
+namespace lifeline::cli {
+namespace {
+
+constexpr uint64_t kMinBudget = 1ull << 20;
+
+std::vector<int64_t> Zeros(size_t n) { return std::vector<int64_t>(n, 0); }
+
+format::Region WholeRegion(const SourceTensor& t) { return format::RegionOfBox(Zeros(t.shape.size()), t.shape); }
+
+// Streams `region` of tensor `t` in slabs of at most `slab_bytes`; fn(first element of the slab
+// within the region, slab bytes, slab length in elements).
+template <typename Fn>
+Status ForEachSlab(TensorSource& source, size_t t, const format::Region& region, uint64_t slab_bytes,
+                   std::vector<uint8_t>* buf, Progress* progress, Fn&& fn) {
+  const SourceTensor& info = source.tensors()[t];
+  const size_t elem = DTypeSize(info.dtype);
+  const int64_t total = region.num_elements();
+  const int64_t slab = std::max<int64_t>(1, static_cast<int64_t>(slab_bytes / elem));
+  if (progress != nullptr) progress->SetDetail(info.name);
+  for (int64_t at = 0; at < total;) {
+    const int64_t n = std::min(slab, total - at);
+    buf->resize(static_cast<size_t>(n) * elem);
+    LL_RETURN_IF_ERROR(source.Read(t, format::SubRegion(region, at, at + n), buf->data())
+                           .Annotate("reading tensor '" + info.name + "' of " + source.description()));
+    LL_RETURN_IF_ERROR(fn(at, buf->data(), n));
+    if (progress != nullptr) progress->Add(static_cast<uint64_t>(n) * elem);
+    at += n;
+  }
+  return Status::OK();
+}
+
+std::string TempSuffix() {
+  const uint64_t ns = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count());
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), ".tmp-%d-%" PRIx64, static_cast<int>(::getpid()), ns);
+  return buf;
+}
+
+bool PathExists(const std::string& path) {
+  struct stat st;
+  return ::lstat(path.c_str(), &st) == 0;
+}
+
+Status CheckOutputFree(const std::string& path, bool force) {
+  if (PathExists(path) && !force)
+    return Status::AlreadyExists(path, "exists; remove it or pass --force to replace it");
+  return Status::OK();
+}
+
+Status SyncParentDir(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash == 0 ? 1 : slash);
+  return Env::Default()->SyncDir(dir);
+}
+
+Status WriteAt(int fd, const void* data, uint64_t n, uint64_t offset, const std::string& path) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  while (n > 0) {
+    const ssize_t w = ::pwrite(fd, p, std::min<uint64_t>(n, 1ull << 30), static_cast<off_t>(offset));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return Status::FromErrno(errno, path + " at offset " + std::to_string(offset));
+    }
+    p += w;
+    n -= static_cast<uint64_t>(w);
+    offset += static_cast<uint64_t>(w);
+  }
+  return Status::OK();
+}
+
+// ---- HDF5 ---------------------------------------------------------------------------------------
+
+Status WriteHdf5(TensorSource& source, Hdf5File& f, const std::vector<size_t>& selected, const ConvertOptions& o,
+                 uint64_t slab_bytes, Progress* progress, ConvertReport* report) {
+  LL_RETURN_IF_ERROR(f.SetStringAttribute("/", "lifeline_format", "lifeline-hdf5/1"));
+  if (source.step()) LL_RETURN_IF_ERROR(f.SetStringAttribute("/", "lifeline_step", std::to_string(*source.step())));
+  if (source.saved_world_size() > 0)
+    LL_RETURN_IF_ERROR(
+        f.SetStringAttribute("/", "lifeline_saved_world_size", std::to_string(source.saved_world_size())));
+  const std::string& meta = source.metadata_json();
+  if (!meta.empty() && meta.find('\0') == std::string::npos) {
+    LL_RETURN_IF_ERROR(f.SetStringAttribute("/", "lifeline_metadata", meta));
+    const nlohmann::json j = nlohmann::json::parse(meta, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_discarded() && j.is_object()) {
+      for (auto it = j.begin(); it != j.end(); ++it) {
+        if (it.key().empty() || it.key().rfind("lifeline_", 0) == 0 || it.key().find('\0') != std::string::npos)
+          continue;
+        const std::string value = it->is_string() ? it->get<std::string>() : it->dump();
+        if (value.find('\0') == std::string::npos) LL_RETURN_IF_ERROR(f.SetStringAttribute("/", it.key(), value));
+      }
+    }
+  }
+  DatasetOptions dopt;
+  dopt.deflate_level = o.deflate_level;
+  std::vector<uint8_t> buf;
+  for (size_t t : selected) {
+    const SourceTensor& info = source.tensors()[t];
+    const std::string ds = "tensors/" + Hdf5DatasetName(info.name);
+    LL_RETURN_IF_ERROR(f.CreateDataset(ds, info.dtype, info.shape, dopt));
+    LL_RETURN_IF_ERROR(f.SetStringAttribute(ds, "lifeline_name", info.name));
+    const format::Region whole = WholeRegion(info);
+    LL_RETURN_IF_ERROR(ForEachSlab(source, t, whole, slab_bytes, &buf, progress,
+                                   [&](int64_t at, const uint8_t* data, int64_t n) {
+                                     return f.WriteRegion(ds, whole.offsets, whole.shape, at, at + n, data);
+                                   }));
+    report->tensors++;
+    report->bytes += info.num_bytes();
+  }
+  for (size_t i = 0; i < source.objects().size(); ++i) {
+    const SourceObject& obj = source.objects()[i];
+    LL_ASSIGN_OR_RETURN(std::string bytes, source.ReadObject(i));
+    const std::string ds = "objects/rank" + std::to_string(obj.rank) + "/" + Hdf5DatasetName(obj.name);
+    LL_RETURN_IF_ERROR(f.WriteBytes(ds, bytes));
+    LL_RETURN_IF_ERROR(f.SetStringAttribute(ds, "lifeline_name", obj.name));
+    report->objects++;
+  }
+  return Status::OK();
+}
+
+// ---- safetensors --------------------------------------------------------------------------------
+
+bool EndsWith(const std::string& s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// The "__metadata__" of the first shard (see tensor_source.h); other shards get "format" only.
+Result<std::map<std::string, std::string>> SafetensorsMetadata(TensorSource& source) {
+  std::map<std::string, std::string> md;
+  const std::string& meta = source.metadata_json();
+  bool copied = false;
+  if (!meta.empty()) {
+    const nlohmann::json j = nlohmann::json::parse(meta, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_discarded() && j.is_object()) {
+      bool all_strings = true;
+      for (auto it = j.begin(); it != j.end(); ++it)
+        if (!it->is_string() || it.key().rfind("lifeline_", 0) == 0) all_strings = false;
+      if (all_strings) {
+        for (auto it = j.begin(); it != j.end(); ++it) md[it.key()] = it->get<std::string>();
+        copied = true;
+      }
+    }
+    if (!copied) md["lifeline_metadata"] = meta;
+  }
+  if (!md.count("format")) md["format"] = "pt";
+  if (source.step()) md["lifeline_step"] = std::to_string(*source.step());
+  for (size_t i = 0; i < source.objects().size(); ++i) {
+    const SourceObject& obj = source.objects()[i];
+    LL_ASSIGN_OR_RETURN(std::string bytes, source.ReadObject(i));
+    md[std::string(kObjectKeyPrefix) + std::to_string(obj.rank) + "." + obj.name] = Base64Encode(bytes);
+  }
+  return md;
+}
+
+struct PendingFile {
+  std::string tmp;
+  std::string final_path;
+};
+
+Status WriteSafetensorsFile(TensorSource& source, const std::vector<size_t>& tensors,
+                            const std::map<std::string, std::string>& metadata, const PendingFile& file,
+                            uint64_t slab_bytes, Progress* progress) {
+  std::vector<format::SafetensorsEntry> entries;
+  for (size_t t : tensors) {
+    const SourceTensor& info = source.tensors()[t];
+    entries.push_back(format::SafetensorsEntry{info.name, info.dtype, info.shape, 0, 0});
+  }
+  LL_ASSIGN_OR_RETURN(entries, format::LayOutSafetensors(std::move(entries)));
+  LL_ASSIGN_OR_RETURN(std::string prefix, format::BuildSafetensorsPrefix(entries, metadata));
+  const int fd = ::open(file.tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Status::FromErrno(errno, file.tmp);
+  auto body = [&]() -> Status {
+    LL_RETURN_IF_ERROR(WriteAt(fd, prefix.data(), prefix.size(), 0, file.tmp));
+    std::vector<uint8_t> buf;
+    for (size_t k = 0; k < tensors.size(); ++k) {
+      const SourceTensor& info = source.tensors()[tensors[k]];
+      const uint64_t base = prefix.size() + entries[k].begin;
+      const size_t elem = DTypeSize(info.dtype);
+      LL_RETURN_IF_ERROR(ForEachSlab(source, tensors[k], WholeRegion(info), slab_bytes, &buf, progress,
+                                     [&](int64_t at, const uint8_t* data, int64_t n) {
+                                       return WriteAt(fd, data, static_cast<uint64_t>(n) * elem,
+                                                      base + static_cast<uint64_t>(at) * elem, file.tmp);
+                                     }));
+    }
+    if (::fsync(fd) != 0) return Status::FromErrno(errno, file.tmp);
+    return Status::OK();
+  };
+  Status s = body();
+  if (::close(fd) != 0 && s.ok()) s = Status::FromErrno(errno, file.tmp);
+  return s;
+}
+
+// ---- lifeline -----------------------------------------------------------------------------------
+
+std::string ConvertRunId() {
+  const uint64_t ns = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "convert-%d-%" PRIx64, static_cast<int>(::getpid()), ns);
+  return buf;
+}
+
+bool IsSyntheticModel(const std::vector<SourceTensor>& tensors, const std::string& metadata_json,
+                      std::vector<ModelTensor>* model) {
+  Result<ModelShape> shape = ParseModelMetadata(metadata_json);
+  if (!shape.ok()) return false;
+  std::vector<ModelTensor> expected = ModelTensors(*shape);
+  if (expected.size() != tensors.size()) return false;
+  std::map<std::string, const SourceTensor*> by_name;
+  for (const SourceTensor& t : tensors) by_name[t.name] = &t;
+  for (const ModelTensor& m : expected) {
+    auto it = by_name.find(m.name);
+    if (it == by_name.end() || it->second->dtype != m.dtype || it->second->shape != m.shape) return false;
+  }
+  *model = std::move(expected);
+  return true;
+}
+
+}  // namespace
+
+std::vector<size_t> SelectTensors(const TensorSource& source, const std::vector<std::string>& prefixes) {
+  std::vector<size_t> out;
+  for (size_t i = 0; i < source.tensors().size(); ++i) {
+    const std::string& name = source.tensors()[i].name;
+    bool keep = prefixes.empty();
+    for (const std::string& p : prefixes) keep = keep || name.rfind(p, 0) == 0;
+    if (keep) out.push_back(i);
+  }
+  return out;
+}
+
+std::vector<TensorShard> TargetShards(const std::vector<SourceTensor>& tensors, const std::string& metadata_json,
+                                      const ParallelLayout& layout, uint32_t rank, bool* synthetic) {
+  std::vector<ModelTensor> model;
+  *synthetic = IsSyntheticModel(tensors, metadata_json, &model);
+  if (*synthetic) {
+    // The same order as the source, so the checkpoint lists its tensors as the source does.
+    std::vector<TensorShard> shards = RankShards(model, layout, rank);
+    std::map<std::string, size_t> order;
+    for (size_t i = 0; i < tensors.size(); ++i) order[tensors[i].name] = i;
+    std::stable_sort(shards.begin(), shards.end(),
+                     [&](const TensorShard& a, const TensorShard& b) { return order[a.name] < order[b.name]; });
+    return shards;
+  }
+  const uint32_t t_index = rank % layout.tp, d_index = rank / layout.tp;
+  std::vector<TensorShard> shards;
+  for (const SourceTensor& t : tensors) {
+    if (!t.shape.empty() && layout.tp > 1 && t.shape[0] >= static_cast<int64_t>(layout.tp)) {
+      const auto [begin, end] = EvenSplit(t.shape[0], layout.tp, t_index);
+      std::vector<int64_t> offsets = Zeros(t.shape.size()), box = t.shape;
+      offsets[0] = begin;
+      box[0] = end - begin;
+      shards.push_back(TensorShard::Box(t.name, t.dtype, t.shape, offsets, box, nullptr).Replica(d_index, layout.dp));
+    } else {
+      shards.push_back(TensorShard::Whole(t.name, t.dtype, t.shape, nullptr).Replica(rank, layout.world_size()));
+    }
+  }
+  return shards;
+}
+
+Result<ConvertReport> ExportHdf5(TensorSource& source, const std::string& out, const ConvertOptions& o,
+                                 Progress* progress) {
+  if (o.deflate_level < 0 || o.deflate_level > 9) return Status::InvalidArgument("--deflate must be 0 to 9");
+  LL_RETURN_IF_ERROR(CheckOutputFree(out, o.force));
+  const std::vector<size_t> selected = SelectTensors(source, o.select);
+  const std::string tmp = out + TempSuffix();
+  ConvertReport report;
+  Status s;
+  {
+    Result<Hdf5File> f = Hdf5File::Create(tmp);
+    if (!f.ok()) return f.status();
+    s = WriteHdf5(source, *f, selected, o, std::max(o.memory_budget, kMinBudget), progress, &report);
+    Status c = f->Close();
+    if (s.ok()) s = c;
+  }
+  if (s.ok()) s = Env::Default()->RenameFile(tmp, out);
+  if (s.ok()) s = SyncParentDir(out);
+  if (!s.ok()) {
+    ::unlink(tmp.c_str());
+    return s.Annotate("exporting " + source.description() + " to " + out);
+  }
+  report.outputs.push_back(out);
+  return report;
+}
+
+Result<ConvertReport> ExportSafetensors(TensorSource& source, const std::string& out, const ConvertOptions& o,
+                                        Progress* progress) {
+  const std::vector<size_t> selected = SelectTensors(source, o.select);
+  std::vector<uint64_t> sizes;
+  for (size_t t : selected) sizes.push_back(source.tensors()[t].num_bytes());
+  const bool single_file = EndsWith(out, ".safetensors");
+  std::vector<std::vector<size_t>> plan = format::PlanSafetensorsShards(sizes, single_file ? 0 : o.max_shard_bytes);
+  if (single_file && o.max_shard_bytes > 0)
+    return Status::InvalidArgument("--max-shard-size", "needs a directory as output, not the file " + out);
+  Env* env = Env::Default();
+  std::vector<PendingFile> files;
+  if (single_file) {
+    LL_RETURN_IF_ERROR(CheckOutputFree(out, o.force));
+    files.push_back(PendingFile{out + TempSuffix(), out});
+  } else {
+    LL_RETURN_IF_ERROR(env->CreateDir(out));
+    // Shards of an earlier export would mix with these: refuse, or with --force remove them.
+    LL_ASSIGN_OR_RETURN(std::vector<std::string> children, env->GetChildren(out));
+    for (const std::string& c : children) {
+      if (!(EndsWith(c, ".safetensors") || c == format::kSafetensorsIndexFileName)) continue;
+      if (!o.force)
+        return Status::AlreadyExists(JoinPath(out, c), "exists; remove it or pass --force to replace the export");
+      LL_RETURN_IF_ERROR(env->RemoveFile(JoinPath(out, c)));
+    }
+    for (size_t i = 0; i < plan.size(); ++i) {
+      const std::string final_path = JoinPath(out, format::SafetensorsShardName(i, plan.size()));
+      files.push_back(PendingFile{final_path + TempSuffix(), final_path});
+    }
+  }
+  using Metadata = std::map<std::string, std::string>;
+  LL_ASSIGN_OR_RETURN(Metadata first_metadata, SafetensorsMetadata(source));
+  const std::map<std::string, std::string> other_metadata = {{"format", first_metadata["format"]}};
+  const uint64_t slab = std::max(o.memory_budget, kMinBudget);
+  ConvertReport report;
+  auto cleanup = [&](Status s) {
+    for (const PendingFile& f : files) ::unlink(f.tmp.c_str());
+    return s.Annotate("exporting " + source.description() + " to " + out);
+  };
+  std::vector<std::pair<std::string, std::string>> weight_map;
+  for (size_t i = 0; i < plan.size(); ++i) {
+    std::vector<size_t> tensors;
+    for (size_t k : plan[i]) {
+      tensors.push_back(selected[k]);
+      const SourceTensor& info = source.tensors()[selected[k]];
+      weight_map.emplace_back(info.name, format::SafetensorsShardName(i, plan.size()));
+      report.tensors++;
+      report.bytes += info.num_bytes();
+    }
+    Status s = WriteSafetensorsFile(source, tensors, i == 0 ? first_metadata : other_metadata, files[i], slab, progress);
+    if (!s.ok()) return cleanup(s);
+  }
+  for (const PendingFile& f : files) {
+    Status s = env->RenameFile(f.tmp, f.final_path);
+    if (!s.ok()) return cleanup(s);
+    report.outputs.push_back(f.final_path);
+  }
+  if (!single_file && plan.size() > 1) {
+    Result<std::string> index = format::BuildSafetensorsIndex(report.bytes, weight_map, {});
+    if (!index.ok()) return cleanup(index.status());
+    const std::string path = JoinPath(out, std::string(format::kSafetensorsIndexFileName));
+    Status s = WriteFileAtomically(env, path, *index);
+    if (!s.ok()) return cleanup(s);
+    report.outputs.push_back(path);
+  }
+  Status s = env->SyncDir(single_file ? (out.rfind('/') == std::string::npos ? "." : out.substr(0, std::max<size_t>(1, out.rfind('/'))))
+                                      : out);
+  if (!s.ok()) return cleanup(s);
+  report.objects = source.objects().size();
+  return report;
+}
+
+Result<ConvertReport> ExportLifeline(TensorSource& source, const std::string& out, const ParallelLayout& layout,
+                                     const ConvertOptions& o, Progress* progress) {
+  const std::vector<size_t> selected = SelectTensors(source, o.select);
+  std::vector<SourceTensor> tensors;
+  std::unordered_map<std::string, size_t> source_index;
+  for (size_t t : selected) {
+    tensors.push_back(source.tensors()[t]);
+    source_index[source.tensors()[t].name] = t;
+  }
+  Env* env = Env::Default();
+  const uint32_t world = layout.world_size();
+  const uint64_t step = o.step.value_or(source.step().value_or(0));
+  const std::string run_id = ConvertRunId();
+  const std::string run_hash = RunHash(run_id);
+  LL_RETURN_IF_ERROR(CreateDirDurably(env, out));
+
+  RankWriteOptions w;
+  w.step = step;
+  w.world_size = world;
+  w.run_id = run_id;
+  w.run_hash = run_hash;
+  w.direct_io = o.direct_io;
+  w.memory_budget = std::max<uint64_t>(o.memory_budget / 4, 2 * kDirectIoAlignment);
+  w.write_block_bytes = std::min<uint64_t>(8ull << 20, AlignUp(std::max<uint64_t>(w.memory_budget / 4, kDirectIoAlignment), kDirectIoAlignment));
+  switch (o.codec) {
+    case SaveCodec::kNone: w.codec = format::Codec::kNone; break;
+    case SaveCodec::kZstd: w.codec = format::Codec::kZstd; break;
+    case SaveCodec::kZstdByteGroup: w.codec = format::Codec::kZstdByteGroup; break;
+  }
+  if (o.codec_level != 0) w.codec_level = o.codec_level;
+  const uint64_t slab_bytes = std::max<uint64_t>(o.memory_budget / 2, kMinBudget);
+
+  // Objects: those of saved rank R go to rank R when R < world, else to rank R mod world under
+  // the name "rank<R>/<name>", so a smaller world loses none of them.
+  std::vector<std::vector<std::pair<std::string, std::string>>> objects(world);
+  for (size_t i = 0; i < source.objects().size(); ++i) {
+    const SourceObject& obj = source.objects()[i];
+    LL_ASSIGN_OR_RETURN(std::string bytes, source.ReadObject(i));
+    if (obj.rank < world) {
+      objects[obj.rank].emplace_back(obj.name, std::move(bytes));
+    } else {
+      objects[obj.rank % world].emplace_back("rank" + std::to_string(obj.rank) + "/" + obj.name, std::move(bytes));
+    }
+  }
+
+  ConvertReport report;
+  report.step = step;
+  report.tensors = tensors.size();
+  report.objects = source.objects().size();
+  std::vector<uint8_t> slab;
+  for (uint32_t r = 0; r < world; ++r) {
+    bool synthetic = false;
+    SaveRequest request;
+    request.tensors = TargetShards(tensors, source.metadata_json(), layout, r, &synthetic);
+    report.placement = synthetic ? "synthetic model" : "generic";
+    LL_ASSIGN_OR_RETURN(RankSavePlan plan, PlanRankSave(request, CheckpointerOptions().replica_split_bytes,
+                                                        /*require_data=*/false));
+    LL_ASSIGN_OR_RETURN(std::string step_dir, PrepareStepDir(env, out, step, run_hash, r, world));
+    // One slab of the fragment being written, refilled as the writer asks for chunks past it.
+    const PlannedFragment* cached = nullptr;
+    int64_t cache_begin = 0, cache_end = 0;
+    FragmentReader reader = [&](const PlannedFragment& pf, uint64_t raw_offset, uint64_t n, uint8_t* dst) -> Status {
+      const format::TensorInfo& t = plan.tensors[pf.tensor];
+      const size_t elem = DTypeSize(t.dtype);
+      const int64_t e0 = static_cast<int64_t>(raw_offset / elem), e1 = static_cast<int64_t>((raw_offset + n) / elem);
+      if (cached != &pf || e0 < cache_begin || e1 > cache_end) {
+        const int64_t total = pf.region.num_elements();
+        const int64_t len = std::max<int64_t>(e1 - e0, std::min<int64_t>(total - e0, slab_bytes / elem));
+        slab.resize(static_cast<size_t>(len) * elem);
+        if (progress != nullptr) progress->SetDetail(t.name);
+        LL_RETURN_IF_ERROR(source.Read(source_index.at(t.name), format::SubRegion(pf.region, e0, e0 + len), slab.data())
+                               .Annotate("reading tensor '" + t.name + "' of " + source.description()));
+        if (progress != nullptr) progress->Add(static_cast<uint64_t>(len) * elem);
+        cached = &pf;
+        cache_begin = e0;
+        cache_end = e0 + len;
+      }
+      std::memcpy(dst, slab.data() + static_cast<size_t>(e0 - cache_begin) * elem, n);
+      return Status::OK();
+    };
+    w.rank = r;
+    LL_ASSIGN_OR_RETURN(format::CheckpointIndex index,
+                        WriteRankData(env, step_dir, plan, objects[r], r == 0 ? source.metadata_json() : std::string(),
+                                      w, reader));
+    for (const format::FragmentInfo& f : index.fragments)
+      report.bytes += static_cast<uint64_t>(f.region.num_elements()) * DTypeSize(index.tensors[f.tensor].dtype);
+    LL_ASSIGN_OR_RETURN(std::string encoded, format::EncodeIndex(index));
+    LL_ASSIGN_OR_RETURN(bool committed, PublishRankIndex(env, out, step, run_hash, r, world, encoded,
+                                                         /*retention=*/false, 0));
+    if (r + 1 == world && !committed)
+      return Status::Corruption(out, "step " + std::to_string(step) + " did not commit after its last rank index");
+    if (r + 1 == world) report.outputs.push_back(step_dir);
+  }
+  return report;
+}
+
+}  // namespace lifeline::cli
