@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <set>
 
 #include "formats/index_codec.h"
@@ -10,6 +11,7 @@
 #include "lib/src/commit.h"
 #include "lib/src/copy_engine.h"
 #include "lib/src/drainer.h"
+#include "lib/src/cuda_copy.h"
 #include "lib/src/memory_tier.h"
 #include "lib/src/persist_pipeline.h"
 #include "lib/src/save_job.h"
@@ -35,6 +37,11 @@ struct Checkpointer::Impl {
   // The newest job of each staging slot (caller's thread only): what the slot holds.
   std::vector<std::shared_ptr<internal::SaveJob>> slot_job;
   bool warned_streaming = false;
+  // Device snapshots (caller's thread only): a copy stream per CUDA device, and the slot memory
+  // page-locked for them (address and length per slot; null when not pinned).
+  std::map<int, std::unique_ptr<cuda::CopyStream>> copy_streams;
+  std::vector<std::pair<uint8_t*, uint64_t>> pinned;
+  bool warned_unpinned = false;
 };
 
 namespace {
@@ -50,7 +57,7 @@ format::Codec FormatCodec(SaveCodec codec) {
 
 // Splits the staged image into pieces of at most one chunk: the unit of copying, hashing and
 // per-tensor readiness.
-void PlanPieces(internal::SaveJob& job) {
+void PlanPieces(internal::SaveJob& job, const SaveRequest& request) {
   const RankSavePlan& plan = job.plan;
   const uint64_t chunk = job.write_options.chunk_bytes;
   job.pieces.reserve(job.index.chunks.size() + job.objects.size());
@@ -64,6 +71,7 @@ void PlanPieces(internal::SaveJob& job) {
       p.length = job.index.chunks[f.first_chunk + k].stored_length;
       p.target = f.first_chunk + k;
       p.request_tensor = pf.request_index;
+      p.device = request.tensors[pf.request_index].device >= 0;
       job.pieces.push_back(p);
     }
   }
@@ -76,6 +84,80 @@ void PlanPieces(internal::SaveJob& job) {
     p.object = true;
     job.pieces.push_back(p);
   }
+}
+
+// Queues the device-to-host copies of the job's device pieces into its staging slot, each device's
+// after the work queued so far on its producers' streams, and records one fence per device. On
+// failure, waits for whatever was queued (the slot is about to be released).
+struct DeviceState {
+  StagingArena* arena;
+  std::map<int, std::unique_ptr<cuda::CopyStream>>& copy_streams;
+  std::vector<std::pair<uint8_t*, uint64_t>>& pinned;
+  bool& warned_unpinned;
+};
+
+Status QueueDeviceCopies(DeviceState m, internal::SaveJob& job, const SaveRequest& request, unsigned slot) {
+  if (m.pinned.size() < m.arena->num_slots()) m.pinned.resize(m.arena->num_slots(), {nullptr, 0});
+  auto& pin = m.pinned[slot];
+  uint8_t* base = m.arena->data(slot);
+  const uint64_t capacity = m.arena->capacity(slot);
+  if (pin.first != base || pin.second != capacity) {
+    if (pin.first != nullptr) cuda::UnpinHostMemory(pin.first);
+    pin = {nullptr, 0};
+    Status s = cuda::PinHostMemory(base, capacity);
+    if (s.ok()) {
+      pin = {base, capacity};
+    } else if (!m.warned_unpinned) {
+      m.warned_unpinned = true;
+      Log(LogLevel::kWarning, "device snapshots go through pageable staging memory (slower, and the copy blocks "
+                              "the caller): " + s.ToString());
+    }
+  }
+  std::set<std::pair<int, void*>> waited;
+  std::set<int> used;
+  Status s;
+  for (size_t i = 0; i < job.pieces.size() && s.ok(); ++i) {
+    const internal::CopyPiece& p = job.pieces[i];
+    if (!p.device) continue;
+    const TensorShard& t = request.tensors[p.request_tensor];
+    std::unique_ptr<cuda::CopyStream>& stream = m.copy_streams[t.device];
+    if (stream == nullptr) {
+      Result<std::unique_ptr<cuda::CopyStream>> created = cuda::CopyStream::Create(t.device);
+      if (!created.ok()) {
+        m.copy_streams.erase(t.device);
+        s = created.status().Annotate("tensor '" + t.name + "'");
+        break;
+      }
+      stream = std::move(created).value();
+    }
+    if (waited.insert({t.device, t.stream}).second) s = stream->WaitFor(t.stream);
+    used.insert(t.device);
+    // Adjacent pieces of one fragment are contiguous on both sides: one copy for the run.
+    uint64_t length = p.length;
+    size_t j = i + 1;
+    for (; j < job.pieces.size(); ++j) {
+      const internal::CopyPiece& q = job.pieces[j];
+      if (!q.device || q.request_tensor != p.request_tensor || q.source != p.source + length ||
+          q.image_offset != p.image_offset + length)
+        break;
+      length += q.length;
+    }
+    if (s.ok()) s = stream->CopyToHost(job.image + p.image_offset, p.source, length);
+    i = j - 1;
+  }
+  for (int device : used) {
+    Result<std::shared_ptr<cuda::Fence>> fence = m.copy_streams[device]->Record();
+    if (fence.ok()) {
+      job.device_fences.push_back(std::move(fence).value());
+    } else if (s.ok()) {
+      s = fence.status();
+    }
+  }
+  if (!s.ok()) {
+    for (const auto& fence : job.device_fences) fence->Synchronize().IgnoreError();
+    job.device_fences.clear();
+  }
+  return s;
 }
 
 }  // namespace
@@ -97,6 +179,9 @@ Checkpointer::~Checkpointer() {
     }
     m.tier->RemoveSlotFiles();
   }
+  m.copy_streams.clear();  // waits for their copies
+  for (const auto& [base, length] : m.pinned)
+    if (base != nullptr) cuda::UnpinHostMemory(base);
   if (m.arena != nullptr) m.arena->ReleaseAll(/*unlink_files=*/false);
 }
 
@@ -229,6 +314,15 @@ SaveTicket Checkpointer::Save(uint64_t step, const SaveRequest& request) {
                                 "blocks until it is written");
   }
 
+  const bool has_device = std::any_of(request.tensors.begin(), request.tensors.end(),
+                                      [](const TensorShard& t) { return t.device >= 0; });
+  if (!slot && has_device) {
+    return refuse(Status::FailedPrecondition(where, "device tensors are snapshotted through a staging slot, and this "
+                                                    "snapshot (" + std::to_string(padded) +
+                                                    " bytes) gets none: raise staging_budget_bytes to at least "
+                                                    "staging_slots x that"),
+                  SavePhase::kFailed);
+  }
   if (!slot) {
     job->InitCounters(request.tensors.size(), /*streamed=*/true);
     m.pipeline->Submit(job);
@@ -249,7 +343,18 @@ SaveTicket Checkpointer::Save(uint64_t step, const SaveRequest& request) {
   EncodeDataHeader(o.rank, o.world_size, step, m.run_hash, job->image);
   std::memset(job->image + job->layout.bytes, 0, padded - job->layout.bytes);
   job->index = RawImageIndex(job->plan, job->objects, job->metadata_json, job->layout, w);
-  PlanPieces(*job);
+  PlanPieces(*job, request);
+  if (has_device) {
+    Status s = QueueDeviceCopies(DeviceState{m.arena.get(), m.copy_streams, m.pinned, m.warned_unpinned}, *job,
+                                 request, *slot);
+    if (!s.ok()) {
+      previous = nullptr;
+      m.arena->Release(*slot);
+      job->slot.reset();
+      job->image = nullptr;
+      return refuse(s.Annotate(where), SavePhase::kFailed);
+    }
+  }
   job->InitCounters(request.tensors.size());
   if (m.tier != nullptr) {
     MemoryTier* tier = m.tier.get();
@@ -379,6 +484,34 @@ Result<LoadResult> LoadFromRoot(Env* env, const std::string& root, std::optional
 }  // namespace
 
 Result<LoadResult> Checkpointer::Load(std::optional<uint64_t> step, const LoadRequest& request) {
+  // Device targets are filled through host buffers, then copied to their devices.
+  std::vector<size_t> on_device;
+  for (size_t i = 0; i < request.tensors.size(); ++i)
+    if (request.tensors[i].device >= 0) on_device.push_back(i);
+  if (on_device.empty()) return LoadHost(step, request);
+  if (!cuda::Built()) return cuda::CopyStream::Create(0).status().Annotate("loading tensor '" + request.tensors[on_device[0]].name + "'");
+  LoadRequest host = request;
+  std::vector<std::unique_ptr<uint8_t[]>> buffers;
+  for (size_t i : on_device) {
+    TensorShard& t = host.tensors[i];
+    buffers.emplace_back(new (std::nothrow) uint8_t[std::max<uint64_t>(1, t.num_bytes())]);
+    if (buffers.back() == nullptr)
+      return Status::ResourceExhausted("loading tensor '" + t.name + "'", "no host memory for its " +
+                                                                          std::to_string(t.num_bytes()) + " bytes");
+    t.data = buffers.back().get();
+    t.device = -1;
+  }
+  LL_ASSIGN_OR_RETURN(LoadResult result, LoadHost(step, host));
+  for (size_t k = 0; k < on_device.size(); ++k) {
+    const TensorShard& t = request.tensors[on_device[k]];
+    if (t.num_bytes() == 0) continue;
+    LL_RETURN_IF_ERROR(cuda::CopyToDevice(t.device, t.data, buffers[k].get(), t.num_bytes())
+                           .Annotate("loading tensor '" + t.name + "'"));
+  }
+  return result;
+}
+
+Result<LoadResult> Checkpointer::LoadHost(std::optional<uint64_t> step, const LoadRequest& request) {
   Impl& m = *impl_;
   if (m.tier != nullptr) {
     // The memory tier wins when it holds the asked-for step, or a newest step at least as new as

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -112,7 +113,19 @@ void CopyEngine::Run() {
     for (std::optional<size_t> i; (i = job->ClaimPiece());) {
       const internal::CopyPiece& p = job->pieces[*i];
       uint64_t checksum = 0;
-      if (!job->cancelled()) checksum = CopyAndHash(job->image + p.image_offset, p.source, p.length);
+      if (p.device) {
+        // The device's copy engine has written (or is writing) the bytes into the image: wait for
+        // it, even for a cancelled job (the slot must not be reused under a DMA write), then
+        // checksum them where they landed.
+        Status s = job->WaitDeviceCopies();
+        if (!s.ok()) {
+          job->Fail(s.Annotate("snapshot of step " + std::to_string(job->step)));
+        } else if (!job->cancelled()) {
+          checksum = format::Checksum64(job->image + p.image_offset, p.length);
+        }
+      } else if (!job->cancelled()) {
+        checksum = CopyAndHash(job->image + p.image_offset, p.source, p.length);
+      }
       job->PieceDone(*i, checksum);
     }
     std::lock_guard<std::mutex> lock(mu_);

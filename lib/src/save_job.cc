@@ -246,6 +246,19 @@ SaveProgress SaveJob::Progress() const {
   return p;
 }
 
+Status SaveJob::WaitDeviceCopies() {
+  std::call_once(device_once_, [this] {
+    for (const auto& fence : device_fences) {
+      Status s = fence->Synchronize();
+      if (!s.ok()) {
+        device_status_ = s;
+        break;
+      }
+    }
+  });
+  return device_status_;
+}
+
 }  // namespace internal
 
 // ---- SaveTicket: forwards to the job ----
@@ -258,6 +271,15 @@ uint64_t SaveTicket::step() const { return job_ ? job_->step : 0; }
 Status SaveTicket::WaitSnapshot() const { return job_ ? job_->WaitSnapshot() : NoSave(); }
 Status SaveTicket::WaitTensor(size_t i) const { return job_ ? job_->WaitTensor(i) : NoSave(); }
 bool SaveTicket::TensorCopied(size_t i) const { return job_ && job_->TensorCopied(i); }
+Status SaveTicket::FenceOn(void* stream) const {
+  if (!job_) return NoSave();
+  // No fence: no device shard (nothing to order), or a save refused before its copies were
+  // queued (its error).
+  if (job_->device_fences.empty()) return job_->status();
+  for (const auto& fence : job_->device_fences) LL_RETURN_IF_ERROR(fence->OrderStream(stream));
+  return Status::OK();
+}
+
 Status SaveTicket::WaitPersisted() const { return job_ ? job_->WaitPersisted() : NoSave(); }
 Status SaveTicket::WaitCommitted(double timeout_seconds) const {
   return job_ ? job_->WaitCommitted(timeout_seconds) : NoSave();

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "formats/model.h"
+#include "lib/src/cuda_copy.h"
 #include "lib/src/saver.h"
 #include "lifeline/checkpoint.h"
 #include "lifeline/env.h"
@@ -30,7 +31,10 @@ namespace lifeline::internal {
 // Copy `length` bytes from `source` to image offset `image_offset`, hashing them as chunk
 // `target` of the index (or object `target` when `object`).
 struct CopyPiece {
+  // Host memory to copy; for a device piece the device address, already copied into the image by
+  // the job's device copies (the copy engine then only checksums the image).
   const uint8_t* source = nullptr;
+  bool device = false;
   uint64_t image_offset = 0;
   uint64_t length = 0;
   uint64_t target = 0;
@@ -60,6 +64,11 @@ class SaveJob {
   std::optional<unsigned> slot;    // the staging slot it holds
   uint64_t block_bytes = 0;        // granularity of block readiness
   uint64_t bytes_total = 0;
+  // Fences after the device-to-host copies of the device pieces, one per device (set by Save
+  // before the job reaches the copy engine).
+  std::vector<std::shared_ptr<cuda::Fence>> device_fences;
+  // Waits (once; later calls return the same status) for every device copy of the job.
+  Status WaitDeviceCopies();
   // Run on the copy thread that finishes the copy, after the snapshot is marked complete.
   std::function<void(SaveJob&)> on_copied;
   // The rank index as persisted on disk (set by the persist pipeline before it reports the job).
@@ -115,6 +124,8 @@ class SaveJob {
  private:
   void CompleteCopy();
 
+  std::once_flag device_once_;
+  Status device_status_;  // written once under device_once_
   std::atomic<size_t> next_piece_{0};
   std::atomic<size_t> pieces_left_{0};
   std::atomic<bool> cancelled_{false};

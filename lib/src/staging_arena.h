@@ -78,6 +78,7 @@ class StagingArena {
   Status Prepare(uint64_t bytes);
   // Only the holder of an acquired slot touches its memory.
   uint8_t* data(unsigned i) const { return slots_[i]->data(); }
+  uint64_t capacity(unsigned i) const { return slots_[i]->capacity(); }
   const std::string& shm_path(unsigned i) const { return slots_[i]->shm_path(); }
   // Unmaps every slot, unlinking shared-memory files when asked. Call with no slot held.
   void ReleaseAll(bool unlink_files);

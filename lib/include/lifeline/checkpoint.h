@@ -63,6 +63,13 @@ struct TensorShard {
   // (flat_end - flat_begin) elements. Save reads it until the ticket's snapshot is complete (or,
   // per tensor, until TensorCopied); the caller keeps it alive and unchanged until then.
   void* data = nullptr;
+  // Where `data` lives: host memory (-1, the default) or the memory of CUDA device `device`. A
+  // device shard is snapshotted by the device's copy engine into pinned host staging, on a stream
+  // of the library's, after the work queued so far on `stream` (the producer's cudaStream_t;
+  // nullptr: the legacy default stream); SaveTicket::FenceOn orders the training stream after that
+  // copy without blocking the CPU. Loads copy host to device. NotSupported in a build without CUDA.
+  int device = -1;
+  void* stream = nullptr;
 
   static TensorShard Whole(std::string name, DType dtype, std::vector<int64_t> shape, void* data);
   static TensorShard Box(std::string name, DType dtype, std::vector<int64_t> global_shape,
@@ -75,6 +82,12 @@ struct TensorShard {
   TensorShard& Replica(uint32_t index, uint32_t count) {
     replica_index = index;
     replica_count = count;
+    return *this;
+  }
+  // Marks `data` as memory of CUDA device `device_index`, produced by work on `producer_stream`.
+  TensorShard& OnDevice(int device_index, void* producer_stream = nullptr) {
+    device = device_index;
+    stream = producer_stream;
     return *this;
   }
 
@@ -244,6 +257,14 @@ class SaveTicket {
   Status WaitTensor(size_t i) const;
   bool TensorCopied(size_t i) const;
 
+  // Device shards (TensorShard::device >= 0): makes `stream` (a cudaStream_t; nullptr is the
+  // legacy default stream) wait on the GPU until this save's device-to-host copies have finished,
+  // and returns at once: kernels queued on `stream` afterwards (the optimizer step) may overwrite
+  // the device tensors, and the checkpoint still holds their values at Save. Host shards of the
+  // same save still need WaitSnapshot/WaitTensor. OK with nothing to do when the save has no
+  // device shard; the save's error when it failed before its copies were queued.
+  Status FenceOn(void* stream) const;
+
   // Blocks until this rank's data and index are durable (or the save failed).
   Status WaitPersisted() const;
   // Blocks until every rank's index is present (the checkpoint is visible), polling the file
@@ -290,7 +311,9 @@ class Checkpointer {
   // Loads step `step`, or the newest complete checkpoint when empty, into the request's targets:
   // from the memory tier when it holds a complete checkpoint at least as new as the disk's newest
   // (checksums verified; damage falls back to disk), else from disk. NotFound when there is no
-  // complete checkpoint (partial ones are never used).
+  // complete checkpoint (partial ones are never used). Device targets (TensorShard::device >= 0)
+  // are filled through a host buffer of their size, then copied to their device before Load
+  // returns.
   Result<LoadResult> Load(std::optional<uint64_t> step, const LoadRequest& request);
 
   // Every step directory under the root, newest first, complete or not.
@@ -312,6 +335,7 @@ class Checkpointer {
 
  private:
   explicit Checkpointer(CheckpointerOptions options);
+  Result<LoadResult> LoadHost(std::optional<uint64_t> step, const LoadRequest& request);
   CheckpointerOptions options_;
   struct Impl;
   std::unique_ptr<Impl> impl_;
