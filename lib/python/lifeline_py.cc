@@ -43,9 +43,10 @@ void Check(const Status& s) {
 }
 
 // One tensor as the Python side describes it:
-// (name, dtype, global_shape, offsets, shape, flat_begin, flat_end, replica_index, replica_count, address)
+// (name, dtype, global_shape, offsets, shape, flat_begin, flat_end, replica_index, replica_count, address,
+//  device (-1: host memory), producer stream (a cudaStream_t as an integer; 0: the default stream))
 using TensorSpec = std::tuple<std::string, std::string, std::vector<int64_t>, std::vector<int64_t>,
-                              std::vector<int64_t>, int64_t, int64_t, uint32_t, uint32_t, uintptr_t>;
+                              std::vector<int64_t>, int64_t, int64_t, uint32_t, uint32_t, uintptr_t, int, uintptr_t>;
 
 std::vector<TensorShard> ToShards(const std::vector<TensorSpec>& specs) {
   std::vector<TensorShard> out;
@@ -67,6 +68,8 @@ std::vector<TensorShard> ToShards(const std::vector<TensorSpec>& specs) {
     t.replica_index = std::get<7>(s);
     t.replica_count = std::get<8>(s);
     t.data = reinterpret_cast<void*>(std::get<9>(s));
+    t.device = std::get<10>(s);
+    t.stream = reinterpret_cast<void*>(std::get<11>(s));
     out.push_back(std::move(t));
   }
   return out;
@@ -138,6 +141,8 @@ class Ticket {
     Check(s);
   }
   bool TensorCopied(size_t i) const { return ticket_.TensorCopied(i); }
+  // Orders CUDA stream `stream` after this save's device copies; the CPU does not wait.
+  void FenceOn(uintptr_t stream) { Check(ticket_.FenceOn(reinterpret_cast<void*>(stream))); }
   void WaitPersisted() {
     WaitSnapshot();
     Status s;
@@ -427,6 +432,7 @@ PYBIND11_MODULE(_lifeline, m) {
       .def("wait_snapshot", &Ticket::WaitSnapshot)
       .def("wait_tensor", &Ticket::WaitTensor)
       .def("tensor_copied", &Ticket::TensorCopied)
+      .def("fence_on", &Ticket::FenceOn)
       .def("wait_persisted", &Ticket::WaitPersisted)
       .def("wait_committed", &Ticket::WaitCommitted)
       .def("progress", &Ticket::Progress)
@@ -453,6 +459,7 @@ PYBIND11_MODULE(_lifeline, m) {
   });
 
   // Tracing: thin wrappers; every one returns at once when no agent is present.
+  m.def("cuda_built", [] { return CudaCopyEngineBuilt(); });
   m.def("trace_active", [] { return trace::Active(); });
   m.def("trace_step_begin", [](uint64_t step) { trace::StepBegin(step); });
   m.def("trace_step_end", [](uint64_t step) { trace::StepEnd(step); });

@@ -162,6 +162,8 @@ Status QueueDeviceCopies(DeviceState m, internal::SaveJob& job, const SaveReques
 
 }  // namespace
 
+bool CudaCopyEngineBuilt() { return cuda::Built(); }
+
 Checkpointer::Checkpointer(CheckpointerOptions options) : options_(std::move(options)), impl_(new Impl) {}
 
 Checkpointer::~Checkpointer() {

@@ -279,6 +279,10 @@ class SaveTicket {
   std::shared_ptr<internal::SaveJob> job_;
 };
 
+// True when this liblifeline has the CUDA copy engine (built with the toolkit); device shards
+// then need a visible CUDA device at run time.
+bool CudaCopyEngineBuilt();
+
 class Checkpointer {
  public:
   static Result<std::unique_ptr<Checkpointer>> Open(CheckpointerOptions options);

@@ -54,6 +54,16 @@ class Ticket:
             raise KeyError(f"no tensor {path!r} in the save of step {self.step}") from None
         self._impl.wait_tensor(index)
 
+    def fence_on(self, stream=None):
+        """CUDA tensors: makes `stream` (a torch.cuda.Stream; default: the current stream) wait on the
+        GPU until this save's device-to-host copies are done, and returns at once. Kernels queued on
+        it afterwards (the optimizer step) may overwrite the tensors; the checkpoint still holds their
+        values at save(). Host tensors of the same save still need wait_snapshot()."""
+        import torch
+        if stream is None:
+            stream = torch.cuda.current_stream()
+        self._impl.fence_on(int(stream.cuda_stream))
+
     def wait_persisted(self):
         """Blocks until this rank's data and index are durable."""
         self._impl.wait_persisted()
@@ -118,7 +128,8 @@ class Checkpointer:
         self.rank = int(rank)
         self.world_size = int(world_size)
         self._impl = _lifeline.Checkpointer(self.directory, self.rank, self.world_size, options)
-        self._pending = []        # tickets whose snapshot may still read the caller's tensors
+        self._pending = []        # (ticket, device_only) whose snapshot may still read the caller's tensors
+        self._fenced = []         # device-only tickets a stream was fenced on, kept until copied
         self._last = None
         self._announced = False   # process_start sent to the agent
         self.last_load = None
@@ -147,7 +158,9 @@ class Checkpointer:
         specs, keep, objects, names = self._request(state)
         meta = _json.dumps(metadata) if metadata is not None else ""
         impl = self._impl.save(int(step), specs, objects, meta, keep)
-        self._pending.append(impl)
+        # A save of CUDA tensors only: the optimizer may be ordered after its copies on the GPU.
+        device_only = bool(specs) and all(spec[10] >= 0 for spec in specs)
+        self._pending.append((impl, device_only))
         self._last = Ticket(impl, names)
         return self._last
 
@@ -158,18 +171,27 @@ class Checkpointer:
         self._impl.prepare_staging(specs, objects, "")
 
     def wait_snapshot(self):
-        """Waits until no save reads the caller's tensors any more (guard_optimizer calls this)."""
+        """Waits until no save reads the caller's tensors any more (guard_optimizer calls this).
+
+        Saves of CUDA tensors only are not waited for: the current CUDA stream is made to wait for
+        their copies on the GPU instead (Ticket.fence_on), so the CPU goes on at once."""
         pending, self._pending = self._pending, []
         errors = []
-        for impl in pending:
+        for impl, device_only in pending:
             try:
-                impl.wait_snapshot()
+                if device_only:
+                    import torch
+                    impl.fence_on(int(torch.cuda.current_stream().cuda_stream))
+                    self._fenced.append(impl)
+                else:
+                    impl.wait_snapshot()
             except Error as e:  # a failed save has let go of the tensors too; report it via its ticket
                 errors.append(e)
         return errors
 
     def _prune(self):
-        self._pending = [t for t in self._pending if not t.snapshot_done()]
+        self._pending = [(t, d) for t, d in self._pending if not t.snapshot_done()]
+        self._fenced = [t for t in self._fenced if not t.snapshot_done()]
 
     @property
     def last_ticket(self):
@@ -241,6 +263,7 @@ class Checkpointer:
         """Waits until every save so far is persisted; raises the first error among them."""
         self._impl.flush()
         self._pending = []
+        self._fenced = []
 
     def collect_garbage(self):
         self._impl.collect_garbage()
@@ -263,6 +286,7 @@ class Checkpointer:
         if not self._impl.closed:
             self._impl.close()
         self._pending = []
+        self._fenced = []
 
     @property
     def closed(self):

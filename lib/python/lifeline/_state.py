@@ -136,12 +136,29 @@ def _dtype_name(t, path):
 
 
 def _check_host(t, path):
+    """Checks a tensor can be saved; CUDA tensors go through the library's CUDA copy engine."""
     if torch is not None and isinstance(t, torch.Tensor):
-        if t.device.type != "cpu":
-            raise TypeError(f"state[{path!r}]: a {t.device.type} tensor; this build of Lifeline snapshots host "
-                            f"memory only (move it with .cpu(), or build with the CUDA copy engine)")
+        if t.device.type not in ("cpu", "cuda"):
+            raise TypeError(f"state[{path!r}]: a {t.device.type} tensor; Lifeline snapshots host and CUDA "
+                            f"memory (move it with .cpu())")
+        if t.device.type == "cuda" and not _lifeline_cuda_built():
+            raise TypeError(f"state[{path!r}]: a CUDA tensor, and this build of Lifeline has no CUDA copy engine "
+                            f"(rebuild with the CUDA toolkit, LIFELINE_CUDA=ON, or move it with .cpu())")
         if t.is_sparse or t.layout != torch.strided:
             raise TypeError(f"state[{path!r}]: only dense (strided) tensors can be saved")
+
+
+def _lifeline_cuda_built():
+    from . import _lifeline
+    return _lifeline.cuda_built()
+
+
+def _device(t):
+    """(device ordinal, producer stream) of a CUDA tensor; (-1, 0) for host memory."""
+    if torch is not None and isinstance(t, torch.Tensor) and t.device.type == "cuda":
+        index = t.device.index if t.device.index is not None else torch.cuda.current_device()
+        return index, torch.cuda.current_stream(index).cuda_stream
+    return -1, 0
 
 
 def _contiguous(t):
@@ -218,7 +235,9 @@ def tensor_spec(path, leaf):
     if _numel(t.shape) != e - b:
         raise ValueError(f"state[{path!r}]: the tensor has {_numel(t.shape)} elements, its Shard describes {e - b}")
     c = _contiguous(t)
-    spec = (path, _dtype_name(t, path), global_shape, offsets, shape, b, e, ri, rc, _address(c) if e > b else 0)
+    device, stream = _device(c)
+    spec = (path, _dtype_name(t, path), global_shape, offsets, shape, b, e, ri, rc, _address(c) if e > b else 0,
+            device, stream)
     return spec, c
 
 
