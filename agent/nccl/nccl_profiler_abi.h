@@ -8,7 +8,8 @@
 //
 // Which NCCL looks for which table (NCCL dlopens the plugin, then dlsyms the newest name it knows,
 // falling back to older ones):
-//   ncclProfiler_v4  NCCL 2.26 and 2.27 (v4 added KernelCh timers and the comm arguments of init)
+//   ncclProfiler_v4  the newest table of NCCL 2.27 (v4 added the KernelCh GPU timers and the
+//                    communicator arguments of init)
 //   ncclProfiler_v5  NCCL 2.28 (libnccl 2.28.9 knows v1..v5: its strings name getNcclProfiler_v5
 //                    and nothing newer); adds the API events (GroupApi, CollApi, P2pApi,
 //                    KernelLaunch), a 64-bit type field, and moves commId before the mask in init

@@ -963,6 +963,9 @@ void AddBenchCommands(CLI::App& root, std::vector<Command>* commands) {
   AddBenchCompressCommand(bench, commands);
   AddBenchTrainCommand(bench, commands);
   AddBenchTraceCommand(bench, commands);
+#if defined(LIFELINE_HAVE_CUDA)
+  AddBenchGpuCommand(bench, commands);
+#endif
 
   auto save = std::make_shared<SaveOptions>();
   CLI::App* save_app = bench->add_subcommand(

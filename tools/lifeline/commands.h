@@ -49,6 +49,8 @@ void AddBenchCompressCommand(CLI::App* bench, std::vector<Command>* commands);
 void AddBenchTrainCommand(CLI::App* bench, std::vector<Command>* commands);
 // Adds `bench trace` under the `bench` command (bench_trace.cc).
 void AddBenchTraceCommand(CLI::App* bench, std::vector<Command>* commands);
+// Adds `bench gpu` under the `bench` command (bench_gpu.cc; built with the CUDA copy engine only).
+void AddBenchGpuCommand(CLI::App* bench, std::vector<Command>* commands);
 
 // How `bench save` and `bench train` tune their Checkpointers, as typed on the command line
 // (bench.cc). Zero or empty leaves the library's default.
