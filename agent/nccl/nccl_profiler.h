@@ -20,7 +20,7 @@
 // op comes from the function name ("AllReduce" -> kAllReduce, "AlltoAll" -> kAllToAll, "Send",
 // "Recv"; others kOther), bytes = count x the datatype's size (NCCL already passes AllGather and
 // Broadcast as bytes of ncclInt8). End also carries op, bytes and duration_ns (End - Begin, host
-// clock) and in aux the flags below. step is left kNoStep.
+// clock) and in aux the flags below. step is the one the process is in (trace::Record fills it).
 //
 // Sequence numbers: NCCL's own coll.seqNumber counts per function (AllReduce and AllGather each
 // from 0) and skips graph-captured work, so it cannot number a communicator's collectives in

@@ -282,7 +282,10 @@ void ProcessExit() {
 void Record(const Event& event) {
   Tracer* t = Get();
   if (t == nullptr) return;
-  Emit(t, event);
+  Event e = event;
+  // Integrations that do not know the step (the NCCL plugin) get the one the process is in.
+  if (e.step == kNoStep) e.step = t->step.load(std::memory_order_relaxed);
+  Emit(t, e);
 }
 
 Status DumpRecent(const std::string& path, uint64_t max_events) {

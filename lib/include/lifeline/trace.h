@@ -102,8 +102,10 @@ void Heartbeat();
 void ProcessStart(uint64_t resumed_step);
 // An orderly end: the agent tells it apart from a crash that happens to exit 0.
 void ProcessExit();
-// Records `event` as given (time_ns filled in when 0): for integrations that produce their own
-// events, such as the NCCL profiler plugin.
+// Records `event` as given (time_ns filled in when 0, step when kNoStep: the step the process is
+// in): for integrations that produce their own events, such as the NCCL profiler plugin, which
+// also sets aux on kCollectiveEnd (1: only the enqueue was seen, completion unknown; 2: closed
+// because a later operation on the communicator completed).
 void Record(const Event& event);
 
 // Writes the ring's newest `max_events` events to `path`, one JSON object per line, oldest
