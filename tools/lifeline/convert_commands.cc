@@ -149,7 +149,8 @@ void AddConvertOptions(CLI::App* app, ConvertArgs* a) {
   app->add_option("--step", a->step, "Step of a checkpoint source (default: the newest complete one)")
       ->check(CLI::NonNegativeNumber);
   app->add_option("--memory-budget", a->memory_budget, "Bytes of tensor data in memory at once (default 256MiB)");
-  app->add_option("--select", a->select, "Only tensors whose name starts with this prefix (repeatable)");
+  app->add_option("--select", a->select, "Only tensors whose name starts with this prefix (repeatable)")
+      ->allow_extra_args(false);  // one prefix per --select, so a positional may follow it
   app->add_flag("--force", a->force, "Replace existing output files");
   app->add_flag("--json", a->json, "Print one JSON object on stdout");
 }
