@@ -924,9 +924,12 @@ void AddBenchSaveTuningOptions(CLI::App* app, BenchSaveTuning* t) {
                   "Host staging memory per rank, e.g. 8GiB (default: the library's); a snapshot larger than "
                   "budget / slots is streamed to disk instead");
   app->add_option("--slots", t->slots, "Staging slots per rank (default: the library's)")->check(CLI::Range(1, 16));
+  app->add_flag("--no-register-buffers", t->no_register_buffers,
+                "Do not register the staging slots with io_uring as fixed buffers");
 }
 
 Status ApplyBenchSaveTuning(const BenchSaveTuning& t, CheckpointerOptions* c) {
+  if (t.no_register_buffers) c->register_buffers = false;
   if (t.codec == "none") {
     c->codec = SaveCodec::kNone;
   } else if (t.codec == "zstd") {

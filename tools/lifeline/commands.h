@@ -61,8 +61,10 @@ struct BenchSaveTuning {
   unsigned copy_threads = 0;
   std::string staging_budget;   // a byte size, e.g. 8GiB
   unsigned slots = 0;
+  bool no_register_buffers = false;
 };
-// Adds --codec, --codec-level, --memory-tier, --copy-threads, --staging-budget and --slots to `app`.
+// Adds --codec, --codec-level, --memory-tier, --copy-threads, --staging-budget, --slots and
+// --no-register-buffers to `app`.
 void AddBenchSaveTuningOptions(CLI::App* app, BenchSaveTuning* tuning);
 // Applies `tuning` to `options`; InvalidArgument naming the option when a value is not valid.
 Status ApplyBenchSaveTuning(const BenchSaveTuning& tuning, CheckpointerOptions* options);
