@@ -87,24 +87,6 @@ T Get(const char* p) {
 
 // ---- message helpers ----
 
-// Names from a hostile file go into error messages: keep them short and printable.
-std::string Quote(std::string_view s) {
-  constexpr size_t kMaxShown = 120;
-  std::string out = "'";
-  for (size_t i = 0; i < s.size() && i < kMaxShown; ++i) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    if (c < 0x20 || c == 0x7f || c == '\'' || c == '\\') {
-      char buf[8];
-      std::snprintf(buf, sizeof(buf), "\\x%02x", c);
-      out += buf;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  if (s.size() > kMaxShown) out += "...";
-  out += "'";
-  return out;
-}
 
 std::string ShapeString(const std::vector<int64_t>& shape) {
   std::string out = "[";
@@ -203,12 +185,12 @@ class IndexValidator {
     for (size_t i = 0; i < index_.files.size(); ++i) {
       const FileInfo& f = index_.files[i];
       if (!IsSafeFileName(f.name))
-        return Fail("file " + std::to_string(i) + ": unsafe file name " + Quote(f.name) +
+        return Fail("file " + std::to_string(i) + ": unsafe file name " + QuoteUntrusted(f.name) +
                     " (must be 1.." + std::to_string(kMaxFileNameBytes) +
                     " characters of [A-Za-z0-9._-], not starting with '.')");
-      if (!names.insert(f.name).second) return Fail("file " + std::to_string(i) + ": duplicate file name " + Quote(f.name));
+      if (!names.insert(f.name).second) return Fail("file " + std::to_string(i) + ": duplicate file name " + QuoteUntrusted(f.name));
       if (!RankAllowed(f.rank))
-        return Fail("file " + std::to_string(i) + " " + Quote(f.name) + ": rank " + std::to_string(f.rank) +
+        return Fail("file " + std::to_string(i) + " " + QuoteUntrusted(f.name) + ": rank " + std::to_string(f.rank) +
                     " is not " + RankRule());
     }
     return Status::OK();
@@ -220,7 +202,7 @@ class IndexValidator {
       return Fail(std::string(what) + " " + std::to_string(i) + ": name of " + std::to_string(name.size()) +
                   " bytes exceeds " + std::to_string(kMaxNameBytes));
     if (name.find('\0') != std::string::npos)
-      return Fail(std::string(what) + " " + std::to_string(i) + ": name " + Quote(name) + " contains a NUL byte");
+      return Fail(std::string(what) + " " + std::to_string(i) + ": name " + QuoteUntrusted(name) + " contains a NUL byte");
     return Status::OK();
   }
 
@@ -231,15 +213,15 @@ class IndexValidator {
     for (size_t i = 0; i < index_.tensors.size(); ++i) {
       const TensorInfo& t = index_.tensors[i];
       LL_RETURN_IF_ERROR(CheckName("tensor", i, t.name));
-      if (!names.insert(t.name).second) return Fail("tensor " + std::to_string(i) + ": duplicate name " + Quote(t.name));
+      if (!names.insert(t.name).second) return Fail("tensor " + std::to_string(i) + ": duplicate name " + QuoteUntrusted(t.name));
       if (!IsValidDType(static_cast<uint8_t>(t.dtype)))
-        return Fail("tensor " + Quote(t.name) + ": invalid dtype code " + std::to_string(static_cast<unsigned>(t.dtype)));
+        return Fail("tensor " + QuoteUntrusted(t.name) + ": invalid dtype code " + std::to_string(static_cast<unsigned>(t.dtype)));
       if (t.shape.size() > kMaxRank)
-        return Fail("tensor " + Quote(t.name) + ": " + std::to_string(t.shape.size()) +
+        return Fail("tensor " + QuoteUntrusted(t.name) + ": " + std::to_string(t.shape.size()) +
                     " dimensions exceed the limit of " + std::to_string(kMaxRank));
       uint64_t bytes = 0;
       if (!CheckedVolume(t.shape, &volumes_[i]) || !RawBytes(volumes_[i], t.dtype, &bytes))
-        return Fail("tensor " + Quote(t.name) + ": shape " + ShapeString(t.shape) +
+        return Fail("tensor " + QuoteUntrusted(t.name) + ": shape " + ShapeString(t.shape) +
                     " has a negative extent or its size overflows");
     }
     return Status::OK();
@@ -247,7 +229,7 @@ class IndexValidator {
 
   std::string FragmentName(size_t i, const FragmentInfo& fr) const {
     std::string s = "fragment " + std::to_string(i);
-    if (fr.tensor < index_.tensors.size()) s += " of tensor " + Quote(index_.tensors[fr.tensor].name);
+    if (fr.tensor < index_.tensors.size()) s += " of tensor " + QuoteUntrusted(index_.tensors[fr.tensor].name);
     return s;
   }
 
@@ -305,7 +287,7 @@ class IndexValidator {
       const FileInfo& file = index_.files[fr.file];
       if (fr.offset > file.size || stored > file.size - fr.offset)
         return Fail(FragmentName(i, fr) + ": bytes [" + std::to_string(fr.offset) + ", +" + std::to_string(stored) +
-                    ") lie outside file " + Quote(file.name) + " of " + std::to_string(file.size) + " bytes");
+                    ") lie outside file " + QuoteUntrusted(file.name) + " of " + std::to_string(file.size) + " bytes");
     }
     return Status::OK();
   }
@@ -315,14 +297,14 @@ class IndexValidator {
       const ObjectInfo& o = index_.objects[i];
       LL_RETURN_IF_ERROR(CheckName("object", i, o.name));
       if (!RankAllowed(o.rank))
-        return Fail("object " + Quote(o.name) + ": rank " + std::to_string(o.rank) + " is not " + RankRule());
+        return Fail("object " + QuoteUntrusted(o.name) + ": rank " + std::to_string(o.rank) + " is not " + RankRule());
       if (o.file >= index_.files.size())
-        return Fail("object " + Quote(o.name) + ": file " + std::to_string(o.file) + " out of range (" +
+        return Fail("object " + QuoteUntrusted(o.name) + ": file " + std::to_string(o.file) + " out of range (" +
                     std::to_string(index_.files.size()) + " files)");
       const FileInfo& file = index_.files[o.file];
       if (o.offset > file.size || o.length > file.size - o.offset)
-        return Fail("object " + Quote(o.name) + ": bytes [" + std::to_string(o.offset) + ", +" +
-                    std::to_string(o.length) + ") lie outside file " + Quote(file.name) + " of " +
+        return Fail("object " + QuoteUntrusted(o.name) + ": bytes [" + std::to_string(o.offset) + ", +" +
+                    std::to_string(o.length) + ") lie outside file " + QuoteUntrusted(file.name) + " of " +
                     std::to_string(file.size) + " bytes");
     }
     return Status::OK();
@@ -585,6 +567,24 @@ class StringTable {
 
 }  // namespace
 
+std::string QuoteUntrusted(std::string_view s) {
+  constexpr size_t kMaxShown = 120;
+  std::string out = "'";
+  for (size_t i = 0; i < s.size() && i < kMaxShown; ++i) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c < 0x20 || c == 0x7f || c == '\'' || c == '\\') {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\x%02x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  if (s.size() > kMaxShown) out += "...(" + std::to_string(s.size()) + " bytes)";
+  out += "'";
+  return out;
+}
+
 bool IsSafeFileName(std::string_view name) {
   if (name.empty() || name.size() > kMaxFileNameBytes || name.front() == '.') return false;
   for (char c : name) {
@@ -774,8 +774,8 @@ Result<CheckpointIndex> BuildManifest(std::vector<CheckpointIndex> rank_indexes)
       return Status::InvalidArgument(kWhat, who + " is for step " + std::to_string(idx.step) + ", rank " +
                                                 std::to_string(first.rank) + "'s for step " + std::to_string(first.step));
     if (idx.run_id != first.run_id)
-      return Status::InvalidArgument(kWhat, who + " has run id " + Quote(idx.run_id) + ", rank " +
-                                                std::to_string(first.rank) + "'s has " + Quote(first.run_id));
+      return Status::InvalidArgument(kWhat, who + " has run id " + QuoteUntrusted(idx.run_id) + ", rank " +
+                                                std::to_string(first.rank) + "'s has " + QuoteUntrusted(first.run_id));
     if (idx.chunk_bytes != first.chunk_bytes)
       return Status::InvalidArgument(kWhat, who + " has chunk size " + std::to_string(idx.chunk_bytes) + ", rank " +
                                                 std::to_string(first.rank) + "'s has " +
@@ -828,7 +828,7 @@ Result<CheckpointIndex> BuildManifest(std::vector<CheckpointIndex> rank_indexes)
       } else {
         const TensorInfo& known = manifest.tensors[it->second.index];
         if (known.dtype != info.dtype || known.shape != info.shape)
-          return Status::InvalidArgument(kWhat, "tensor " + Quote(info.name) + ": rank " + std::to_string(r) +
+          return Status::InvalidArgument(kWhat, "tensor " + QuoteUntrusted(info.name) + ": rank " + std::to_string(r) +
                                                     " declares " + DTypeString(info.dtype) + " " + ShapeString(info.shape) +
                                                     " but rank " + std::to_string(it->second.first_rank) + " declares " +
                                                     DTypeString(known.dtype) + " " + ShapeString(known.shape));
@@ -841,7 +841,7 @@ Result<CheckpointIndex> BuildManifest(std::vector<CheckpointIndex> rank_indexes)
     for (const FileInfo& f : idx.files) {
       auto [it, inserted] = file_by_name.try_emplace(f.name, r);
       if (!inserted)
-        return Status::InvalidArgument(kWhat, "file " + Quote(f.name) + " is listed by rank " + std::to_string(it->second) +
+        return Status::InvalidArgument(kWhat, "file " + QuoteUntrusted(f.name) + " is listed by rank " + std::to_string(it->second) +
                                                   " and rank " + std::to_string(r));
       manifest.files.push_back(f);
     }
@@ -874,7 +874,7 @@ Result<CheckpointIndex> BuildManifest(std::vector<CheckpointIndex> rank_indexes)
     CheckedVolume(manifest.tensors[t].shape, &volume);  // validated above
     if (covered[t] != volume)
       return Status::InvalidArgument(
-          kWhat, "tensor " + Quote(manifest.tensors[t].name) + ": the ranks' fragments hold " +
+          kWhat, "tensor " + QuoteUntrusted(manifest.tensors[t].name) + ": the ranks' fragments hold " +
                      std::to_string(covered[t]) + " elements but the tensor has " + std::to_string(volume) +
                      (covered[t] < volume ? " (part of it was written by no rank)"
                                           : " (some elements were written more than once)"));

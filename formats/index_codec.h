@@ -22,6 +22,10 @@ namespace lifeline::format {
 // [A-Za-z0-9._-], not "." or "..", not starting with '.'.
 bool IsSafeFileName(std::string_view name);
 
+// A name from an untrusted file, fit for an error message: quoted, control bytes, quotes and
+// backslashes escaped as \xNN, cut after 120 bytes (with the full length said).
+std::string QuoteUntrusted(std::string_view name);
+
 // Semantic checks shared by encoder and decoder: references in range (tensor, file, chunk), every
 // region valid for its tensor, chunk counts consistent with chunk_bytes and the raw size, file
 // names safe, tensor names unique and non-empty, dtypes valid, sizes without overflow, stored

@@ -13,6 +13,8 @@
 #include <limits>
 #include <new>
 #include <nlohmann/json.hpp>
+
+#include "formats/index_codec.h"
 #include <unordered_set>
 
 namespace lifeline::format {
@@ -48,26 +50,8 @@ constexpr std::array<std::string_view, 10> kUnsupportedPublishedDTypes = {
 
 // ---- text helpers ----
 
-// A name for an error message: quoted, control bytes escaped, long names cut.
-std::string Quote(std::string_view s) {
-  constexpr size_t kMaxShown = 120;
-  std::string out = "'";
-  for (size_t i = 0; i < s.size() && i < kMaxShown; ++i) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    if (c < 0x20 || c == 0x7f || c == '\'' || c == '\\') {
-      char buf[8];
-      std::snprintf(buf, sizeof(buf), "\\x%02x", c);
-      out += buf;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  if (s.size() > kMaxShown) out += "...(" + std::to_string(s.size()) + " bytes)";
-  out += "'";
-  return out;
-}
 
-std::string TensorLabel(std::string_view name) { return "tensor " + Quote(name); }
+std::string TensorLabel(std::string_view name) { return "tensor " + QuoteUntrusted(name); }
 
 std::string ShapeText(const std::vector<int64_t>& shape) {
   std::string out = "[";
@@ -323,7 +307,7 @@ class HeaderSax final : public StrictSax {
         state_ = State::kTopValue;
         return true;
       case State::kMetadata:
-        if (metadata_.count(k)) return Corrupt("__metadata__: duplicate key " + Quote(k));
+        if (metadata_.count(k)) return Corrupt("__metadata__: duplicate key " + QuoteUntrusted(k));
         key_ = std::move(k);
         state_ = State::kMetadataValue;
         return true;
@@ -331,8 +315,8 @@ class HeaderSax final : public StrictSax {
         RawEntry& e = entries_.back();
         bool* seen = k == "dtype" ? &e.has_dtype : k == "shape" ? &e.has_shape : k == "data_offsets" ? &e.has_offsets : nullptr;
         if (seen == nullptr)
-          return Corrupt(TensorLabel(e.name) + ": unexpected key " + Quote(k) + " (allowed: dtype, shape, data_offsets)");
-        if (*seen) return Corrupt(TensorLabel(e.name) + ": duplicate key " + Quote(k));
+          return Corrupt(TensorLabel(e.name) + ": unexpected key " + QuoteUntrusted(k) + " (allowed: dtype, shape, data_offsets)");
+        if (*seen) return Corrupt(TensorLabel(e.name) + ": duplicate key " + QuoteUntrusted(k));
         *seen = true;
         field_ = k == "dtype" ? Field::kDType : k == "shape" ? Field::kShape : Field::kOffsets;
         state_ = State::kEntryValue;
@@ -440,7 +424,7 @@ class HeaderSax final : public StrictSax {
         if (key_ == kMetadataKey) return Corrupt("__metadata__ must be an object of strings, not " + f);
         return Corrupt(TensorLabel(key_) + ": entry must be an object, not " + f);
       case State::kMetadata: return Corrupt("__metadata__: unexpected " + f);
-      case State::kMetadataValue: return Corrupt("__metadata__: value of key " + Quote(key_) + " must be a string, not " + f);
+      case State::kMetadataValue: return Corrupt("__metadata__: value of key " + QuoteUntrusted(key_) + " must be a string, not " + f);
       case State::kEntry: return Corrupt(TensorLabel(entries_.back().name) + ": unexpected " + f);
       case State::kEntryValue: {
         const std::string who = TensorLabel(entries_.back().name);
@@ -532,12 +516,12 @@ class IndexSax final : public StrictSax {
     if (skip_depth_ > 0) return true;
     switch (state_) {
       case State::kTop:
-        if (!top_keys_.insert(k).second) return Corrupt("duplicate key " + Quote(k));
+        if (!top_keys_.insert(k).second) return Corrupt("duplicate key " + QuoteUntrusted(k));
         key_ = std::move(k);
         state_ = State::kTopValue;
         return true;
       case State::kMetadata:
-        if (!metadata_keys_.insert(k).second) return Corrupt("metadata: duplicate key " + Quote(k));
+        if (!metadata_keys_.insert(k).second) return Corrupt("metadata: duplicate key " + QuoteUntrusted(k));
         key_ = std::move(k);
         state_ = State::kMetadataValue;
         return true;
@@ -561,7 +545,7 @@ class IndexSax final : public StrictSax {
         return true;
       case State::kWeightMapValue:
         if (!IsSafeSafetensorsFileName(s))
-          return Corrupt("weight_map: " + TensorLabel(key_) + " maps to the unsafe file name " + Quote(s) +
+          return Corrupt("weight_map: " + TensorLabel(key_) + " maps to the unsafe file name " + QuoteUntrusted(s) +
                          " (must be 1.." + std::to_string(kMaxFileNameBytes) +
                          " bytes, not '.' or '..', without '/', '\\' or NUL)");
         index_.weight_map.emplace_back(std::move(key_), std::move(s));
@@ -737,9 +721,9 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(std::string_view header_json, u
     const std::optional<DType> dtype = ParseSafetensorsDType(raw.dtype);
     if (!dtype) {
       if (IsUnsupportedPublishedDType(raw.dtype))
-        return Status::NotSupported(file_for_errors, TensorLabel(raw.name) + ": dtype " + Quote(raw.dtype) +
+        return Status::NotSupported(file_for_errors, TensorLabel(raw.name) + ": dtype " + QuoteUntrusted(raw.dtype) +
                                                          " has no Lifeline equivalent");
-      return corrupt(TensorLabel(raw.name) + ": unknown dtype " + Quote(raw.dtype));
+      return corrupt(TensorLabel(raw.name) + ": unknown dtype " + QuoteUntrusted(raw.dtype));
     }
     SafetensorsEntry e;
     e.name = std::move(raw.name);
@@ -826,8 +810,8 @@ Result<std::string> BuildSafetensorsPrefix(const std::vector<SafetensorsEntry>& 
     expected_begin = e.end;
   }
   for (const auto& [k, v] : metadata) {
-    if (!IsValidUtf8(k)) return invalid("__metadata__: key " + Quote(k) + " is not valid UTF-8");
-    if (!IsValidUtf8(v)) return invalid("__metadata__: value of key " + Quote(k) + " is not valid UTF-8");
+    if (!IsValidUtf8(k)) return invalid("__metadata__: key " + QuoteUntrusted(k) + " is not valid UTF-8");
+    if (!IsValidUtf8(v)) return invalid("__metadata__: value of key " + QuoteUntrusted(k) + " is not valid UTF-8");
   }
 
   std::string json;
@@ -906,7 +890,7 @@ Result<std::string> BuildSafetensorsIndex(uint64_t total_size,
   const auto invalid = [&](const std::string& msg) { return Status::InvalidArgument(kWhat, msg); };
   for (const auto& [k, v] : metadata) {
     if (k == "total_size") return invalid("metadata key 'total_size' is reserved for the total size");
-    if (!IsValidUtf8(k) || !IsValidUtf8(v)) return invalid("metadata entry " + Quote(k) + " is not valid UTF-8");
+    if (!IsValidUtf8(k) || !IsValidUtf8(v)) return invalid("metadata entry " + QuoteUntrusted(k) + " is not valid UTF-8");
   }
   std::unordered_set<std::string_view> names;
   for (const auto& [tensor, file] : weight_map) {
@@ -914,7 +898,7 @@ Result<std::string> BuildSafetensorsIndex(uint64_t total_size,
     if (!IsValidUtf8(tensor)) return invalid(TensorLabel(tensor) + ": name is not valid UTF-8");
     if (!names.insert(tensor).second) return invalid(TensorLabel(tensor) + " appears twice in the weight map");
     if (!IsSafeSafetensorsFileName(file) || !IsValidUtf8(file))
-      return invalid(TensorLabel(tensor) + ": unsafe file name " + Quote(file));
+      return invalid(TensorLabel(tensor) + ": unsafe file name " + QuoteUntrusted(file));
   }
 
   std::string out = "{\n  \"metadata\": {\n    \"total_size\": " + std::to_string(total_size);

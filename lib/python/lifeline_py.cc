@@ -42,6 +42,14 @@ void Check(const Status& s) {
   if (!s.ok()) Raise(s);
 }
 
+// Runs `call` (which returns a Status) with the GIL released, so other Python threads run while
+// the library waits or does I/O.
+template <typename F>
+Status WithoutGil(F&& call) {
+  py::gil_scoped_release release;
+  return call();
+}
+
 // One tensor as the Python side describes it:
 // (name, dtype, global_shape, offsets, shape, flat_begin, flat_end, replica_index, replica_count, address,
 //  device (-1: host memory), producer stream (a cudaStream_t as an integer; 0: the default stream))
@@ -133,33 +141,18 @@ class Ticket {
     Check(s);
   }
   void WaitTensor(size_t i) {
-    Status s;
-    {
-      py::gil_scoped_release release;
-      s = ticket_.WaitTensor(i);
-    }
-    Check(s);
+    Check(WithoutGil([&] { return ticket_.WaitTensor(i); }));
   }
   bool TensorCopied(size_t i) const { return ticket_.TensorCopied(i); }
   // Orders CUDA stream `stream` after this save's device copies; the CPU does not wait.
   void FenceOn(uintptr_t stream) { Check(ticket_.FenceOn(reinterpret_cast<void*>(stream))); }
   void WaitPersisted() {
     WaitSnapshot();
-    Status s;
-    {
-      py::gil_scoped_release release;
-      s = ticket_.WaitPersisted();
-    }
-    Check(s);
+    Check(WithoutGil([&] { return ticket_.WaitPersisted(); }));
   }
   void WaitCommitted(double timeout_seconds) {
     WaitPersisted();
-    Status s;
-    {
-      py::gil_scoped_release release;
-      s = ticket_.WaitCommitted(timeout_seconds);
-    }
-    Check(s);
+    Check(WithoutGil([&] { return ticket_.WaitCommitted(timeout_seconds); }));
   }
   py::dict Progress() const { return ProgressDict(ticket_.Progress()); }
   // True once the library no longer reads the caller's memory (releases it then, without blocking).
@@ -294,12 +287,7 @@ class PyCheckpointer {
                       const std::vector<std::pair<std::string, py::bytes>>& objects, const std::string& metadata_json) {
     SaveRequest req = ToSaveRequest(specs, objects, metadata_json);
     Checkpointer& c = impl();
-    Status s;
-    {
-      py::gil_scoped_release release;
-      s = c.PrepareStaging(req);
-    }
-    Check(s);
+    Check(WithoutGil([&] { return c.PrepareStaging(req); }));
   }
 
   // None when `step` is None and there is no complete checkpoint at all (a fresh start); every
@@ -356,32 +344,17 @@ class PyCheckpointer {
 
   void Flush() {
     Checkpointer& c = impl();
-    Status s;
-    {
-      py::gil_scoped_release release;
-      s = c.Flush();
-    }
-    Check(s);
+    Check(WithoutGil([&] { return c.Flush(); }));
   }
 
   void CollectGarbage() {
     Checkpointer& c = impl();
-    Status s;
-    {
-      py::gil_scoped_release release;
-      s = c.CollectGarbage();
-    }
-    Check(s);
+    Check(WithoutGil([&] { return c.CollectGarbage(); }));
   }
 
   void WaitForCommit(uint64_t step, double timeout_seconds) {
     Checkpointer& c = impl();
-    Status s;
-    {
-      py::gil_scoped_release release;
-      s = c.WaitForCommit(step, timeout_seconds);
-    }
-    Check(s);
+    Check(WithoutGil([&] { return c.WaitForCommit(step, timeout_seconds); }));
   }
 
   // Waits for every save to be persisted, then releases everything. Idempotent.

@@ -86,33 +86,48 @@ Result<bool> PublishRankIndex(Env* env, const std::string& root, uint64_t step, 
   return true;
 }
 
-Status CollectGarbageIn(Env* env, const std::string& root, uint32_t keep_last) {
-  LL_ASSIGN_OR_RETURN(std::vector<CheckpointInfo> all, ScanCheckpoints(env, root));
+std::vector<bool> RetentionPlan(const std::vector<CheckpointInfo>& all, uint32_t keep_last) {
+  std::vector<bool> remove(all.size(), false);
   std::optional<uint64_t> newest_complete;
   uint32_t kept = 0;
-  for (const CheckpointInfo& info : all) {  // newest first
-    Result<StepState> scanned = ScanStep(env, info.directory, info.step);
-    if (scanned.status().IsNotFound() && !env->FileExists(info.directory)) continue;  // another rank's GC
-    LL_ASSIGN_OR_RETURN(StepState state, std::move(scanned));
+  for (size_t i = 0; i < all.size(); ++i) {  // newest first
+    const CheckpointInfo& info = all[i];
     if (info.complete) {
       if (!newest_complete) newest_complete = info.step;
       if (keep_last == 0 || kept < keep_last) {
         ++kept;
-        // Leftovers of other attempts at this step are never read again.
-        char world[16];
-        std::snprintf(world, sizeof(world), "of-%06u.", info.world_size);
-        for (const std::string& name : state.children) {
-          const bool ours = name.rfind(state.run_hash + ".", 0) == 0 && name.find(world) != std::string::npos;
-          if (!ours && (ParseIndexFileName(name) || (name.size() > 17 && name[16] == '.'))) {
-            Status s = env->RemoveFile(JoinPath(info.directory, name));
-            if (!s.ok() && !s.IsNotFound()) return s;
-          }
-        }
-        continue;
+      } else {
+        remove[i] = true;
       }
-      LL_RETURN_IF_ERROR(RemoveStep(env, state));
     } else if (newest_complete && info.step < *newest_complete) {
+      remove[i] = true;
+    }
+  }
+  return remove;
+}
+
+Status CollectGarbageIn(Env* env, const std::string& root, uint32_t keep_last) {
+  LL_ASSIGN_OR_RETURN(std::vector<CheckpointInfo> all, ScanCheckpoints(env, root));
+  const std::vector<bool> remove = RetentionPlan(all, keep_last);
+  for (size_t i = 0; i < all.size(); ++i) {
+    const CheckpointInfo& info = all[i];
+    if (!remove[i] && !info.complete) continue;  // a partial step newer than every complete one
+    Result<StepState> scanned = ScanStep(env, info.directory, info.step);
+    if (scanned.status().IsNotFound() && !env->FileExists(info.directory)) continue;  // another rank's GC
+    LL_ASSIGN_OR_RETURN(StepState state, std::move(scanned));
+    if (remove[i]) {
       LL_RETURN_IF_ERROR(RemoveStep(env, state));
+      continue;
+    }
+    // A kept complete step: leftovers of other attempts at it are never read again.
+    char world[16];
+    std::snprintf(world, sizeof(world), "of-%06u.", info.world_size);
+    for (const std::string& name : state.children) {
+      const bool ours = name.rfind(state.run_hash + ".", 0) == 0 && name.find(world) != std::string::npos;
+      if (!ours && (ParseIndexFileName(name) || (name.size() > 17 && name[16] == '.'))) {
+        Status s = env->RemoveFile(JoinPath(info.directory, name));
+        if (!s.ok() && !s.IsNotFound()) return s;
+      }
     }
   }
   return env->SyncDir(root);

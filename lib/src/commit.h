@@ -8,7 +8,9 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
+#include "lifeline/checkpoint.h"
 #include "lifeline/env.h"
 #include "lifeline/status.h"
 
@@ -31,7 +33,12 @@ Result<bool> PublishRankIndex(Env* env, const std::string& root, uint64_t step, 
                               uint32_t rank, uint32_t world_size, std::string_view encoded_index,
                               bool retention, uint32_t keep_last);
 
-// Retention under `root`: removes partial steps older than the newest complete one and, when
+// Which entries of `all` (ScanCheckpoints' list, newest first) retention removes: partial steps
+// older than the newest complete one and, when keep_last > 0, complete ones beyond the newest
+// keep_last. Pure: `lifeline gc --dry-run` shows it without touching anything.
+std::vector<bool> RetentionPlan(const std::vector<CheckpointInfo>& all, uint32_t keep_last);
+
+// Retention under `root` (the plan above): removes partial steps older than the newest complete one and, when
 // keep_last > 0, complete ones beyond the newest keep_last; a kept step loses the files of other
 // attempts. A step is removed invisibility first (one rank index before anything else).
 Status CollectGarbageIn(Env* env, const std::string& root, uint32_t keep_last);

@@ -110,23 +110,9 @@ Result<std::string> CheckpointDirectoryId(Env* env, const std::string& checkpoin
   const std::string path = JoinPath(checkpoint_dir, kDirIdFile);
   if (env->FileExists(path) || !create) return ReadDirId(env, path);
   LL_ASSIGN_OR_RETURN(std::string id, NewDirId());
-  const std::string tmp = path + ".tmp-" + std::to_string(getpid()) + "-" + id.substr(0, 8);
-  Status s;
-  {
-    LL_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, env->NewWritableFile(tmp, FileOptions{}));
-    const std::string text = id + "\n";
-    s = file->WriteAt(0, text.data(), text.size());
-    if (s.ok()) s = file->Sync();
-    Status c = file->Close();
-    if (s.ok()) s = c;
-  }
-  if (s.ok()) s = env->RenameFileNoReplace(tmp, path);
-  if (!s.ok()) {
-    env->RemoveFile(tmp).IgnoreError();
-    if (s.IsAlreadyExists()) return ReadDirId(env, path);  // another rank was first: use its identity
-    return s.Annotate("creating the checkpoint directory's identity");
-  }
-  LL_RETURN_IF_ERROR(env->SyncDir(checkpoint_dir));
+  Status s = WriteFileAtomically(env, path, id + "\n", /*replace=*/false);
+  if (s.IsAlreadyExists()) return ReadDirId(env, path);  // another rank was first: use its identity
+  if (!s.ok()) return s.Annotate("creating the checkpoint directory's identity");
   return id;
 }
 

@@ -434,16 +434,23 @@ TEST(MemoryTierTest, RestartedProcessLoadsTheSnapshotWhoseDiskWriteNeverFinished
   EXPECT_EQ(step, 1u);
 }
 
+// Loads the first tensor of `state`'s layout from the newest complete step into *buf.
+Result<LoadResult> LoadFirstTensor(Checkpointer* ckpt, const WholeState& state, std::vector<uint8_t>* buf) {
+  const GlobalTensor& t = state.tensors[0];
+  buf->assign(t.bytes.size(), 0);
+  LoadRequest req;
+  req.tensors.push_back(TensorShard::Whole(t.name, t.dtype, t.shape, buf->data()));
+  return ckpt->Load(std::nullopt, req);
+}
+
 TEST(MemoryTierTest, LoadPrefersTheTierOnlyWhenItIsAtLeastAsNewAsTheDisk) {
   TempDir dir;
   auto ckpt = Checkpointer::Open(TierOptions(dir, "run"));
   ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
   WholeState state(2);
   ASSERT_TRUE((*ckpt)->Save(2, state.Request()).WaitCommitted(30).ok());
-  LoadRequest req;
-  std::vector<uint8_t> buf(state.tensors[0].bytes.size());
-  req.tensors.push_back(TensorShard::Whole(state.tensors[0].name, state.tensors[0].dtype, state.tensors[0].shape, buf.data()));
-  auto r = (*ckpt)->Load(std::nullopt, req);
+  std::vector<uint8_t> buf;
+  auto r = LoadFirstTensor(ckpt->get(), state, &buf);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_TRUE(r->from_memory_tier);
   EXPECT_EQ(buf, state.tensors[0].bytes);
@@ -457,7 +464,7 @@ TEST(MemoryTierTest, LoadPrefersTheTierOnlyWhenItIsAtLeastAsNewAsTheDisk) {
     WholeState newer(3);
     ASSERT_TRUE((*plain)->Save(3, newer.Request()).WaitCommitted(30).ok());
   }
-  r = (*ckpt)->Load(std::nullopt, req);
+  r = LoadFirstTensor(ckpt->get(), state, &buf);
   ASSERT_TRUE(r.ok());
   EXPECT_FALSE(r->from_memory_tier);
   EXPECT_EQ(r->step, 3u);
@@ -490,10 +497,8 @@ TEST(MemoryTierTest, ADirectoryCreatedAgainAtTheSamePathNeverLoadsTheOldSnapshot
     ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
     EXPECT_EQ((*ckpt)->memory_tier_directory(), first_root);
     WholeState state(7);
-    LoadRequest req;
-    std::vector<uint8_t> buf(state.tensors[0].bytes.size());
-    req.tensors.push_back(TensorShard::Whole(state.tensors[0].name, state.tensors[0].dtype, state.tensors[0].shape, buf.data()));
-    auto r = (*ckpt)->Load(std::nullopt, req);
+    std::vector<uint8_t> buf;
+    auto r = LoadFirstTensor(ckpt->get(), state, &buf);
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     EXPECT_TRUE(r->from_memory_tier);
     EXPECT_EQ(r->step, 7u);
@@ -511,10 +516,8 @@ TEST(MemoryTierTest, ADirectoryCreatedAgainAtTheSamePathNeverLoadsTheOldSnapshot
   ASSERT_TRUE(tier.ok());
   EXPECT_TRUE(tier->empty());
   WholeState state(7);
-  LoadRequest req;
-  std::vector<uint8_t> buf(state.tensors[0].bytes.size());
-  req.tensors.push_back(TensorShard::Whole(state.tensors[0].name, state.tensors[0].dtype, state.tensors[0].shape, buf.data()));
-  auto r = (*ckpt)->Load(std::nullopt, req);
+  std::vector<uint8_t> buf;
+  auto r = LoadFirstTensor(ckpt->get(), state, &buf);
   EXPECT_FALSE(r.ok()) << "loaded step " << r->step << " of the deleted directory";
   const std::string second_root = (*ckpt)->memory_tier_directory();
   ckpt->reset();

@@ -451,7 +451,7 @@ int RunSave(const SaveOptions& o) {
   if (!shape.ok()) return ReportFailure(kCommand, shape.status(), o.json);
   const uint64_t first_step = o.step >= 0 ? static_cast<uint64_t>(o.step) : 100;
   const uint32_t world = layout->world_size();
-  auto base_options = MakeCheckpointerOptions(o, world, NewBenchRunId());
+  auto base_options = MakeCheckpointerOptions(o, world, NewRunId());
   if (!base_options.ok()) return ReportFailure(kCommand, base_options.status(), o.json);
   if (Status s = ApplyBenchSaveTuning(o.tuning, &*base_options); !s.ok()) return ReportFailure(kCommand, s, o.json);
   // Retention is applied by the bench between saves, outside the timing (see the header).
@@ -951,12 +951,12 @@ Status ApplyBenchSaveTuning(const BenchSaveTuning& t, CheckpointerOptions* c) {
   return Status::OK();
 }
 
-std::string NewBenchRunId() {
+std::string NewRunId(std::string_view prefix) {
   const uint64_t ns = static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
   char buf[64];
-  std::snprintf(buf, sizeof(buf), "bench-%d-%" PRIx64, static_cast<int>(::getpid()), ns);
-  return buf;
+  std::snprintf(buf, sizeof(buf), "-%d-%" PRIx64, static_cast<int>(::getpid()), ns);
+  return std::string(prefix) + buf;
 }
 
 void AddBenchCommands(CLI::App& root, std::vector<Command>* commands) {

@@ -83,7 +83,7 @@ int RunGpu(const GpuOptions& o) {
 
   CheckpointerOptions co;
   co.directory = o.dir;
-  co.run_id = NewBenchRunId();
+  co.run_id = NewRunId();
   co.staging_slots = 2;
   co.staging_budget_bytes = 2 * (*bytes + (16ull << 20));
   co.keep_last = 1;

@@ -213,7 +213,7 @@ int RunTrain(const TrainOptions& o) {
                                                  std::to_string(o.ckpt_every) + " for a checkpoint to be taken"),
                          o.json);
   }
-  const std::string run_id = NewBenchRunId();
+  const std::string run_id = NewRunId();
   const std::string dir = o.dir + "/train-" + run_id;
   CheckpointerOptions base;
   base.directory = dir;

@@ -68,8 +68,8 @@ struct BenchSaveTuning {
 void AddBenchSaveTuningOptions(CLI::App* app, BenchSaveTuning* tuning);
 // Applies `tuning` to `options`; InvalidArgument naming the option when a value is not valid.
 Status ApplyBenchSaveTuning(const BenchSaveTuning& tuning, CheckpointerOptions* options);
-// A run id no earlier run of this machine used ("bench-<pid>-<ns>").
-std::string NewBenchRunId();
+// A run id no earlier run of this machine used ("<prefix>-<pid>-<hex ns>").
+std::string NewRunId(std::string_view prefix = "bench");
 
 // Prints `j` on stdout as one JSON document (invalid UTF-8 from a damaged file is replaced, not
 // fatal).

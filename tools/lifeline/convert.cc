@@ -1,13 +1,10 @@
 #include "tools/lifeline/convert.h"
 
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
-#include <cinttypes>
 #include <cstring>
 #include <map>
 #include <set>
@@ -23,6 +20,7 @@
 #include "lib/src/commit.h"
 #include "lib/src/saver.h"
 #include "lifeline/env.h"
+#include "tools/lifeline/commands.h"
 #include "tools/lifeline/hdf5_file.h"
 #include "tools/lifeline/progress.h"
 
@@ -57,13 +55,7 @@ Status ForEachSlab(TensorSource& source, size_t t, const format::Region& region,
   return Status::OK();
 }
 
-std::string TempSuffix() {
-  const uint64_t ns = static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count());
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), ".tmp-%d-%" PRIx64, static_cast<int>(::getpid()), ns);
-  return buf;
-}
+std::string TempSuffix() { return ".tmp-" + NewRunId("convert"); }
 
 bool PathExists(const std::string& path) {
   struct stat st;
@@ -82,20 +74,6 @@ Status SyncParentDir(const std::string& path) {
   return Env::Default()->SyncDir(dir);
 }
 
-Status WriteAt(int fd, const void* data, uint64_t n, uint64_t offset, const std::string& path) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  while (n > 0) {
-    const ssize_t w = ::pwrite(fd, p, std::min<uint64_t>(n, 1ull << 30), static_cast<off_t>(offset));
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return Status::FromErrno(errno, path + " at offset " + std::to_string(offset));
-    }
-    p += w;
-    n -= static_cast<uint64_t>(w);
-    offset += static_cast<uint64_t>(w);
-  }
-  return Status::OK();
-}
 
 // ---- HDF5 ---------------------------------------------------------------------------------------
 
@@ -195,10 +173,9 @@ Status WriteSafetensorsFile(TensorSource& source, const std::vector<size_t>& ten
   }
   LL_ASSIGN_OR_RETURN(entries, format::LayOutSafetensors(std::move(entries)));
   LL_ASSIGN_OR_RETURN(std::string prefix, format::BuildSafetensorsPrefix(entries, metadata));
-  const int fd = ::open(file.tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Status::FromErrno(errno, file.tmp);
+  LL_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> out, Env::Default()->NewWritableFile(file.tmp, FileOptions{}));
   auto body = [&]() -> Status {
-    LL_RETURN_IF_ERROR(WriteAt(fd, prefix.data(), prefix.size(), 0, file.tmp));
+    LL_RETURN_IF_ERROR(out->WriteAt(0, prefix.data(), prefix.size()));
     std::vector<uint8_t> buf;
     for (size_t k = 0; k < tensors.size(); ++k) {
       const SourceTensor& info = source.tensors()[tensors[k]];
@@ -206,27 +183,19 @@ Status WriteSafetensorsFile(TensorSource& source, const std::vector<size_t>& ten
       const size_t elem = DTypeSize(info.dtype);
       LL_RETURN_IF_ERROR(ForEachSlab(source, tensors[k], WholeRegion(info), slab_bytes, &buf, progress,
                                      [&](int64_t at, const uint8_t* data, int64_t n) {
-                                       return WriteAt(fd, data, static_cast<uint64_t>(n) * elem,
-                                                      base + static_cast<uint64_t>(at) * elem, file.tmp);
+                                       return out->WriteAt(base + static_cast<uint64_t>(at) * elem, data,
+                                                           static_cast<uint64_t>(n) * elem);
                                      }));
     }
-    if (::fsync(fd) != 0) return Status::FromErrno(errno, file.tmp);
-    return Status::OK();
+    return out->Sync();
   };
   Status s = body();
-  if (::close(fd) != 0 && s.ok()) s = Status::FromErrno(errno, file.tmp);
-  return s;
+  Status c = out->Close();
+  return s.ok() ? c : s;
 }
 
 // ---- lifeline -----------------------------------------------------------------------------------
 
-std::string ConvertRunId() {
-  const uint64_t ns = static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "convert-%d-%" PRIx64, static_cast<int>(::getpid()), ns);
-  return buf;
-}
 
 bool IsSyntheticModel(const std::vector<SourceTensor>& tensors, const std::string& metadata_json,
                       std::vector<ModelTensor>* model) {
@@ -304,7 +273,7 @@ Result<ConvertReport> ExportHdf5(TensorSource& source, const std::string& out, c
   if (s.ok()) s = Env::Default()->RenameFile(tmp, out);
   if (s.ok()) s = SyncParentDir(out);
   if (!s.ok()) {
-    ::unlink(tmp.c_str());
+    Env::Default()->RemoveFile(tmp).IgnoreError();
     return s.Annotate("exporting " + source.description() + " to " + out);
   }
   report.outputs.push_back(out);
@@ -346,7 +315,7 @@ Result<ConvertReport> ExportSafetensors(TensorSource& source, const std::string&
   const uint64_t slab = std::max(o.memory_budget, kMinBudget);
   ConvertReport report;
   auto cleanup = [&](Status s) {
-    for (const PendingFile& f : files) ::unlink(f.tmp.c_str());
+    for (const PendingFile& f : files) env->RemoveFile(f.tmp).IgnoreError();
     return s.Annotate("exporting " + source.description() + " to " + out);
   };
   std::vector<std::pair<std::string, std::string>> weight_map;
@@ -394,7 +363,7 @@ Result<ConvertReport> ExportLifeline(TensorSource& source, const std::string& ou
   Env* env = Env::Default();
   const uint32_t world = layout.world_size();
   const uint64_t step = o.step.value_or(source.step().value_or(0));
-  const std::string run_id = ConvertRunId();
+  const std::string run_id = NewRunId("convert");
   const std::string run_hash = RunHash(run_id);
   LL_RETURN_IF_ERROR(CreateDirDurably(env, out));
 

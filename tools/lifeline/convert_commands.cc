@@ -249,23 +249,6 @@ struct GcArgs {
   bool json = false;
 };
 
-// The steps CollectGarbageIn removes (commit.h): partial steps older than the newest complete one,
-// and complete ones beyond the newest `keep` (keep 0: none of them).
-std::vector<CheckpointInfo> GcCandidates(const std::vector<CheckpointInfo>& all, uint32_t keep) {
-  std::vector<CheckpointInfo> out;
-  std::optional<uint64_t> newest_complete;
-  uint32_t complete_seen = 0;
-  for (const CheckpointInfo& c : all) {  // newest first
-    if (c.complete) {
-      if (!newest_complete) newest_complete = c.step;
-      if (keep > 0 && ++complete_seen > keep) out.push_back(c);
-    } else if (newest_complete && c.step < *newest_complete) {
-      out.push_back(c);
-    }
-  }
-  return out;
-}
-
 int RunGc(const GcArgs& a) {
   constexpr const char* kCommand = "gc";
   Env* env = Env::Default();
@@ -273,7 +256,9 @@ int RunGc(const GcArgs& a) {
   if (!before.ok()) return ReportFailure(kCommand, before.status(), a.json);
   std::vector<CheckpointInfo> removed;
   if (a.dry_run) {
-    removed = GcCandidates(*before, a.keep);
+    const std::vector<bool> plan = RetentionPlan(*before, a.keep);
+    for (size_t i = 0; i < before->size(); ++i)
+      if (plan[i]) removed.push_back((*before)[i]);
   } else {
     Status s = CollectGarbageIn(env, a.dir, a.keep);
     if (!s.ok()) return ReportFailure(kCommand, s, a.json);

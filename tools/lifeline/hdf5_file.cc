@@ -244,6 +244,20 @@ std::string OrderText(hid_t type) {
   }
 }
 
+// The names of an enum's or compound's members, the first 8 of them, for messages.
+std::string MemberNames(hid_t type) {
+  std::string s;
+  const int n = H5Tget_nmembers(type);
+  for (int i = 0; i < n && i < 8; ++i) {
+    char* name = H5Tget_member_name(type, static_cast<unsigned>(i));
+    if (i > 0) s += ", ";
+    s += name != nullptr ? name : "?";
+    if (name != nullptr) H5free_memory(name);
+  }
+  if (n > 8) s += ", ...";
+  return s;
+}
+
 std::string TypeText(hid_t type) {
   size_t size = H5Tget_size(type);
   std::string bytes = std::to_string(size) + " bytes";
@@ -264,14 +278,7 @@ std::string TypeText(hid_t type) {
     case H5T_ENUM: {
       Hid base = TypeHid(H5Tget_super(type));
       std::string s = "enum over " + (base.valid() ? TypeText(base.get()) : std::string("?")) + " {";
-      int n = H5Tget_nmembers(type);
-      for (int i = 0; i < n && i < 8; ++i) {
-        char* name = H5Tget_member_name(type, static_cast<unsigned>(i));
-        if (i > 0) s += ", ";
-        s += name != nullptr ? name : "?";
-        if (name != nullptr) H5free_memory(name);
-      }
-      if (n > 8) s += ", ...";
+      s += MemberNames(type);
       return s + "}";
     }
     case H5T_STRING: {
@@ -281,14 +288,7 @@ std::string TypeText(hid_t type) {
     }
     case H5T_COMPOUND: {
       std::string s = "compound {";
-      int n = H5Tget_nmembers(type);
-      for (int i = 0; i < n && i < 8; ++i) {
-        char* name = H5Tget_member_name(type, static_cast<unsigned>(i));
-        if (i > 0) s += ", ";
-        s += name != nullptr ? name : "?";
-        if (name != nullptr) H5free_memory(name);
-      }
-      if (n > 8) s += ", ...";
+      s += MemberNames(type);
       return s + "} (" + bytes + ")";
     }
     case H5T_TIME: return "time (" + bytes + ")";

@@ -1,8 +1,6 @@
 #include "tools/lifeline/tensor_source.h"
 
-#include <fcntl.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -289,39 +287,6 @@ class Hdf5Source final : public TensorSource {
 
 // ---- safetensors --------------------------------------------------------------------------------
 
-class Fd {
- public:
-  explicit Fd(int fd = -1) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  Fd& operator=(Fd&& o) noexcept {
-    std::swap(fd_, o.fd_);
-    return *this;
-  }
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
-
-Status PreadFully(int fd, void* dst, uint64_t n, uint64_t offset, const std::string& path) {
-  auto* p = static_cast<uint8_t*>(dst);
-  while (n > 0) {
-    const ssize_t got = ::pread(fd, p, std::min<uint64_t>(n, 1ull << 30), static_cast<off_t>(offset));
-    if (got < 0) {
-      if (errno == EINTR) continue;
-      return Status::FromErrno(errno, path + " at offset " + std::to_string(offset));
-    }
-    if (got == 0) return Status::Corruption(path, "short read at offset " + std::to_string(offset));
-    p += got;
-    n -= static_cast<uint64_t>(got);
-    offset += static_cast<uint64_t>(got);
-  }
-  return Status::OK();
-}
-
 class SafetensorsSource final : public TensorSource {
  public:
   SafetensorsSource() : TensorSource(SourceKind::kSafetensors) {}
@@ -335,11 +300,10 @@ class SafetensorsSource final : public TensorSource {
     std::map<std::string, std::string> metadata;
     for (const std::string& path : files) {
       LL_ASSIGN_OR_RETURN(format::SafetensorsHeader header, format::ReadSafetensorsFile(path));
-      const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0) return Status::FromErrno(errno, path);
-      src->fds_.emplace_back(fd);
-      const size_t file_index = src->fds_.size() - 1;
-      src->paths_.push_back(path);
+      LL_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file,
+                          Env::Default()->NewRandomAccessFile(path, FileOptions{}));
+      src->files_.push_back(std::move(file));
+      const size_t file_index = src->files_.size() - 1;
       if (metadata.empty()) metadata = header.metadata;
       for (const format::SafetensorsEntry& e : header.tensors) {
         if (!file_of.emplace(e.name, path).second)
@@ -376,7 +340,7 @@ class SafetensorsSource final : public TensorSource {
     for (const format::Box& b : boxes) {
       // Iterate over all coordinates of the box's leading dimensions; the last is one contiguous run.
       if (nd == 0) {
-        LL_RETURN_IF_ERROR(PreadFully(fds_[w.file].get(), out, elem, w.offset, paths_[w.file]));
+        LL_RETURN_IF_ERROR(files_[w.file]->ReadAt(w.offset, out, elem));
         out += elem;
         continue;
       }
@@ -387,8 +351,7 @@ class SafetensorsSource final : public TensorSource {
       for (int64_t r = 0; r < rows; ++r) {
         int64_t flat = 0;
         for (size_t k = 0; k < nd; ++k) flat += (b.lo[k] + c[k]) * stride[k];
-        LL_RETURN_IF_ERROR(PreadFully(fds_[w.file].get(), out, run, w.offset + static_cast<uint64_t>(flat) * elem,
-                                      paths_[w.file]));
+        LL_RETURN_IF_ERROR(files_[w.file]->ReadAt(w.offset + static_cast<uint64_t>(flat) * elem, out, run));
         out += run;
         for (size_t k = nd - 1; k-- > 0;) {
           if (++c[k] < b.extent[k]) break;
@@ -444,8 +407,7 @@ class SafetensorsSource final : public TensorSource {
     return Status::OK();
   }
 
-  std::vector<Fd> fds_;
-  std::vector<std::string> paths_;
+  std::vector<std::unique_ptr<RandomAccessFile>> files_;
   std::vector<Where> where_;
   std::vector<std::string> object_bytes_;
 };
@@ -453,11 +415,12 @@ class SafetensorsSource final : public TensorSource {
 bool HasHdf5Signature(const std::string& path) {
   // The superblock may follow a user block of 512, 1024, 2048... bytes.
   static const unsigned char kSig[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) return false;
+  Result<std::unique_ptr<RandomAccessFile>> file = Env::Default()->NewRandomAccessFile(path, FileOptions{});
+  if (!file.ok()) return false;
+  const Result<uint64_t> size = (*file)->Size();
   unsigned char buf[8];
-  for (uint64_t at = 0; at <= (1ull << 20); at = at == 0 ? 512 : at * 2) {
-    if (::pread(fd.get(), buf, 8, static_cast<off_t>(at)) != 8) return false;
+  for (uint64_t at = 0; size.ok() && at + 8 <= *size && at <= (1ull << 20); at = at == 0 ? 512 : at * 2) {
+    if (!(*file)->ReadAt(at, buf, 8).ok()) return false;
     if (std::memcmp(buf, kSig, 8) == 0) return true;
   }
   return false;

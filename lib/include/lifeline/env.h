@@ -258,7 +258,9 @@ std::string JoinPath(std::string_view dir, std::string_view name);
 Result<std::string> ReadFileToString(Env* env, const std::string& path, uint64_t max_bytes);
 // Writes `data` to path.tmp-<unique>, syncs it, renames it over `path`, then syncs the directory:
 // afterwards `path` holds either its old content or `data`, never a mix, even across a crash.
-Status WriteFileAtomically(Env* env, const std::string& path, std::string_view data);
+// With `replace` false an existing `path` is left alone and the result is AlreadyExists (the
+// temporary file removed): the first of several concurrent writers wins.
+Status WriteFileAtomically(Env* env, const std::string& path, std::string_view data, bool replace = true);
 // Removes a directory and everything below it (files and subdirectories). OK if absent.
 Status RemoveDirRecursively(Env* env, const std::string& dir);
 

@@ -26,7 +26,7 @@ Result<std::string> ReadFileToString(Env* env, const std::string& path, uint64_t
   return data;
 }
 
-Status WriteFileAtomically(Env* env, const std::string& path, std::string_view data) {
+Status WriteFileAtomically(Env* env, const std::string& path, std::string_view data, bool replace) {
   static std::atomic<uint64_t> counter{0};
   char suffix[64];
   std::snprintf(suffix, sizeof(suffix), ".tmp-%d-%llu", static_cast<int>(getpid()),
@@ -40,7 +40,7 @@ Status WriteFileAtomically(Env* env, const std::string& path, std::string_view d
     Status c = file->Close();
     if (s.ok()) s = c;
   }
-  if (s.ok()) s = env->RenameFile(tmp, path);
+  if (s.ok()) s = replace ? env->RenameFile(tmp, path) : env->RenameFileNoReplace(tmp, path);
   if (!s.ok()) {
     env->RemoveFile(tmp).IgnoreError();
     return s;
