@@ -1,5 +1,6 @@
 #include "agent/agent.h"
 
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -21,6 +22,8 @@
 
 #include "agent/control_socket.h"
 #include "agent/metrics.h"
+#include "agent/resume.h"
+#include "lifeline/env.h"
 
 namespace lifeline::agent {
 namespace {
@@ -56,6 +59,39 @@ std::string NewJobId() {
   return buf;
 }
 
+// A --run-dir the agent is told to use: created 0700 when missing; an existing one must be a real
+// directory (not a link someone planted there) of the agent's user. Nothing existing is chmod-ed.
+Status PrepareRunDir(std::string dir) {
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();  // "link/" would resolve the link
+  const std::string what = "run directory " + dir;
+  const std::filesystem::path parent = std::filesystem::path(dir).parent_path();
+  if (!parent.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(parent, ec);  // links above the run directory are the user's
+    if (ec) return Status::IOError(what, ec.message());
+  }
+  if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return Status::FromErrno(errno, what);
+  // Checked on the descriptor so the entry cannot be swapped between the check and the use.
+  const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    struct stat lst;
+    if (lstat(dir.c_str(), &lst) == 0 && S_ISLNK(lst.st_mode))
+      return Status::FailedPrecondition(what, "is a symbolic link; the agent does not follow links for its run directory");
+    if (err == ENOTDIR) return Status::FailedPrecondition(what, "is not a directory");
+    return Status::FromErrno(err, what);
+  }
+  struct stat st;
+  const int rc = fstat(fd, &st);
+  const int err = errno;
+  close(fd);
+  if (rc != 0) return Status::FromErrno(err, what);
+  if (st.st_uid != geteuid())
+    return Status::FailedPrecondition(what, "is owned by uid " + std::to_string(st.st_uid) + ", not by the agent's user (uid " +
+                                                std::to_string(geteuid()) + "); not using it");
+  return Status::OK();  // a directory others can write to is refused by ControlSocket::Listen, before any use
+}
+
 // SIGTERM/SIGINT to the agent: stop the ranks, then exit. Only a flag here.
 volatile sig_atomic_t g_stop_signal = 0;
 void OnStopSignal(int sig) { g_stop_signal = sig; }
@@ -86,8 +122,7 @@ void Agent::Cleanup() {
     events_log_ = nullptr;
   }
   if (owns_run_dir_ && !config_.run_dir.empty()) {
-    std::error_code ec;
-    std::filesystem::remove_all(config_.run_dir, ec);
+    Env::Default()->RemoveTree(config_.run_dir).IgnoreError();  // never follows a link inside it
     owns_run_dir_ = false;
   }
 }
@@ -112,10 +147,7 @@ Status Agent::Setup() {
     config_.run_dir = tmpl;
     owns_run_dir_ = true;
   } else {
-    std::error_code ec;
-    std::filesystem::create_directories(config_.run_dir, ec);
-    if (ec) return Status::IOError(config_.run_dir, ec.message());
-    chmod(config_.run_dir.c_str(), 0700);
+    LL_RETURN_IF_ERROR(PrepareRunDir(config_.run_dir));
   }
   ring_dir_ = config_.run_dir;
   if (!config_.events_log.empty()) {
@@ -156,16 +188,30 @@ Status Agent::Launch() {
       {"TORCHELASTIC_MAX_RESTARTS", std::to_string(config_.restart.max_restarts)},
       {"LIFELINE_JOB", config_.job_id},
       {"LIFELINE_RESTART", std::to_string(restarts_)},
+      // New for every launch, even of a job id reused by hand: a step belongs to one launch.
+      {"LIFELINE_LAUNCH_ID", config_.job_id + ":" + launch_nonce_ + ":" + std::to_string(restarts_)},
       {"LIFELINE_AGENT", ring_dir_},
       {"LIFELINE_CONTROL", config_.run_dir + "/control.sock"},
   };
+  // Every rank of this launch resumes from one step, fixed here: the ranks' own views (memory
+  // tiers, a commit landing meanwhile) may differ.
+  nlohmann::json resume = nullptr;
+  const std::string checkpoint_dir =
+      !config_.checkpoint_dir.empty() ? config_.checkpoint_dir : ReportedCheckpointDir(ring_dir_);
+  if (!checkpoint_dir.empty()) {
+    Result<ResumePoint> point = FindResumePoint(Env::Default(), checkpoint_dir);
+    if (!point.ok()) return point.status().Annotate("choosing the resume step");
+    env["LIFELINE_RESUME_STEP"] = point->EnvValue();
+    resume = {{"directory", checkpoint_dir}, {"step", point->step ? nlohmann::json(*point->step) : nlohmann::json(nullptr)},
+              {"location", point->location}};
+  }
   launcher_ = std::make_unique<Launcher>(config_.command, env);
   LL_RETURN_IF_ERROR(launcher_->Start(world));
   launched_ns_ = trace::MonotonicNanos();
   metrics_->Launched(world);
   std::vector<int> pids;
   for (const RankProcess& r : launcher_->ranks()) pids.push_back(r.pid);
-  Log({{"action", "launch"}, {"ranks", world}, {"pids", pids}, {"command", config_.command}});
+  Log({{"action", "launch"}, {"ranks", world}, {"pids", pids}, {"command", config_.command}, {"resume", resume}});
   return Status::OK();
 }
 

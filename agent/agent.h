@@ -16,6 +16,7 @@
 #include "agent/config.h"
 #include "agent/detector.h"
 #include "agent/launcher.h"
+#include "agent/resume.h"
 #include "lib/src/trace_ring.h"
 
 namespace lifeline::agent {
@@ -64,6 +65,7 @@ class Agent {
   AgentConfig config_;
   bool owns_run_dir_ = false;
   std::string ring_dir_;
+  const std::string launch_nonce_ = NewLaunchNonce();  // LIFELINE_LAUNCH_ID: unique to this agent process
   FILE* events_log_ = nullptr;
   std::unique_ptr<ControlSocket> control_;
   std::unique_ptr<AgentMetrics> metrics_;

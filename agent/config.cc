@@ -1,5 +1,6 @@
 #include "agent/config.h"
 
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <sys/stat.h>
@@ -213,6 +214,7 @@ Status ReadDocument(const YamlReader& r, const YAML::Node& root, AgentConfig* c)
     if (name == "events_log") return r.String(k, v, name, &c->events_log);
     if (name == "run_dir") return r.String(k, v, name, &c->run_dir);
     if (name == "job_id") return r.String(k, v, name, &c->job_id);
+    if (name == "checkpoint_dir") return r.String(k, v, name, &c->checkpoint_dir);
     if (name == "master_addr") return r.String(k, v, name, &c->master_addr);
     if (name == "master_port") return r.U32(k, v, name, &c->master_port);
     if (name == "ring_events") return r.U64(k, v, name, &c->ring_events);
@@ -298,6 +300,26 @@ Status ReadDocument(const YamlReader& r, const YAML::Node& root, AgentConfig* c)
   });
 }
 
+// Where the documents of a YAML stream start, without building them. yaml-cpp 0.7's LoadAll never
+// returns for some malformed input: a ',' outside a flow collection is never consumed, so each
+// parse yields another empty document at the same place, and memory grows until bad_alloc.
+class DocumentStarts : public YAML::EventHandler {
+ public:
+  const std::vector<YAML::Mark>& starts() const { return starts_; }
+  void OnDocumentStart(const YAML::Mark& mark) override { starts_.push_back(mark); }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t, const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+
+ private:
+  std::vector<YAML::Mark> starts_;
+};
+
 }  // namespace
 
 Status LoadAgentConfig(const std::string& path, AgentConfig* config) {
@@ -319,12 +341,23 @@ Status LoadAgentConfig(const std::string& path, AgentConfig* config) {
   const YamlReader reader(path);
   // yaml-cpp reports through exceptions; none may leave this function.
   try {
-    const std::vector<YAML::Node> docs = YAML::LoadAll(text);
-    if (docs.size() > 1) {
-      return reader.Error(docs[1].Mark(), "", "more than one YAML document; the agent reads one");
+    // At most two documents are looked at: enough to refuse a second one, and bounded (see
+    // DocumentStarts).
+    DocumentStarts documents;
+    {
+      std::istringstream in(text);
+      YAML::Parser parser(in);
+      while (documents.starts().size() < 2 && parser.HandleNextDocument(documents)) {
+      }
     }
-    if (docs.empty() || docs[0].IsNull()) return Status::OK();  // an empty file changes nothing
-    const YAML::Node& root = docs[0];
+    if (documents.starts().size() > 1) {
+      const YAML::Mark& second = documents.starts()[1];
+      if (second.pos == documents.starts()[0].pos && static_cast<size_t>(second.pos) < text.size())
+        return reader.Error(second, "", "YAML syntax error: unexpected '" + text.substr(second.pos, 1) + "'");
+      return reader.Error(second, "", "more than one YAML document; the agent reads one");
+    }
+    const YAML::Node root = YAML::Load(text);
+    if (root.IsNull()) return Status::OK();  // an empty file changes nothing
     if (!root.IsMap()) {
       return reader.Error(root.Mark(), "", "expected a map of settings at the top level, got " +
                                                YamlReader::Describe(root));

@@ -66,6 +66,9 @@ struct AgentConfig {
   std::string run_dir;                   // rings, dumps, control socket; empty: a private directory
                                          // under $XDG_RUNTIME_DIR or /tmp, removed at exit
   std::string job_id;                    // LIFELINE_JOB; empty: generated
+  std::string checkpoint_dir;            // --checkpoint-dir: where the ranks checkpoint; the agent fixes
+                                         // every launch's resume step from it (LIFELINE_RESUME_STEP).
+                                         // Empty: the directory the ranks report (from the second launch on)
   std::string master_addr = "127.0.0.1";
   uint32_t master_port = 29500;          // 0: pick a free port
   uint64_t ring_events = 65536;          // per rank

@@ -999,6 +999,13 @@ struct CheckpointDetector::State {
   int world = 0;
   std::vector<RankState> ranks;
   std::vector<Failure> failures;  // not yet reported
+  struct Fallback {
+    int rank;
+    uint64_t skipped_step;
+    uint64_t loaded_step;
+    bool memory;
+  };
+  std::vector<Fallback> fallbacks;  // not yet reported
 
   size_t Keep() const { return static_cast<size_t>(config.lag_count) + 8; }
   void Add(RankState* r, Save save) {
@@ -1047,6 +1054,9 @@ void CheckpointDetector::Observe(int rank, const Event& e) {
       }
       break;
     }
+    case EventType::kCheckpointFallback:
+      s.fallbacks.push_back({rank, e.step, e.bytes, e.aux == 1});
+      break;
     case EventType::kCheckpointFailed: {
       s.failures.push_back({rank, e.step, e.aux});
       auto it = find(e.step);
@@ -1063,6 +1073,27 @@ void CheckpointDetector::RankExited(int rank, int, bool, uint64_t, std::vector<A
 }
 
 void CheckpointDetector::State::ReportFailures(uint64_t now, std::vector<Anomaly>* out) {
+  // A load that passed over a damaged checkpoint: one anomaly per skipped step, naming the ranks.
+  std::map<std::pair<uint64_t, bool>, std::vector<const Fallback*>> skipped;
+  for (const Fallback& f : fallbacks) skipped[{f.skipped_step, f.memory}].push_back(&f);
+  for (const auto& [key, list] : skipped) {
+    Anomaly a;
+    a.kind = "checkpoint";
+    a.step = KnownStep(key.first);
+    a.detected_ns = now;
+    for (const Fallback* f : list) a.ranks.push_back(f->rank);
+    std::sort(a.ranks.begin(), a.ranks.end());
+    a.ranks.erase(std::unique(a.ranks.begin(), a.ranks.end()), a.ranks.end());
+    const uint64_t loaded = list.front()->loaded_step;
+    a.evidence["fallback"] = true;
+    a.evidence["skipped_step"] = key.first;
+    a.evidence["loaded_step"] = loaded;
+    a.evidence["location"] = key.second ? "memory" : "disk";
+    a.message = std::string("the checkpoint of step ") + std::to_string(key.first) + (key.second ? " in memory" : " on disk") +
+                " could not be loaded by " + Ranks(a.ranks) + ", which loaded step " + std::to_string(loaded) + " instead";
+    out->push_back(std::move(a));
+  }
+  fallbacks.clear();
   std::map<uint64_t, std::vector<Failure>> by_step;
   for (const Failure& f : failures) by_step[f.step].push_back(f);
   failures.clear();

@@ -55,6 +55,11 @@ int main(int argc, char** argv) {
                                                     "for every launch)")
           ->check(CLI::Range(0, 65535));
   CLI::Option* log_opt = run->add_option("--events-log", events_log, "Append anomalies and actions as JSON lines here");
+  std::string checkpoint_dir;
+  CLI::Option* ckpt_opt = run->add_option("--checkpoint-dir", checkpoint_dir,
+                                          "The ranks' checkpoint directory: every launch resumes all ranks from the "
+                                          "same step, the newest complete one on disk or in memory "
+                                          "(LIFELINE_RESUME_STEP; default: the directory the ranks report)");
   CLI::Option* dir_opt = run->add_option("--run-dir", run_dir,
                                          "Directory for the trace rings, dumps and the control socket (default: a "
                                          "private one under $XDG_RUNTIME_DIR or /tmp, removed at exit)");
@@ -94,6 +99,7 @@ int main(int argc, char** argv) {
   if (port_opt->count() > 0) config.master_port = master_port;
   if (log_opt->count() > 0) config.events_log = events_log;
   if (dir_opt->count() > 0) config.run_dir = run_dir;
+  if (ckpt_opt->count() > 0) config.checkpoint_dir = checkpoint_dir;
   if (metrics_opt->count() > 0) config.metrics_addr = metrics_addr;
   config.command = command;
   return RunCommand(std::move(config));

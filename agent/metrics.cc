@@ -87,6 +87,8 @@ const std::vector<MetricFamilyInfo>& MetricFamilies() {
       {"lifeline_checkpoint_persist_seconds", "histogram", "", "Save to durable on disk, per rank"},
       {"lifeline_checkpoint_bytes_total", "counter", "", "Bytes persisted by checkpoints, all ranks"},
       {"lifeline_checkpoint_failures_total", "counter", "", "Failed or refused saves, all ranks"},
+      {"lifeline_checkpoint_load_fallbacks_total", "counter", "location",
+       "Checkpoints a load passed over (damaged or unusable) for an older one, by where they were (memory, disk)"},
       {"lifeline_checkpoint_last_committed_step", "gauge", "", "Newest committed checkpoint step (-1: none yet)"},
       {"lifeline_checkpoint_last_committed_timestamp_seconds", "gauge", "",
        "Unix time the newest checkpoint was committed (0: none yet)"},
@@ -141,6 +143,9 @@ AgentMetrics::AgentMetrics(const std::string& job, int world) : registry_(std::m
   ckpt_bytes_->Add({});
   ckpt_failures_ = counter("lifeline_checkpoint_failures_total");
   ckpt_failures_->Add({});
+  load_fallbacks_ = counter("lifeline_checkpoint_load_fallbacks_total");
+  load_fallbacks_->Add({{"location", "memory"}});
+  load_fallbacks_->Add({{"location", "disk"}});
   last_committed_ = gauge("lifeline_checkpoint_last_committed_step");
   last_committed_->Add({}).Set(-1);
   last_committed_time_ = gauge("lifeline_checkpoint_last_committed_timestamp_seconds");
@@ -264,6 +269,9 @@ void AgentMetrics::Observe(int rank, const trace::Event& e) {
       break;
     case trace::EventType::kCheckpointFailed:
       ckpt_failures_->Add({}).Increment();
+      break;
+    case trace::EventType::kCheckpointFallback:
+      load_fallbacks_->Add({{"location", e.aux == 1 ? "memory" : "disk"}}).Increment();
       break;
     default:
       break;

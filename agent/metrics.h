@@ -75,6 +75,7 @@ class AgentMetrics {
   prometheus::Family<prometheus::Histogram>* persist_;
   prometheus::Family<prometheus::Counter>* ckpt_bytes_;
   prometheus::Family<prometheus::Counter>* ckpt_failures_;
+  prometheus::Family<prometheus::Counter>* load_fallbacks_;
   prometheus::Family<prometheus::Gauge>* last_committed_;
   prometheus::Family<prometheus::Gauge>* last_committed_time_;
   prometheus::Family<prometheus::Gauge>* alive_;

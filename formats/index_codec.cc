@@ -861,25 +861,64 @@ Result<CheckpointIndex> BuildManifest(std::vector<CheckpointIndex> rank_indexes)
   }
   manifest.metadata_json = std::move(rank_indexes[slot_of_rank[0]].metadata_json);
 
-  // Every element of every tensor must be written once: compare element counts. (Validated
-  // regions lie inside their tensor, so a sum equal to the volume misses nothing unless a gap and a
-  // double write cancel out; stored fragments are disjoint by construction of the save plan.)
-  std::vector<int64_t> covered(manifest.tensors.size(), 0);
-  for (const FragmentInfo& fr : manifest.fragments) {
+  LL_RETURN_IF_ERROR(ValidateCoverage(manifest, kWhat, /*untrusted=*/false));
+  return manifest;
+}
+
+Status ValidateCoverage(const CheckpointIndex& m, std::string_view source, bool untrusted) {
+  auto fail = [&](std::string message) {
+    return untrusted ? Status::Corruption(source, std::move(message)) : Status::InvalidArgument(source, std::move(message));
+  };
+  auto rank_of = [&](const FragmentInfo& f) { return f.file < m.files.size() ? m.files[f.file].rank : kManifestRank; };
+  std::vector<std::vector<uint32_t>> fragments_of(m.tensors.size());
+  std::vector<int64_t> covered(m.tensors.size(), 0);
+  for (uint32_t f = 0; f < m.fragments.size(); ++f) {
+    const FragmentInfo& fr = m.fragments[f];
+    if (fr.tensor >= m.tensors.size()) return fail("fragment " + std::to_string(f) + " names no tensor");
+    fragments_of[fr.tensor].push_back(f);
     int64_t& sum = covered[fr.tensor];
     if (__builtin_add_overflow(sum, fr.region.num_elements(), &sum)) sum = INT64_MAX;
   }
-  for (size_t t = 0; t < manifest.tensors.size(); ++t) {
+  std::vector<Region> regions;
+  std::vector<Overlap> overlaps;
+  for (uint32_t t = 0; t < m.tensors.size(); ++t) {
+    const std::string tensor = "tensor " + QuoteUntrusted(m.tensors[t].name);
+    // Overlaps first: two ranks storing the same elements is the common mistake (data-parallel
+    // copies saved by every rank), and it also explains the hole its element count implies.
+    if (fragments_of[t].size() >= 2) {
+      regions.clear();
+      for (uint32_t f : fragments_of[t]) regions.push_back(m.fragments[f].region);
+      overlaps.clear();
+      PlanOverlaps(regions, regions, &overlaps);
+      for (const Overlap& o : overlaps) {
+        if (o.source == o.target) continue;
+        const FragmentInfo& a = m.fragments[fragments_of[t][o.source]];
+        const FragmentInfo& b = m.fragments[fragments_of[t][o.target]];
+        const bool same = a.region.offsets == b.region.offsets && a.region.shape == b.region.shape &&
+                          a.region.flat_begin == b.region.flat_begin && a.region.flat_end == b.region.flat_end;
+        const uint32_t ra = rank_of(a), rb = rank_of(b);
+        std::string who = ra == rb ? "rank " + std::to_string(ra) + " stored"
+                                   : "ranks " + std::to_string(std::min(ra, rb)) + " and " +
+                                         std::to_string(std::max(ra, rb)) + " both stored";
+        return fail(tensor + ": " + who + " overlapping pieces (" + std::to_string(o.box.volume()) +
+                    " elements stored twice" + (same ? ", the same piece" : "") +
+                    "), so the checkpoint cannot be loaded. " +
+                    (same ? "If these ranks hold data-parallel copies of it, mark them as replicas "
+                            "(TensorShard::Replica(i, n); in Python, save through lifeline's replica-aware "
+                            "state handling) so that one copy is written"
+                          : "Each element must be saved by exactly one rank: check how the ranks describe "
+                            "their pieces (offsets, shapes, flat ranges)"));
+      }
+    }
     int64_t volume = 0;
-    CheckedVolume(manifest.tensors[t].shape, &volume);  // validated above
+    if (!CheckedVolume(m.tensors[t].shape, &volume)) return fail(tensor + ": shape overflows");
     if (covered[t] != volume)
-      return Status::InvalidArgument(
-          kWhat, "tensor " + QuoteUntrusted(manifest.tensors[t].name) + ": the ranks' fragments hold " +
-                     std::to_string(covered[t]) + " elements but the tensor has " + std::to_string(volume) +
-                     (covered[t] < volume ? " (part of it was written by no rank)"
-                                          : " (some elements were written more than once)"));
+      return fail(tensor + ": the ranks' fragments hold " + std::to_string(covered[t]) + " elements but the tensor has " +
+                  std::to_string(volume) +
+                  (covered[t] < volume ? " (part of it was saved by no rank: every element must be saved by one rank)"
+                                       : " (some elements were saved more than once)"));
   }
-  return manifest;
+  return Status::OK();
 }
 
 }  // namespace lifeline::format

@@ -43,9 +43,16 @@ Result<CheckpointIndex> DecodeIndex(std::string_view bytes, std::string_view sou
 // order): tensors merged by name (dtype and shape must agree, else InvalidArgument naming the
 // tensor and both ranks), files, fragments, chunks and objects concatenated with their references
 // renumbered, metadata taken from rank 0. Fails when the indexes disagree on step, run_id,
-// world_size or chunk_bytes, when a rank is missing or repeated, or when a tensor's fragments do
-// not hold exactly as many elements as the tensor (a gap or a duplicate: the error names it).
+// world_size or chunk_bytes, when a rank is missing or repeated, or when ValidateCoverage fails.
 Result<CheckpointIndex> BuildManifest(std::vector<CheckpointIndex> rank_indexes);
+
+// The rule that makes a complete checkpoint loadable: the fragments of every tensor cover it
+// exactly, every element stored once (no hole, no overlap). Applied to every manifest, whether
+// merged from rank indexes or read from a manifest file. `untrusted` selects Corruption or
+// InvalidArgument. The message names the tensor, the ranks involved and, for two ranks that
+// stored the same elements, the likely cause (data-parallel copies not marked as replicas).
+// Cost: O(F log F) over the F fragments, never all pairs.
+Status ValidateCoverage(const CheckpointIndex& manifest, std::string_view source, bool untrusted);
 
 }  // namespace lifeline::format
 

@@ -694,13 +694,14 @@ TEST(BuildManifestTest, RejectsInconsistentRankSets) {
        [](std::vector<CheckpointIndex>* v) {
          (*v)[1].tensors[0].shape = {6, 5};
        }},
-      {"tensor 'm': the ranks' fragments hold 6 elements but the tensor has 10 (part of it was written by no rank)",
+      {"tensor 'm': the ranks' fragments hold 6 elements but the tensor has 10 (part of it was saved by no rank",
        [](std::vector<CheckpointIndex>* v) {
          CheckpointIndex& r2 = (*v)[2];
          r2.fragments.pop_back();
          r2.chunks.resize(r2.fragments[0].num_chunks);
        }},
-      {"tensor 'b': the ranks' fragments hold 8 elements but the tensor has 4 (some elements were written more",
+      {"tensor 'b': ranks 0 and 1 both stored overlapping pieces (4 elements stored twice, the same piece), so the "
+       "checkpoint cannot be loaded. If these ranks hold data-parallel copies of it, mark them as replicas",
        [](std::vector<CheckpointIndex>* v) {
          CheckpointIndex& r0 = (*v)[0];
          IndexBuilder b(0, 3, 16);

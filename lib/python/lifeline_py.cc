@@ -189,6 +189,7 @@ CheckpointerOptions ParseOptions(const std::string& directory, uint32_t rank, ui
     py::handle v = item.second;
     try {
       if (key == "run_id") o.run_id = py::cast<std::string>(v);
+      else if (key == "resume_step") o.resume_step = py::isinstance<py::str>(v) ? py::cast<std::string>(v) : std::to_string(py::cast<uint64_t>(v));
       else if (key == "keep_last") o.keep_last = py::cast<uint32_t>(v);
       else if (key == "chunk_bytes") o.chunk_bytes = py::cast<uint64_t>(v);
       else if (key == "write_block_bytes") o.write_block_bytes = py::cast<uint64_t>(v);
@@ -302,7 +303,9 @@ class PyCheckpointer {
     Result<LoadResult> r = [&] {
       py::gil_scoped_release release;
       Result<LoadResult> result = c.Load(step, req);
-      if (!result.ok() && result.status().IsNotFound() && !step) none_at_all = !AnyCompleteCheckpoint(c);
+      // A launch the agent started fresh (resume step "none") starts fresh on every rank.
+      if (!result.ok() && result.status().IsNotFound() && !step)
+        none_at_all = c.options().resume_step == "none" || !AnyCompleteCheckpoint(c);
       return result;
     }();
     if (none_at_all) return std::nullopt;
@@ -317,6 +320,15 @@ class PyCheckpointer {
     d["bytes_read"] = r->bytes_read;
     d["bytes_scattered"] = r->bytes_scattered;
     d["from_memory_tier"] = r->from_memory_tier;
+    py::list skipped;
+    for (const SkippedCheckpoint& s : r->skipped) {
+      py::dict e;
+      e["step"] = s.step;
+      e["location"] = s.location;
+      e["reason"] = s.reason;
+      skipped.append(e);
+    }
+    d["skipped"] = skipped;
     return d;
   }
 

@@ -69,10 +69,12 @@ std::string RunIdFromEnvironment() {
     const char* v = std::getenv(k);
     return v ? v : "";
   };
+  if (!get("LIFELINE_LAUNCH_ID").empty()) return "lifeline:" + get("LIFELINE_LAUNCH_ID");
   if (!get("LIFELINE_JOB").empty()) return "lifeline:" + get("LIFELINE_JOB") + ":" + get("LIFELINE_RESTART");
-  if (!get("TORCHELASTIC_RUN_ID").empty())
-    return "torchelastic:" + get("TORCHELASTIC_RUN_ID") + ":" + get("TORCHELASTIC_RESTART_COUNT");
-  return "default";
+  // torchrun's default rendezvous id "none" is the same for every launch: no id at all.
+  const std::string torch_id = get("TORCHELASTIC_RUN_ID");
+  if (!torch_id.empty() && torch_id != "none") return "torchelastic:" + torch_id + ":" + get("TORCHELASTIC_RESTART_COUNT");
+  return "";
 }
 
 std::string DataFileName(std::string_view run_hash, uint32_t rank, uint32_t world_size) {
@@ -83,10 +85,34 @@ std::string IndexFileName(std::string_view run_hash, uint32_t rank, uint32_t wor
   return Stem(run_hash, rank, world_size) + ".index";
 }
 
+namespace {
+
+std::string AttemptFileName(std::string_view run_hash, uint32_t world_size, std::string_view suffix) {
+  char buf[16];
+  std::snprintf(buf, sizeof(buf), ".of-%06u", world_size);
+  return std::string(run_hash) + buf + std::string(suffix);
+}
+
+// H(16) ".of-" W(6) suffix
+std::optional<RankFileName> ParseAttemptFileName(std::string_view name, std::string_view suffix) {
+  if (name.size() != 16 + 4 + 6 + suffix.size()) return std::nullopt;
+  if (!IsHex16(name.substr(0, 16)) || name.substr(16, 4) != ".of-" || name.substr(26) != suffix) return std::nullopt;
+  uint64_t world;
+  if (!ParseDigits(name.substr(20, 6), 6, &world) || world == 0) return std::nullopt;
+  return RankFileName{std::string(name.substr(0, 16)), 0, static_cast<uint32_t>(world)};
+}
+
+constexpr std::string_view kManifestSuffix = ".manifest";
+constexpr std::string_view kInvalidSuffix = ".invalid";
+
+}  // namespace
+
 std::string ManifestFileName(std::string_view run_hash, uint32_t world_size) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), ".of-%06u.manifest", world_size);
-  return std::string(run_hash) + buf;
+  return AttemptFileName(run_hash, world_size, kManifestSuffix);
+}
+
+std::string InvalidMarkerFileName(std::string_view run_hash, uint32_t world_size) {
+  return AttemptFileName(run_hash, world_size, kInvalidSuffix);
 }
 
 std::optional<RankFileName> ParseIndexFileName(std::string_view name) {
@@ -103,13 +129,11 @@ std::optional<RankFileName> ParseIndexFileName(std::string_view name) {
 }
 
 std::optional<RankFileName> ParseManifestFileName(std::string_view name) {
-  // H(16) ".of-" W(6) ".manifest"
-  constexpr std::string_view kSuffix = ".manifest";
-  if (name.size() != 16 + 4 + 6 + kSuffix.size()) return std::nullopt;
-  if (!IsHex16(name.substr(0, 16)) || name.substr(16, 4) != ".of-" || name.substr(26) != kSuffix) return std::nullopt;
-  uint64_t world;
-  if (!ParseDigits(name.substr(20, 6), 6, &world) || world == 0) return std::nullopt;
-  return RankFileName{std::string(name.substr(0, 16)), 0, static_cast<uint32_t>(world)};
+  return ParseAttemptFileName(name, kManifestSuffix);
+}
+
+std::optional<RankFileName> ParseInvalidMarkerFileName(std::string_view name) {
+  return ParseAttemptFileName(name, kInvalidSuffix);
 }
 
 bool IsTempFileName(std::string_view name) { return name.find(".tmp-") != std::string_view::npos; }
@@ -139,6 +163,12 @@ Status CheckDataHeader(const uint8_t* block, uint32_t rank, uint32_t world_size,
   if (GetU32(block + 12) != rank || GetU32(block + 16) != world_size || GetU64(block + 24) != step ||
       GetU64(block + 32) != hash)
     return Status::Corruption(path, "data file header names another rank, step or save attempt than its index");
+  // The checksum covers only the fields; the rest of the block must be zero, so that no byte of
+  // the header can change unnoticed.
+  for (size_t i = kDataHeaderChecked + 8; i < kDataHeaderBytes; ++i)
+    if (block[i] != 0)
+      return Status::Corruption(path, "data file header: nonzero byte at offset " + std::to_string(i) +
+                                          " (bytes 48 to 4095 must be zero)");
   return Status::OK();
 }
 

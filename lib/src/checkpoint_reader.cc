@@ -1,8 +1,11 @@
 #include "lib/src/checkpoint_reader.h"
 
 #include <algorithm>
+#include <cinttypes>
+#include <cstdio>
 #include <map>
 #include <set>
+#include <type_traits>
 #include <unordered_map>
 
 #include "formats/checksum.h"
@@ -429,8 +432,150 @@ Result<LoadStats> CheckpointReader::Load(const std::vector<TensorShard>& targets
   return stats;
 }
 
+namespace {
+
+std::string Hex64(uint64_t v) {
+  char buf[19];
+  std::snprintf(buf, sizeof(buf), "0x%016" PRIx64, v);
+  return buf;
+}
+
+// The first difference between record lists, or "" when they are equal.
+template <typename T, typename Describe>
+std::string FirstRecordDifference(const char* what, const std::vector<T>& manifest, const std::vector<T>& merged,
+                                  Describe describe) {
+  if (manifest.size() != merged.size())
+    return std::to_string(manifest.size()) + " " + what + " records, the rank indexes " + std::to_string(merged.size());
+  for (size_t i = 0; i < manifest.size(); ++i)
+    if (!(manifest[i] == merged[i]))
+      return std::string(what) + " record " + std::to_string(i) + " is " + describe(manifest[i]) +
+             ", the rank indexes say " + describe(merged[i]);
+  return "";
+}
+
+// What the manifest says differently from the merge of the rank indexes, or "" when they agree.
+std::string ManifestDifference(const format::CheckpointIndex& a, const format::CheckpointIndex& b) {
+  auto field = [](const char* name, const auto& x, const auto& y) -> std::string {
+    if (x == y) return "";
+    if constexpr (std::is_convertible_v<decltype(x), std::string_view>) {
+      return std::string(name) + " is '" + std::string(x) + "', the rank indexes say '" + std::string(y) + "'";
+    } else {
+      return std::string(name) + " is " + std::to_string(x) + ", the rank indexes say " + std::to_string(y);
+    }
+  };
+  for (std::string d : {field("kind", static_cast<int>(a.kind), static_cast<int>(b.kind)), field("step", a.step, b.step),
+                        field("rank", a.rank, b.rank), field("world size", a.world_size, b.world_size),
+                        field("run id", a.run_id, b.run_id), field("chunk bytes", a.chunk_bytes, b.chunk_bytes),
+                        field("creation time", a.created_unix_ns, b.created_unix_ns),
+                        field("user metadata", a.metadata_json, b.metadata_json)})
+    if (!d.empty()) return d;
+  std::string d = FirstRecordDifference("file", a.files, b.files, [](const format::FileInfo& f) {
+    return "'" + f.name + "' of rank " + std::to_string(f.rank) + ", " + std::to_string(f.size) + " bytes";
+  });
+  if (d.empty())
+    d = FirstRecordDifference("tensor", a.tensors, b.tensors, [](const format::TensorInfo& t) {
+      return "'" + t.name + "' " + std::string(DTypeName(t.dtype)) + " " + ShapeString(t.shape);
+    });
+  if (d.empty())
+    d = FirstRecordDifference("fragment", a.fragments, b.fragments, [](const format::FragmentInfo& f) {
+      return "tensor #" + std::to_string(f.tensor) + " " + RegionString(f.region) + " in file #" + std::to_string(f.file) +
+             " at offset " + std::to_string(f.offset) + ", chunks [" + std::to_string(f.first_chunk) + ", +" +
+             std::to_string(f.num_chunks) + "), codec " + std::to_string(static_cast<int>(f.codec));
+    });
+  if (d.empty())
+    d = FirstRecordDifference("chunk", a.chunks, b.chunks, [](const format::ChunkInfo& c) {
+      return std::to_string(c.stored_length) + " bytes with checksum " + Hex64(c.checksum);
+    });
+  if (d.empty())
+    d = FirstRecordDifference("object", a.objects, b.objects, [](const format::ObjectInfo& o) {
+      return "'" + o.name + "' of rank " + std::to_string(o.rank) + " in file #" + std::to_string(o.file) + " at offset " +
+             std::to_string(o.offset) + ", " + std::to_string(o.length) + " bytes with checksum " + Hex64(o.checksum);
+    });
+  return d;
+}
+
+// Decodes every rank index of the checkpoint `m` describes and its manifest when there is one,
+// and checks that the manifest is exactly their merge: a load may fall back from a damaged
+// manifest, but a checkpoint with any damaged index is not intact.
+Status VerifyIndexes(Env* env, const std::string& step_dir, const format::CheckpointIndex& m, uint64_t* checked) {
+  const std::string run_hash = RunHash(m.run_id);
+  LL_ASSIGN_OR_RETURN(format::CheckpointIndex merged, MergeRankIndexes(env, step_dir, run_hash, m.world_size, m.step));
+  *checked = m.world_size;
+  const std::string path = JoinPath(step_dir, ManifestFileName(run_hash, m.world_size));
+  Result<std::string> bytes = ReadFileToString(env, path, format::kMaxIndexBytes);
+  if (bytes.status().IsNotFound()) {
+    // Absent: a crash between the last rank index and the manifest. The indexes are the commit
+    // record, so nothing is lost, but what `m` holds must be their merge.
+    if (!(m == merged)) return Status::Corruption(step_dir, "the checkpoint read differs from the merge of its rank indexes");
+    return Status::OK();
+  }
+  if (bytes.status().code() == StatusCode::kResourceExhausted) return Status::Corruption(bytes.status().message());
+  if (!bytes.ok()) return bytes.status();
+  LL_ASSIGN_OR_RETURN(format::CheckpointIndex manifest, format::DecodeIndex(*bytes, path));
+  ++*checked;
+  if (manifest.kind != format::IndexKind::kManifest)
+    return Status::Corruption(path, "is a rank index, not a manifest");
+  const std::string difference = ManifestDifference(manifest, merged);
+  if (!difference.empty())
+    return Status::Corruption(path, "the manifest disagrees with the rank indexes: its " + difference);
+  return Status::OK();
+}
+
+// Each data file is exactly its header, then its fragments' chunks and its objects back to back,
+// zero-padded to a multiple of 4096 bytes (formats/SPEC.md §3). Returns, per file, where the
+// bytes described by the index end (the padding runs from there to the file's recorded size).
+Result<std::vector<uint64_t>> DataFileContentEnds(const format::CheckpointIndex& m, const std::string& step_dir) {
+  struct Extent {
+    uint64_t offset, length;
+    std::string what;
+  };
+  std::vector<std::vector<Extent>> extents(m.files.size());
+  for (uint32_t i = 0; i < m.fragments.size(); ++i) {
+    const format::FragmentInfo& f = m.fragments[i];
+    uint64_t length = 0;
+    for (uint64_t k = 0; k < f.num_chunks; ++k) length += m.chunks[f.first_chunk + k].stored_length;
+    extents[f.file].push_back(Extent{f.offset, length, "fragment " + std::to_string(i) + " of tensor '" +
+                                                            m.tensors[f.tensor].name + "'"});
+  }
+  for (const format::ObjectInfo& o : m.objects)
+    extents[o.file].push_back(Extent{o.offset, o.length, "object '" + o.name + "' of rank " + std::to_string(o.rank)});
+  std::vector<uint64_t> ends(m.files.size());
+  for (uint32_t i = 0; i < m.files.size(); ++i) {
+    const std::string path = JoinPath(step_dir, m.files[i].name);
+    std::vector<Extent>& e = extents[i];
+    std::stable_sort(e.begin(), e.end(), [](const Extent& a, const Extent& b) {
+      return a.offset != b.offset ? a.offset < b.offset : a.length < b.length;
+    });
+    uint64_t at = kDataHeaderBytes;
+    for (const Extent& x : e) {
+      if (x.offset > at)
+        return Status::Corruption(path, "bytes " + std::to_string(at) + " to " + std::to_string(x.offset) +
+                                            " belong to no fragment or object (the index is damaged)");
+      if (x.offset < at)
+        return Status::Corruption(path, x.what + " at byte offset " + std::to_string(x.offset) +
+                                            " overlaps the bytes before it, which end at " + std::to_string(at));
+      at += x.length;
+    }
+    if (m.files[i].size != AlignUp(at, kDirectIoAlignment))
+      return Status::Corruption(path, "the index gives its size as " + std::to_string(m.files[i].size) +
+                                          " bytes, but what it holds ends at " + std::to_string(at) +
+                                          " (padded: " + std::to_string(AlignUp(at, kDirectIoAlignment)) + ")");
+    ends[i] = at;
+  }
+  return ends;
+}
+
+}  // namespace
+
 Status CheckpointReader::Verify(VerifyReport* report) {
   const format::CheckpointIndex& m = manifest_;
+  VerifyReport local;
+  Status indexes = VerifyIndexes(env_, step_dir_, m, &local.indexes_checked);
+  if (!indexes.ok()) {
+    if (report != nullptr) *report = local;
+    return indexes;
+  }
+  LL_ASSIGN_OR_RETURN(const std::vector<uint64_t> content_end, DataFileContentEnds(m, step_dir_));
   const std::vector<uint64_t> chunk_offset = ChunkOffsets(m);
   const std::vector<uint32_t> chunk_fragment = ChunkFragments(m);
   ChunkDecoder decoder;
@@ -440,15 +585,31 @@ Status CheckpointReader::Verify(VerifyReport* report) {
   }
   const ReaderOptions staging = AfterDecoding(options_, decoder);
   SpanReader reader(env_, step_dir_, m, staging);
-  // Data-file headers first: they say which rank, step and attempt wrote each file.
+  // Data files first: each header says which rank, step and attempt wrote the file, and every
+  // byte outside the chunks and objects (header, final padding) is checked here, as is the size.
   const std::string run_hash = RunHash(m.run_id);
+  AlignedBuffer block(kDataHeaderBytes);
+  if (block.data() == nullptr) return Status::ResourceExhausted("cannot allocate a header buffer");
   for (uint32_t i = 0; i < m.files.size(); ++i) {
     RandomAccessFile* file = nullptr;
     LL_RETURN_IF_ERROR(reader.OpenFile(i, &file));
-    AlignedBuffer header(kDataHeaderBytes);
-    if (header.data() == nullptr) return Status::ResourceExhausted("cannot allocate a header buffer");
-    LL_RETURN_IF_ERROR(file->ReadAt(0, header.data(), kDataHeaderBytes));
-    LL_RETURN_IF_ERROR(CheckDataHeader(header.data(), m.files[i].rank, m.world_size, m.step, run_hash, file->path()));
+    LL_ASSIGN_OR_RETURN(const uint64_t size, file->Size());
+    if (size != m.files[i].size)
+      return Status::Corruption(file->path(), "is " + std::to_string(size) + " bytes, but its index says " +
+                                                  std::to_string(m.files[i].size));
+    LL_RETURN_IF_ERROR(file->ReadAt(0, block.data(), kDataHeaderBytes));
+    LL_RETURN_IF_ERROR(CheckDataHeader(block.data(), m.files[i].rank, m.world_size, m.step, run_hash, file->path()));
+    local.bytes_checked += kDataHeaderBytes;
+    const uint64_t end = content_end[i];
+    if (end % kDirectIoAlignment != 0) {
+      const uint64_t start = AlignDown(end, kDirectIoAlignment);
+      LL_RETURN_IF_ERROR(file->ReadAt(start, block.data(), kDirectIoAlignment));
+      for (uint64_t at = end; at < start + kDirectIoAlignment; ++at)
+        if (block.data()[at - start] != 0)
+          return Status::Corruption(file->path(), "nonzero byte at offset " + std::to_string(at) +
+                                                      " in the padding after the last chunk or object (must be zero)");
+      local.bytes_checked += start + kDirectIoAlignment - end;
+    }
   }
   std::vector<ReadSpan> spans;
   spans.reserve(m.chunks.size() + m.objects.size());
@@ -458,7 +619,6 @@ Status CheckpointReader::Verify(VerifyReport* report) {
     spans.push_back(ReadSpan{m.objects[o].file, m.objects[o].offset, m.objects[o].length, m.chunks.size() + o});
   std::sort(spans.begin(), spans.end(),
             [](const ReadSpan& a, const ReadSpan& b) { return a.file != b.file ? a.file < b.file : a.offset < b.offset; });
-  VerifyReport local;
   Status s = reader.Run(spans, [&](const ReadSpan& span, const uint8_t* data) -> Status {
     const uint64_t sum = format::Checksum64(data, span.length);
     local.bytes_checked += span.length;

@@ -39,6 +39,7 @@ struct LoadStats {
 };
 
 struct VerifyReport {
+  uint64_t indexes_checked = 0;  // rank indexes, plus the manifest when there is one
   uint64_t chunks_checked = 0;
   uint64_t objects_checked = 0;
   uint64_t bytes_checked = 0;
@@ -67,9 +68,12 @@ class CheckpointReader {
   // tensor, file and offset). Chunks are checksummed as stored, then decoded.
   Result<LoadStats> Load(const std::vector<TensorShard>& targets);
 
-  // Reads every chunk and object and checks its checksum, and decodes every compressed chunk. On
-  // the first mismatch or undecodable chunk returns Corruption naming the tensor (or object), the
-  // file and the byte offset of the bad chunk.
+  // Checks every byte of the checkpoint: decodes every rank index and the manifest (when there is
+  // one) and requires the manifest to equal the merge of the rank indexes; checks each data file's
+  // size against its index, its whole 4096-byte header and its zero padding; reads every chunk and
+  // object, checks its checksum and decodes every compressed chunk. The first problem is returned
+  // as Corruption naming the file (and, for a chunk or object, the tensor or object and the byte
+  // offset). Unlike Open, it does not accept a damaged manifest beside intact rank indexes.
   Status Verify(VerifyReport* report);
 
   // The bytes of one per-rank object, checksum-verified.

@@ -1,6 +1,10 @@
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <random>
 #include <map>
 #include <set>
 
@@ -14,6 +18,7 @@
 #include "lib/src/cuda_copy.h"
 #include "lib/src/memory_tier.h"
 #include "lib/src/persist_pipeline.h"
+#include "lib/src/rank_objects.h"
 #include "lib/src/save_job.h"
 #include "lifeline/trace.h"
 #include "lib/src/saver.h"
@@ -42,9 +47,34 @@ struct Checkpointer::Impl {
   std::map<int, std::unique_ptr<cuda::CopyStream>> copy_streams;
   std::vector<std::pair<uint8_t*, uint64_t>> pinned;
   bool warned_unpinned = false;
+  // The launch's resume step (CheckpointerOptions::resume_step), until the first Save.
+  bool resume_pinned = false;
+  std::optional<uint64_t> resume_step;
 };
 
 namespace {
+
+// Each checkpoint a load passed over reaches the agent, which raises a checkpoint anomaly for it.
+void ReportFallbacks(const LoadResult& result) {
+  if (!trace::Active()) return;
+  for (const SkippedCheckpoint& s : result.skipped) {
+    trace::Event e;
+    e.type = trace::EventType::kCheckpointFallback;
+    e.step = s.step;
+    e.bytes = result.step;
+    e.aux = s.location == "memory" ? 1 : 0;
+    trace::Record(e);
+  }
+}
+
+std::string RandomHex64() {
+  std::random_device device;
+  const uint64_t v = (static_cast<uint64_t>(device()) << 32) ^ device();
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
 
 format::Codec FormatCodec(SaveCodec codec) {
   switch (codec) {
@@ -199,12 +229,29 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::Open(CheckpointerOptions opt
   if (options.staging_slots == 0 || options.staging_slots > 16)
     return Status::InvalidArgument("staging_slots must be 1 to 16");
   if (options.run_id.empty()) options.run_id = RunIdFromEnvironment();
+  // One process is its own launch: any id unique to it will do.
+  if (options.run_id.empty() && options.world_size == 1) options.run_id = "solo:" + RandomHex64();
+  if (options.resume_step.empty())
+    if (const char* v = std::getenv("LIFELINE_RESUME_STEP"); v != nullptr) options.resume_step = v;
+  std::optional<uint64_t> resume_step;
+  if (!options.resume_step.empty() && options.resume_step != "none") {
+    const std::string& v = options.resume_step;
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long long n = std::strtoull(v.c_str(), &end, 10);
+    if (v.find_first_not_of("0123456789") != std::string::npos || errno != 0 || end != v.c_str() + v.size())
+      return Status::InvalidArgument("resume step (LIFELINE_RESUME_STEP)", "'" + v + "' is neither a step nor \"none\"");
+    resume_step = n;
+  }
   options.copy_threads = std::clamp(options.copy_threads, 1u, 64u);
   std::unique_ptr<Checkpointer> c(new Checkpointer(std::move(options)));
   const CheckpointerOptions& o = c->options_;
   Impl& m = *c->impl_;
   m.env = o.env != nullptr ? o.env : Env::Default();
   m.run_hash = RunHash(o.run_id);
+  m.resume_pinned = !o.resume_step.empty();
+  m.resume_step = resume_step;
+  trace::ReportCheckpointDirectory(o.directory);
   LL_RETURN_IF_ERROR(CreateDirDurably(m.env, o.directory));
 
   std::vector<std::string> shm_paths;
@@ -261,10 +308,23 @@ SaveTicket Checkpointer::Save(uint64_t step, const SaveRequest& request) {
     return SaveTicket(job);
   };
 
+  m.resume_pinned = false;  // Load(latest) means the newest again
+  if (o.run_id.empty())
+    return refuse(Status::FailedPrecondition(
+                      where, "no launch id, so ranks of two launches could complete one step together: set "
+                             "CheckpointerOptions::run_id (Python: run_id=) to a value that is the same on every "
+                             "rank and new for every launch, or launch with lifeline-agent or torchrun --rdzv-id, "
+                             "or create the Python Checkpointer after torch.distributed is initialised (the ranks "
+                             "then agree on one)"),
+                  SavePhase::kFailed);
   std::set<std::string_view> object_names;
   for (const auto& [name, bytes] : request.objects) {
     if (name.empty() || name.size() > format::kMaxNameBytes || !object_names.insert(name).second)
       return refuse(Status::InvalidArgument(where, "object names must be unique and 1 to 4096 bytes: '" + name + "'"),
+                    SavePhase::kFailed);
+    if (IsReservedObjectName(name))
+      return refuse(Status::InvalidArgument(where, "object name '" + name + "': names rank<R>/... are reserved for "
+                                                   "objects folded by a conversion to a smaller world"),
                     SavePhase::kFailed);
   }
   Result<RankSavePlan> plan = PlanRankSave(request, o.replica_split_bytes);
@@ -413,7 +473,8 @@ namespace {
 // Loads from one root (the checkpoint directory or the memory tier). With no step asked for, a
 // damaged newest checkpoint falls back to the next older complete one.
 Result<LoadResult> LoadFromRoot(Env* env, const std::string& root, std::optional<uint64_t> step,
-                                const LoadRequest& request, const CheckpointerOptions& options_) {
+                                const LoadRequest& request, const CheckpointerOptions& options_,
+                                std::vector<SkippedCheckpoint>* skipped) {
   ReaderOptions ropt;
   ropt.memory_budget = options_.load_memory_budget;
   ropt.queue_depth = options_.queue_depth;
@@ -459,10 +520,9 @@ Result<LoadResult> LoadFromRoot(Env* env, const std::string& root, std::optional
         result.bytes_read = stats.bytes_read;
         result.bytes_scattered = stats.bytes_scattered;
         const uint32_t owner = request.objects_of_rank.value_or(options_.rank);
-        for (const format::ObjectInfo& obj : reader->manifest().objects) {
-          if (obj.rank != owner) continue;
-          LL_ASSIGN_OR_RETURN(std::string bytes, reader->ReadObject(obj));
-          result.objects.emplace_back(obj.name, std::move(bytes));
+        for (RankObjectRef& ref : ObjectsSavedBy(reader->manifest(), owner)) {
+          LL_ASSIGN_OR_RETURN(std::string bytes, reader->ReadObject(*ref.object));
+          result.objects.emplace_back(std::move(ref.name), std::move(bytes));
         }
         return result;
       };
@@ -473,6 +533,7 @@ Result<LoadResult> LoadFromRoot(Env* env, const std::string& root, std::optional
       if (!last.IsCorruption() && !last.IsNotFound()) return last;
       Log(LogLevel::kWarning, "checkpoint of step " + std::to_string(candidate) + " unusable, trying an older one: " +
                                   last.ToString());
+      skipped->push_back({candidate, "disk", last.ToString()});
     }
     // Retention of a concurrent save may have removed the checkpoints listed above, which means a
     // newer one was committed meanwhile: look again when the newest complete step has changed.
@@ -490,6 +551,13 @@ Result<LoadResult> Checkpointer::Load(std::optional<uint64_t> step, const LoadRe
   std::vector<size_t> on_device;
   for (size_t i = 0; i < request.tensors.size(); ++i)
     if (request.tensors[i].device >= 0) on_device.push_back(i);
+  Impl& m = *impl_;
+  if (!step && m.resume_pinned) {
+    if (!m.resume_step)
+      return Status::NotFound(options_.directory, "this launch starts fresh: lifeline-agent found no complete "
+                                                  "checkpoint when it launched the ranks (resume step \"none\")");
+    step = m.resume_step;
+  }
   if (on_device.empty()) return LoadHost(step, request);
   if (!cuda::Built()) return cuda::CopyStream::Create(0).status().Annotate("loading tensor '" + request.tensors[on_device[0]].name + "'");
   LoadRequest host = request;
@@ -515,6 +583,7 @@ Result<LoadResult> Checkpointer::Load(std::optional<uint64_t> step, const LoadRe
 
 Result<LoadResult> Checkpointer::LoadHost(std::optional<uint64_t> step, const LoadRequest& request) {
   Impl& m = *impl_;
+  std::vector<SkippedCheckpoint> skipped;
   if (m.tier != nullptr) {
     // The memory tier wins when it holds the asked-for step, or a newest step at least as new as
     // the disk's: same bytes, read at memory speed, checksums verified all the same.
@@ -532,16 +601,21 @@ Result<LoadResult> Checkpointer::LoadHost(std::optional<uint64_t> step, const Lo
       use_tier = !on_disk || *in_memory >= *on_disk;
     }
     if (use_tier) {
-      Result<LoadResult> r = LoadFromRoot(m.tier->env(), m.tier->root(), *in_memory, request, options_);
+      Result<LoadResult> r = LoadFromRoot(m.tier->env(), m.tier->root(), *in_memory, request, options_, &skipped);
       if (r.ok()) {
         r->from_memory_tier = true;
         return r;
       }
       Log(LogLevel::kWarning, "memory tier: step " + std::to_string(*in_memory) + " unusable, loading from disk: " +
                                   r.status().ToString());
+      skipped.push_back({*in_memory, "memory", r.status().ToString()});
     }
   }
-  return LoadFromRoot(m.env, options_.directory, step, request, options_);
+  Result<LoadResult> r = LoadFromRoot(m.env, options_.directory, step, request, options_, &skipped);
+  if (!r.ok()) return r;
+  r->skipped = std::move(skipped);
+  ReportFallbacks(*r);
+  return r;
 }
 
 Result<std::vector<CheckpointInfo>> Checkpointer::List() { return ScanCheckpoints(impl_->env, options_.directory); }
@@ -558,6 +632,8 @@ Result<std::vector<CheckpointInfo>> Checkpointer::ListMemoryTier() {
   return impl_->tier->List();
 }
 
-Status Checkpointer::CollectGarbage() { return CollectGarbageIn(impl_->env, options_.directory, options_.keep_last); }
+Status Checkpointer::CollectGarbage() {
+  return CollectGarbageIn(impl_->env, options_.directory, SaverRetention(impl_->env, options_.keep_last, impl_->run_hash));
+}
 
 }  // namespace lifeline

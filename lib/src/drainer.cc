@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "formats/index_codec.h"
 #include "lib/src/aligned_buffer.h"
 #include "lib/src/checkpoint_layout.h"
 #include "lib/src/commit.h"
@@ -39,7 +40,12 @@ Status Drainer::Drain(const Item& item) {
   if (!step_dir.ok()) return step_dir.status().Annotate(where);
   const std::string name = DataFileName(config_.run_hash, config_.rank, config_.world_size);
   const std::string from = JoinPath(JoinPath(config_.source_root, StepDirName(item.step)), name);
-  Status copied = CopyFile(from, JoinPath(*step_dir, name));
+  // The copy must be exactly the bytes the index describes (formats/SPEC.md §3), as the source is.
+  Result<format::CheckpointIndex> index = format::DecodeIndex(item.index, "rank index of " + from);
+  if (!index.ok()) return index.status().Annotate(where);
+  if (index->files.size() != 1 || index->files[0].name != name)
+    return Status::InvalidArgument(where, "the rank index does not describe exactly the data file " + name);
+  Status copied = CopyFile(from, JoinPath(*step_dir, name), index->files[0].size);
   if (copied.IsNotFound() && !env_->FileExists(from))
     return Status::Unavailable(where, "skipped: retention removed the step from " + config_.source_root +
                                           " before it was drained (keep more checkpoints there)");
@@ -52,11 +58,14 @@ Status Drainer::Drain(const Item& item) {
 
 // Data files are written with their padding kept, so their sizes are multiples of the direct-I/O
 // alignment and both sides can bypass the page cache.
-Status Drainer::CopyFile(const std::string& from, const std::string& to) {
+Status Drainer::CopyFile(const std::string& from, const std::string& to, uint64_t size) {
   FileOptions fopt;
   fopt.direct_io = config_.direct_io;
   LL_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> in, env_->NewRandomAccessFile(from, fopt));
-  LL_ASSIGN_OR_RETURN(uint64_t size, in->Size());
+  LL_ASSIGN_OR_RETURN(uint64_t actual, in->Size());
+  if (actual != size)
+    return Status::Corruption(from, "is " + std::to_string(actual) + " bytes but its rank index says " +
+                                        std::to_string(size));
   if (size % kDirectIoAlignment != 0) fopt.direct_io = false;
   LL_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> out, env_->NewWritableFile(to, fopt));
   AlignedBuffer buffer(config_.buffer_bytes);

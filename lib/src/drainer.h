@@ -52,7 +52,8 @@ class Drainer {
     std::string index;
   };
   Status Drain(const Item& item);
-  Status CopyFile(const std::string& from, const std::string& to);
+  // Copies `from` to `to`, which must hold exactly `size` bytes (the size its index records).
+  Status CopyFile(const std::string& from, const std::string& to, uint64_t size);
 
   Env* const env_;
   const DrainConfig config_;

@@ -94,7 +94,7 @@ void RemoveOrphanRoots(const std::string& user_dir, const std::string& keep, con
     std::string other_id = owner->substr(nl + 1);
     while (!other_id.empty() && other_id.back() == '\n') other_id.pop_back();
     if (other_id == dir_id) continue;
-    RemoveDirRecursively(env, root).IgnoreError();
+    env->RemoveTree(root).IgnoreError();
   }
 }
 
@@ -186,7 +186,7 @@ Status MemoryTier::Withdraw(uint64_t step) {
   if (!left.ok()) return left.status().IsNotFound() ? Status::OK() : left.status();
   for (const std::string& name : *left)
     if (ParseIndexFileName(name) || name.find(".data") != std::string::npos) return Status::OK();
-  return RemoveDirRecursively(env_, step_dir);
+  return env_->RemoveTree(step_dir);
 }
 
 Status MemoryTier::Publish(uint64_t step, unsigned slot, std::string_view encoded_index) {

@@ -24,8 +24,18 @@ PersistPipeline::PersistPipeline(Env* env, PersistConfig config, StagingArena* a
 void PersistPipeline::Persist(internal::SaveJob& job) {
   const RankWriteOptions& o = job.write_options;
   const std::string where = "saving step " + std::to_string(job.step) + " on rank " + std::to_string(config_.rank);
+  std::string own_data_file;  // set once this attempt's data file may exist
   auto finish = [&](Status s) {
-    if (!s.ok()) job.Fail(s.Annotate(where));
+    if (!s.ok()) {
+      // A failed save takes its bytes with it (a full disk must not stay full), unless its index
+      // was published: then the step's fate is decided by the commit protocol and retention.
+      if (!own_data_file.empty()) {
+        const std::string dir = own_data_file.substr(0, own_data_file.rfind('/'));
+        if (!env_->FileExists(JoinPath(dir, IndexFileName(config_.run_hash, config_.rank, config_.world_size))))
+          env_->RemoveFile(own_data_file).IgnoreError();
+      }
+      job.Fail(s.Annotate(where));
+    }
     job.WaitCopyStopped();  // nothing may touch the slot once it is released
     if (job.slot && arena_ != nullptr) arena_->Release(*job.slot);
   };
@@ -33,6 +43,7 @@ void PersistPipeline::Persist(internal::SaveJob& job) {
   Result<std::string> step_dir =
       PrepareStepDir(env_, config_.root, job.step, config_.run_hash, config_.rank, config_.world_size);
   if (!step_dir.ok()) return finish(step_dir.status());
+  own_data_file = JoinPath(*step_dir, DataFileName(config_.run_hash, config_.rank, config_.world_size));
 
   format::CheckpointIndex written;
   uint64_t stored = 0;
@@ -66,7 +77,7 @@ void PersistPipeline::Persist(internal::SaveJob& job) {
   // Retention runs after the ticket is released: the caller waits for its own bytes, not for the
   // removal of old steps. Only the rank that committed collects, as a synchronous save does.
   if (*committed) {
-    Status gc = CollectGarbageIn(env_, config_.root, config_.keep_last);
+    Status gc = CollectGarbageIn(env_, config_.root, SaverRetention(env_, config_.keep_last, config_.run_hash));
     if (!gc.ok()) Log(LogLevel::kWarning, "garbage collection after step " + std::to_string(job.step) + " in " +
                                               config_.root + ": " + gc.ToString());
   }

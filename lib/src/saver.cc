@@ -384,6 +384,9 @@ Result<format::CheckpointIndex> WriteRankData(Env* env, const std::string& step_
   }
   uint64_t file_size = 0;
   s = writer.Finish(&file_size);
+  // The reservation was for the raw bytes; a codec stores fewer. Give the rest back, so that the
+  // file holds exactly what its index describes and compression saves disk space.
+  if (s.ok()) s = file->Truncate(file_size);
   if (s.ok()) s = file->Sync();
   if (s.ok()) s = file->Close();
   if (!s.ok()) return fail(s);

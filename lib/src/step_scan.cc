@@ -11,33 +11,6 @@
 namespace lifeline {
 namespace {
 
-// BuildManifest counts elements per tensor, which a double write and a gap of the same size fool
-// (ranks that declared overlapping pieces). Loads assume stored fragments are disjoint, so such a
-// checkpoint would fill the gap's targets with nothing: refuse it here, where every merge goes.
-Status CheckFragmentsDisjoint(const format::CheckpointIndex& m, const std::string& step_dir) {
-  std::vector<std::vector<uint32_t>> fragments_of(m.tensors.size());
-  for (uint32_t f = 0; f < m.fragments.size(); ++f) fragments_of[m.fragments[f].tensor].push_back(f);
-  std::vector<format::Region> regions;
-  std::vector<format::Overlap> overlaps;
-  for (uint32_t t = 0; t < m.tensors.size(); ++t) {
-    if (fragments_of[t].size() < 2) continue;
-    regions.clear();
-    for (uint32_t f : fragments_of[t]) regions.push_back(m.fragments[f].region);
-    overlaps.clear();
-    format::PlanOverlaps(regions, regions, &overlaps);
-    for (const format::Overlap& o : overlaps) {
-      if (o.source == o.target) continue;
-      const format::FragmentInfo& a = m.fragments[fragments_of[t][o.source]];
-      const format::FragmentInfo& b = m.fragments[fragments_of[t][o.target]];
-      return Status::Corruption(step_dir, "tensor '" + m.tensors[t].name + "': ranks " +
-                                              std::to_string(m.files[a.file].rank) + " and " +
-                                              std::to_string(m.files[b.file].rank) +
-                                              " wrote overlapping pieces (elements written twice, others by no rank)");
-    }
-  }
-  return Status::OK();
-}
-
 // An index or manifest larger than the format allows is damage, not a resource problem: saying
 // Corruption lets a load fall back to an older checkpoint instead of giving up.
 Result<std::string> ReadIndexFile(Env* env, const std::string& path) {
@@ -52,31 +25,49 @@ Result<StepState> ScanStep(Env* env, const std::string& step_dir, uint64_t step)
   StepState state;
   state.info.step = step;
   state.info.directory = step_dir;
+  // A link in place of a step directory, index or manifest would let a load read, or retention
+  // delete, files outside the checkpoint: such entries are reported, never followed.
+  if (Result<EntryType> type = env->GetEntryType(step_dir); type.ok() && *type == EntryType::kSymlink) {
+    state.info.problem = "the step directory is a symbolic link, not followed (Lifeline never follows links inside a checkpoint)";
+    return state;
+  }
   LL_ASSIGN_OR_RETURN(state.children, env->GetChildren(step_dir));
   std::map<std::pair<std::string, uint32_t>, std::set<uint32_t>> attempts;
-  std::set<std::pair<std::string, uint32_t>> manifests;
+  std::set<std::pair<std::string, uint32_t>> manifests, invalid;
+  std::string linked;  // the first index or manifest name that is a link
   for (const std::string& name : state.children) {
+    if (auto bad = ParseInvalidMarkerFileName(name)) {
+      invalid.insert({bad->run_hash, bad->world_size});
+      continue;
+    }
+    const bool ours = ParseIndexFileName(name) || ParseManifestFileName(name);
+    if (ours && env->GetEntryType(JoinPath(step_dir, name)).value_or(EntryType::kFile) == EntryType::kSymlink) {
+      if (linked.empty()) linked = name;
+      continue;
+    }
     if (auto idx = ParseIndexFileName(name)) {
       attempts[{idx->run_hash, idx->world_size}].insert(idx->rank);
     } else if (auto man = ParseManifestFileName(name)) {
       manifests.insert({man->run_hash, man->world_size});
     }
   }
-  // Prefer a complete attempt with a manifest, then any complete one, then the most advanced.
+  // Prefer a complete attempt with a manifest, then any complete one, then the most advanced, and
+  // an attempt marked invalid last.
   const std::pair<std::string, uint32_t>* best = nullptr;
   int best_score = -1;
   size_t best_present = 0;
   for (const auto& [key, ranks] : attempts) {
     const bool complete = ranks.size() == key.second;
-    const int score = complete ? (manifests.count(key) ? 3 : 2) : 1;
+    const int score = invalid.count(key) ? 0 : complete ? (manifests.count(key) ? 3 : 2) : 1;
     if (score > best_score || (score == best_score && ranks.size() > best_present)) {
       best = &key;
       best_score = score;
       best_present = ranks.size();
     }
   }
+  const std::string link_note = linked.empty() ? "" : "; " + linked + " is a symbolic link, not followed";
   if (best == nullptr) {
-    state.info.problem = "no rank index";
+    state.info.problem = "no rank index" + link_note;
     return state;
   }
   const std::set<uint32_t>& ranks = attempts[*best];
@@ -85,7 +76,12 @@ Result<StepState> ScanStep(Env* env, const std::string& step_dir, uint64_t step)
   state.info.ranks_present = static_cast<uint32_t>(ranks.size());
   state.info.complete = best_score >= 2;
   state.has_manifest = best_score == 3;
-  if (!state.info.complete) {
+  if (best_score == 0) {
+    state.info.invalid = true;
+    const std::string marker = JoinPath(step_dir, InvalidMarkerFileName(state.run_hash, state.info.world_size));
+    Result<std::string> reason = ReadFileToString(env, marker, 64 << 10);
+    state.info.problem = "invalid, never loaded: " + (reason.ok() ? *reason : reason.status().ToString());
+  } else if (!state.info.complete) {
     std::string missing;
     int listed = 0;
     for (uint32_t r = 0; r < best->second && listed < 8; ++r) {
@@ -96,13 +92,17 @@ Result<StepState> ScanStep(Env* env, const std::string& step_dir, uint64_t step)
     }
     if (best->second - ranks.size() > static_cast<size_t>(listed)) missing += ", ...";
     state.info.problem = std::to_string(ranks.size()) + " of " + std::to_string(best->second) +
-                         " rank indexes present (missing rank " + missing + ")";
+                         " rank indexes present (missing rank " + missing + ")" + link_note;
   }
-  for (uint32_t r = 0; r < best->second; ++r) {
-    for (const std::string& name : {DataFileName(state.run_hash, r, best->second), IndexFileName(state.run_hash, r, best->second)}) {
-      auto size = env->GetFileSize(JoinPath(step_dir, name));
-      if (size.ok()) state.info.bytes += *size;
-    }
+  // The attempt's data and index files as listed, not probed rank by rank: the world size comes
+  // from a file name (up to 999999), and one stray name must not cost two million lookups a scan.
+  for (const std::string& name : state.children) {
+    constexpr std::string_view kData = ".data";
+    const bool data = name.size() > kData.size() && name.compare(name.size() - kData.size(), kData.size(), kData) == 0;
+    const auto file = ParseIndexFileName(data ? name.substr(0, name.size() - kData.size()) + ".index" : name);
+    if (!file || file->run_hash != state.run_hash || file->world_size != best->second) continue;
+    auto size = env->GetFileSize(JoinPath(step_dir, name));
+    if (size.ok()) state.info.bytes += *size;
   }
   return state;
 }
@@ -124,7 +124,6 @@ Result<format::CheckpointIndex> MergeRankIndexes(Env* env, const std::string& st
   }
   auto manifest = format::BuildManifest(std::move(indexes));
   if (!manifest.ok()) return Status::Corruption(step_dir, manifest.status().message());
-  LL_RETURN_IF_ERROR(CheckFragmentsDisjoint(*manifest, step_dir));
   return manifest;
 }
 
@@ -139,15 +138,19 @@ Result<format::CheckpointIndex> ReadManifest(Env* env, const StepState& state) {
       if (manifest.kind != format::IndexKind::kManifest || manifest.step != state.info.step ||
           manifest.world_size != state.info.world_size || RunHash(manifest.run_id) != state.run_hash)
         return Status::Corruption(path, "manifest describes another step or save attempt than its name");
+      // The same rule as a merge of the rank indexes: a manifest is trusted no more than they are.
+      LL_RETURN_IF_ERROR(format::ValidateCoverage(manifest, path, /*untrusted=*/true));
       return manifest;
     };
     Result<format::CheckpointIndex> manifest = read();
-    if (manifest.ok() || !manifest.status().IsCorruption()) return manifest;
-    // The rank indexes are the commit record; the manifest is only their merge, made again here.
+    // A damaged manifest, or one of a format version this reader does not know beside rank indexes
+    // it does: the rank indexes are the commit record, the manifest only their merge, made again here.
+    if (manifest.ok() || (!manifest.status().IsCorruption() && !manifest.status().IsNotSupported()))
+      return manifest;
     Result<format::CheckpointIndex> merged =
         MergeRankIndexes(env, dir, state.run_hash, state.info.world_size, state.info.step);
     if (!merged.ok()) return manifest.status();
-    Log(LogLevel::kWarning, "ignoring a damaged manifest, merged the rank indexes instead: " + manifest.status().ToString());
+    Log(LogLevel::kWarning, "ignoring the manifest, merged the rank indexes instead: " + manifest.status().ToString());
     return merged;
   }
   return MergeRankIndexes(env, dir, state.run_hash, state.info.world_size, state.info.step);

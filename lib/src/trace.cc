@@ -16,6 +16,7 @@
 #include <mutex>
 
 #include "lib/src/trace_ring.h"
+#include "lifeline/env.h"
 #include "lifeline/log.h"
 
 namespace lifeline::trace {
@@ -36,6 +37,7 @@ const char* EventTypeName(EventType type) {
     case EventType::kCheckpointCommitted: return "checkpoint_committed";
     case EventType::kCheckpointFailed: return "checkpoint_failed";
     case EventType::kProcessExit: return "process_exit";
+    case EventType::kCheckpointFallback: return "checkpoint_fallback";
   }
   return "unknown";
 }
@@ -277,6 +279,22 @@ void ProcessExit() {
   e.type = EventType::kProcessExit;
   e.step = t->step.load(std::memory_order_relaxed);
   Emit(t, e);
+}
+
+void ReportCheckpointDirectory(const std::string& directory) {
+  Tracer* t = Get();
+  const char* agent = getenv("LIFELINE_AGENT");
+  if (t == nullptr || agent == nullptr || directory.empty()) return;
+  std::string absolute = directory;
+  if (absolute[0] != '/') {
+    char cwd[4096];
+    if (getcwd(cwd, sizeof(cwd)) == nullptr) return;
+    absolute = JoinPath(cwd, directory);
+  }
+  const std::string path = JoinPath(agent, kCheckpointDirFile);
+  if (Env::Default()->FileExists(path)) return;
+  // Already there (another rank won the race) is the normal outcome of all but one rank.
+  WriteFileAtomically(Env::Default(), path, absolute, /*replace=*/false).IgnoreError();
 }
 
 void Record(const Event& event) {

@@ -255,6 +255,29 @@ TEST_F(ConfigTest, SyntaxErrorNamesFileAndLine) {
   EXPECT_NE(s.message().find(dir_ + "/agent.yaml:2: YAML syntax error"), std::string::npos) << s.message();
 }
 
+// Found by tests/fuzz/agent_config_fuzz: a stray ',' made yaml-cpp's LoadAll produce empty
+// documents forever, so the agent hung, then died of bad_alloc, instead of reporting the file.
+TEST_F(ConfigTest, StrayCommaIsASyntaxErrorNotAHang) {
+  AgentConfig c;
+  Status s = Load(",", &c);
+  ASSERT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_NE(s.message().find(dir_ + "/agent.yaml:1: YAML syntax error: unexpected ','"), std::string::npos)
+      << s.message();
+
+  s = Load("# settings\n\n,\n", &c);
+  ASSERT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_NE(s.message().find("agent.yaml:3: YAML syntax error"), std::string::npos) << s.message();
+  EXPECT_EQ(c.nproc, 1u);
+}
+
+TEST_F(ConfigTest, SecondDocumentIsAnError) {
+  AgentConfig c;
+  const Status s = Load("nproc: 2\n---\nnproc: 4\n", &c);
+  ASSERT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_NE(s.message().find("agent.yaml:2: more than one YAML document"), std::string::npos) << s.message();
+  EXPECT_EQ(c.nproc, 1u);
+}
+
 TEST_F(ConfigTest, MissingFileIsNotFound) {
   AgentConfig c;
   const std::string path = dir_ + "/no-such.yaml";

@@ -77,6 +77,12 @@ int main(void) {
   CHECK(lifeline_load(c, 7, &wrong, 1, NULL) == LIFELINE_INVALID_ARGUMENT, "shape mismatch is INVALID_ARGUMENT");
   CHECK(lifeline_load(c, 8, &whole, 1, NULL) == LIFELINE_NOT_FOUND, "absent step is NOT_FOUND");
   lifeline_tensor again = {"w", LIFELINE_F32, 2, global, NULL, NULL, 0, -1, 0, 0, full};
+  /* Without a launch id a multi-rank save is refused, saying how to set one. */
+  CHECK(lifeline_save(c, 7, &again, 1, NULL, 0, NULL) == LIFELINE_FAILED_PRECONDITION, "a save without a launch id");
+  CHECK(strstr(lifeline_last_error(), "run_id") != NULL, "message says how to set a launch id");
+  lifeline_close(c);
+  o.run_id = "c-api-loader";
+  CHECK(lifeline_open(&o, &c) == LIFELINE_OK, "reopen with a launch id");
   CHECK(lifeline_save(c, 7, &again, 1, NULL, 0, NULL) == LIFELINE_ALREADY_EXISTS, "re-saving a committed step");
   lifeline_close(c);
 

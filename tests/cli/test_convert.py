@@ -210,6 +210,60 @@ class ConvertTest(unittest.TestCase):
         rc, j = run_json("diff", self.ckpt, d3)
         self.assertTrue(j["identical"], j)
 
+    def test_objects_of_ranks_beyond_a_converted_world_load_with_more_ranks(self):
+        # Saved by 4 ranks, converted to 2 (ranks 2 and 3's objects folded into ranks 0 and 1),
+        # loaded by 3 and 4 ranks: every rank gets the objects its saved rank wrote.
+        d = self.path("D2-objects")
+        run("convert", self.h5, "--to", "lifeline", d, "--ranks", 2, "--tp", 2, "--dp", 1)
+        for ranks in (3, 4):
+            rc, j = run_json("bench", "load", "--dir", d, "--ranks", ranks, "--tp", ranks, check=False)
+            self.assertEqual(rc, 0, j)
+            self.assertEqual(j["objects_checked"], 2 * ranks)
+            self.assertEqual(j["object_mismatches"], 0, f"loaded by {ranks} ranks")
+        # The tools read the same rule: the 2-rank checkpoint holds what the 4 ranks saved.
+        rc, j = run_json("diff", self.ckpt, d)
+        self.assertTrue(j["identical"], j)
+
+    def test_bench_load_refuses_metadata_claiming_a_huge_model(self):
+        meta = json.dumps({"model": "lifeline-synthetic", "hidden": 64, "layers": 100000000, "tp": 1, "dp": 1})
+        src = self.path("huge-claim.safetensors")
+        write_safetensors(src, {"x": ("F32", (4,), bytes(16))}, {"format": "pt", "lifeline_metadata": meta})
+        d = self.path("huge-claim")
+        run("convert", src, "--to", "lifeline", d, "--ranks", 1)
+        p = run("bench", "load", "--dir", d, "--ranks", 1, check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn('"layers" is 100000000', p.stderr)
+        self.assertIn(d, p.stderr)
+        self.assertNotIn("bad_alloc", p.stderr)
+
+    def test_bool_bytes_other_than_0_and_1_are_refused_by_every_output(self):
+        flags = bytearray([0, 1] * 8)
+        flags[11] = 2  # element [2, 3] of a [4, 4] tensor
+        src = self.path("bad-bool.safetensors")
+        write_safetensors(src, {"ok": ("F32", (2,), bytes(8)), "mask": ("BOOL", (4, 4), bytes(flags))})
+        outputs = [("lifeline", self.path("bad-bool-ckpt"), "--ranks", 2),
+                   ("hdf5", self.path("bad-bool.h5")),
+                   ("safetensors", self.path("bad-bool-again.safetensors"))]
+        for to, out, *more in outputs:
+            p = run("convert", src, "--to", to, out, *more, check=False)
+            self.assertNotEqual(p.returncode, 0, to)
+            self.assertIn("'mask'", p.stderr, to)
+            self.assertIn("element 11 [2, 3]", p.stderr, to)
+            self.assertIn("0x02", p.stderr, to)
+            self.assertFalse(os.path.exists(out) and to != "lifeline", f"{to}: no output is left behind")
+        # A checkpoint holding such bytes (saved through the library, which stores what it is given)
+        # cannot be exported either.
+        d = self.path("bad-bool-saved")
+        mask = torch.tensor([True, False, True, True])
+        mask.view(torch.uint8)[2] = 7
+        ckpt = lifeline.Checkpointer(d, rank=0, world_size=1)
+        ckpt.save(1, {"mask": mask}).wait()
+        ckpt.close()
+        p = run("convert", d, "--to", "safetensors", self.path("bad-bool-saved.safetensors"), check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("bool tensor 'mask'", p.stderr)
+        self.assertIn("element 2 [2]", p.stderr)
+
     def test_round_trips_are_byte_exact(self):
         # safetensors -> lifeline (3 ranks, zstd) -> safetensors: the same files, byte for byte.
         d = self.path("from-st")

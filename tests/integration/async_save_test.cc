@@ -505,7 +505,7 @@ TEST(MemoryTierTest, ADirectoryCreatedAgainAtTheSamePathNeverLoadsTheOldSnapshot
   }
 
   // rm -rf and mkdir: a new job there starts from nothing, and the old tier is gone.
-  ASSERT_TRUE(RemoveDirRecursively(Env::Default(), dir.Sub("ckpt")).ok());
+  ASSERT_TRUE(Env::Default()->RemoveTree(dir.Sub("ckpt")).ok());
   o.run_id = "third";
   o.memory_tier_cleanup_on_close = true;
   auto ckpt = Checkpointer::Open(o);
@@ -521,7 +521,7 @@ TEST(MemoryTierTest, ADirectoryCreatedAgainAtTheSamePathNeverLoadsTheOldSnapshot
   EXPECT_FALSE(r.ok()) << "loaded step " << r->step << " of the deleted directory";
   const std::string second_root = (*ckpt)->memory_tier_directory();
   ckpt->reset();
-  RemoveDirRecursively(Env::Default(), second_root).IgnoreError();
+  Env::Default()->RemoveTree(second_root).IgnoreError();
 }
 
 // Ranks opening a new directory at the same moment agree on one identity.

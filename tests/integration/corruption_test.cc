@@ -4,6 +4,7 @@
 // absurd counts, file names that point outside the checkpoint) give a clear error, never a crash,
 // and nothing outside the checkpoint directory is ever opened, created or changed.
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <mutex>
@@ -264,6 +265,206 @@ TEST_F(CorruptionTest, TruncatedOrMissingDataFileFallsBack) {
   ExpectFallsBackTo(1);
 }
 
+// ---- every byte is covered: indexes, headers, sizes, padding --------------------------------
+
+// Byte offsets spread over a file of `size` bytes, first and last included.
+std::vector<uint64_t> SpreadOffsets(uint64_t size, int n) {
+  std::vector<uint64_t> v;
+  for (int i = 0; i < n; ++i) v.push_back(size <= 1 ? 0 : (size - 1) * static_cast<uint64_t>(i) / (n - 1));
+  return v;
+}
+
+TEST_F(CorruptionTest, FlipInAnyRankIndexFailsVerifyEvenWithAManifest) {
+  // The manifest lets Open skip the rank indexes; verify must still read every one of them.
+  ASSERT_TRUE(::access(ManifestPath(2, 2).c_str(), F_OK) == 0);
+  for (uint32_t rank = 0; rank < 2; ++rank) {
+    const std::string path = IndexPath(2, rank, 2);
+    const std::string valid = ReadWholeFile(path);
+    for (uint64_t offset : SpreadOffsets(valid.size(), 20)) {
+      SCOPED_TRACE(path + " byte " + std::to_string(offset));
+      FlipByte(path, offset);
+      auto reader = CheckpointReader::Open(Env::Default(), dir_, 2);
+      ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+      Status v = (*reader)->Verify(nullptr);
+      EXPECT_FALSE(v.ok()) << "verify missed a flipped byte in a rank index";
+      EXPECT_NE(v.message().find(path), std::string::npos) << v.ToString();
+      ASSERT_TRUE(WriteWholeFile(path, valid));
+    }
+  }
+  auto reader = CheckpointReader::Open(Env::Default(), dir_, 2);
+  ASSERT_TRUE(reader.ok());
+  VerifyReport report;
+  Status v = (*reader)->Verify(&report);
+  EXPECT_TRUE(v.ok()) << v.ToString();
+  EXPECT_EQ(report.indexes_checked, 3u);  // two rank indexes and the manifest
+}
+
+TEST_F(CorruptionTest, FlipAnywhereInADataHeaderFailsVerify) {
+  const std::string path = DataPath(2, 1, 2);
+  const std::string valid = ReadWholeFile(path);
+  for (uint64_t offset : {0, 7, 8, 12, 16, 20, 24, 32, 40, 47, 48, 49, 100, 1000, 2048, 4000, 4095}) {
+    SCOPED_TRACE("byte " + std::to_string(offset));
+    FlipByte(path, offset);
+    auto reader = CheckpointReader::Open(Env::Default(), dir_, 2);
+    ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+    Status v = (*reader)->Verify(nullptr);
+    EXPECT_TRUE(v.IsCorruption()) << "verify missed a flipped header byte: " << v.ToString();
+    EXPECT_NE(v.message().find(path), std::string::npos) << v.ToString();
+    ASSERT_TRUE(WriteWholeFile(path, valid));
+  }
+}
+
+TEST_F(CorruptionTest, DamagedManifestFailsVerifyWhileLoadUsesTheRankIndexes) {
+  const std::string path = ManifestPath(2, 2);
+  const std::string valid = ReadWholeFile(path);
+  FlipByte(path, valid.size() / 2);
+  // Load: the rank indexes are the commit record, so the checkpoint still loads, correctly.
+  std::string diff;
+  auto r = LoadAll(std::nullopt, 2, &diff);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(*r, 2u);
+  EXPECT_EQ(diff, "");
+  // Verify: the manifest is damaged, and it says so.
+  auto reader = CheckpointReader::Open(Env::Default(), dir_, 2);
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  Status v = (*reader)->Verify(nullptr);
+  EXPECT_TRUE(v.IsCorruption()) << v.ToString();
+  EXPECT_NE(v.message().find(path), std::string::npos) << v.ToString();
+
+  // A manifest that decodes but says something the rank indexes do not: a chunk checksum (the
+  // data still matches the indexes), then the user metadata.
+  auto manifest = format::DecodeIndex(valid, path);
+  ASSERT_TRUE(manifest.ok()) << manifest.status().ToString();
+  for (int edit = 0; edit < 2; ++edit) {
+    SCOPED_TRACE(edit);
+    format::CheckpointIndex m = *manifest;
+    if (edit == 0) m.chunks[3].checksum ^= 1;
+    if (edit == 1) m.metadata_json += " ";
+    auto encoded = format::EncodeIndex(m);
+    ASSERT_TRUE(encoded.ok()) << encoded.status().ToString();
+    ASSERT_TRUE(WriteWholeFile(path, *encoded));
+    reader = CheckpointReader::Open(Env::Default(), dir_, 2);
+    ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+    v = (*reader)->Verify(nullptr);
+    EXPECT_TRUE(v.IsCorruption()) << v.ToString();
+    EXPECT_NE(v.message().find(path), std::string::npos) << v.ToString();
+    EXPECT_NE(v.message().find("disagrees with the rank indexes"), std::string::npos) << v.ToString();
+  }
+}
+
+TEST_F(CorruptionTest, DataFileSizeAndPaddingAreChecked) {
+  const std::string path = DataPath(2, 0, 2);
+  const std::string valid = ReadWholeFile(path);
+  ASSERT_EQ(valid.size() % 4096, 0u);
+  auto verify = [&]() {
+    auto reader = CheckpointReader::Open(Env::Default(), dir_, 2);
+    EXPECT_TRUE(reader.ok()) << reader.status().ToString();
+    return reader.ok() ? (*reader)->Verify(nullptr) : reader.status();
+  };
+  ASSERT_TRUE(verify().ok());
+  // Where the chunks and objects of rank 0 end: the rest of the file is zero padding.
+  auto reader = CheckpointReader::Open(Env::Default(), dir_, 2);
+  ASSERT_TRUE(reader.ok());
+  const format::CheckpointIndex& m = (*reader)->manifest();
+  uint64_t end = kDataHeaderBytes;
+  for (const format::FragmentInfo& f : m.fragments) {
+    if (m.files[f.file].rank != 0) continue;
+    uint64_t at = f.offset;
+    for (uint64_t k = 0; k < f.num_chunks; ++k) at += m.chunks[f.first_chunk + k].stored_length;
+    end = std::max(end, at);
+  }
+  for (const format::ObjectInfo& o : m.objects)
+    if (o.rank == 0) end = std::max(end, o.offset + o.length);
+  ASSERT_LT(end, valid.size()) << "the specimen needs some padding";
+
+  struct Case {
+    std::string what, bytes, expect;
+  };
+  std::string padded = valid;
+  padded[valid.size() - 1] = 1;
+  std::string first_pad = valid;
+  first_pad[end] = 1;
+  const std::vector<Case> cases = {
+      {"a block of zeros appended", valid + std::string(4096, '\0'), "bytes, but its index says"},
+      {"one byte appended", valid + std::string(1, '\0'), "bytes, but its index says"},
+      {"truncated by a block", valid.substr(0, valid.size() - 4096), ""},
+      {"last padding byte set", padded, "padding"},
+      {"first padding byte set", first_pad, "padding"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    ASSERT_TRUE(WriteWholeFile(path, c.bytes));
+    Status v = verify();
+    EXPECT_TRUE(v.IsCorruption()) << v.ToString();
+    EXPECT_NE(v.message().find(path), std::string::npos) << v.ToString();
+    EXPECT_NE(v.message().find(c.expect), std::string::npos) << v.ToString();
+  }
+  ASSERT_TRUE(WriteWholeFile(path, valid));
+  EXPECT_TRUE(verify().ok());
+}
+
+TEST_F(CorruptionTest, CompressedDataFileTakesOnlyWhatItStores) {
+  // 64 MiB of very compressible f32 values, saved with zstd.
+  constexpr int64_t kElements = int64_t{16} << 20;
+  std::vector<float> values(kElements);
+  for (int64_t i = 0; i < kElements; ++i) values[i] = static_cast<float>(i % 1000) * 0.5f;
+  const uint64_t raw = kElements * sizeof(float);
+  CheckpointerOptions o = Options();
+  o.directory = tmp_.Sub("compressed");
+  o.codec = SaveCodec::kZstd;
+  o.chunk_bytes = 1 << 20;
+  {
+    auto c = Checkpointer::Open(o);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    SaveRequest req;
+    req.tensors.push_back(TensorShard::Whole("state", DType::kF32, {kElements}, values.data()));
+    Status s = (*c)->Save(7, req).WaitPersisted();
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+  auto reader = CheckpointReader::Open(Env::Default(), o.directory, 7);
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  const format::CheckpointIndex& m = (*reader)->manifest();
+  ASSERT_EQ(m.files.size(), 1u);
+  uint64_t stored = 0;
+  for (const format::ChunkInfo& c : m.chunks) stored += c.stored_length;
+  ASSERT_LT(stored, raw / 10) << "the test state should compress well";
+
+  const std::string path = o.directory + "/" + StepDirName(7) + "/" + m.files[0].name;
+  struct stat st;
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  // The file is the header and the stored bytes, padded to the next 4096 bytes, and its index says so.
+  EXPECT_EQ(static_cast<uint64_t>(st.st_size), m.files[0].size);
+  EXPECT_EQ(m.files[0].size, (kDataHeaderBytes + stored + 4095) / 4096 * 4096);
+  // What `du` counts: the blocks allocated, not only the length.
+  const uint64_t on_disk = static_cast<uint64_t>(st.st_blocks) * 512;
+  EXPECT_LT(on_disk, raw / 4) << "a " << raw << "-byte state stored in " << stored << " bytes takes " << on_disk
+                              << " bytes on disk";
+  Status v = (*reader)->Verify(nullptr);
+  EXPECT_TRUE(v.ok()) << v.ToString();
+  std::vector<float> back(kElements, -1.0f);
+  auto loaded = (*reader)->Load({TensorShard::Whole("state", DType::kF32, {kElements}, back.data())});
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_TRUE(back == values);
+}
+
+TEST_F(CorruptionTest, DrainedCompressedCopyIsExactAndVerifies) {
+  CheckpointerOptions o = Options();
+  o.directory = tmp_.Sub("fast");
+  o.drain_directory = tmp_.Sub("shared");
+  o.codec = SaveCodec::kZstd;
+  std::vector<Status> st = SaveAllRanks(o, Tensors(5), DimLayout(2, 0), 5, 5, /*threads=*/true);
+  ASSERT_TRUE(AllOk(st)) << Describe(st);
+  for (const std::string& root : {o.directory, o.drain_directory}) {
+    SCOPED_TRACE(root);
+    auto reader = CheckpointReader::Open(Env::Default(), root, 5);
+    ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+    for (const format::FileInfo& f : (*reader)->manifest().files)
+      EXPECT_EQ(ReadWholeFile(root + "/" + StepDirName(5) + "/" + f.name).size(), f.size) << f.name;
+    Status v = (*reader)->Verify(nullptr);
+    EXPECT_TRUE(v.ok()) << v.ToString();
+  }
+}
+
 // ---- hostile index and manifest files ------------------------------------------------------
 
 class HostileFilesTest : public CorruptionTest {
@@ -427,7 +628,11 @@ TEST_F(HostileFilesTest, EveryHostileFileGivesAClearErrorAndNeverEscapes) {
     }
     auto reader = CheckpointReader::Open(&recorder, dir_, 3);
     if (reader.ok()) {
-      EXPECT_TRUE((*reader)->Verify(nullptr).ok());
+      // Open may bypass a damaged manifest; verify must not: every case here is damage.
+      EXPECT_TRUE(c.manifest) << "a hostile index was opened";
+      Status v = (*reader)->Verify(nullptr);
+      EXPECT_FALSE(v.ok()) << "verify accepted a damaged manifest";
+      EXPECT_NE(v.message().find(attacked), std::string::npos) << "verify does not name the file: " << v.ToString();
     } else {
       EXPECT_TRUE(reader.status().IsCorruption() || reader.status().IsNotFound()) << reader.status().ToString();
     }

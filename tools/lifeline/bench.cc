@@ -84,6 +84,7 @@
 #include <thread>
 #include <vector>
 
+#include "lib/src/checkpoint_layout.h"
 #include "lib/src/checkpoint_reader.h"
 #include "lib/src/commit.h"
 #include "lib/src/copy_engine.h"
@@ -558,7 +559,8 @@ int RunSave(const SaveOptions& o) {
   auto apply_retention = [&] {
     if (o.keep_last == 0 || failed.load()) return;
     const double t0 = NowSeconds();
-    Status s = CollectGarbageIn(Env::Default(), o.dir, o.keep_last);
+    Status s = CollectGarbageIn(Env::Default(), o.dir,
+                                SaverRetention(Env::Default(), o.keep_last, RunHash(base_options->run_id)));
     retention_seconds.push_back(NowSeconds() - t0);
     if (!s.ok() && commit_failure.ok()) commit_failure = s.Annotate("retention between saves");
   };
@@ -785,6 +787,12 @@ int RunLoad(const CommonOptions& o) {
     auto parsed = ParseModelMetadata((*reader)->manifest().metadata_json);
     if (!parsed.ok()) return ReportFailure(kCommand, parsed.status().Annotate((*reader)->step_dir()), o.json);
     shape = *parsed;
+    // The targets are allocated from the metadata's description: it must be what the checkpoint holds.
+    std::vector<ModelTensor> stored;
+    for (const format::TensorInfo& t : (*reader)->manifest().tensors)
+      stored.push_back(ModelTensor{t.name, t.dtype, t.shape});
+    const Status matches = CheckModelTensors(shape, stored);
+    if (!matches.ok()) return ReportFailure(kCommand, matches.Annotate((*reader)->step_dir()), o.json);
   }
   if (o.hidden_option != nullptr && o.hidden_option->count() > 0 && o.hidden != shape.hidden) {
     return ReportFailure(kCommand,

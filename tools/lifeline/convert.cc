@@ -18,6 +18,7 @@
 #include "lib/src/aligned_buffer.h"
 #include "lib/src/checkpoint_layout.h"
 #include "lib/src/commit.h"
+#include "lib/src/rank_objects.h"
 #include "lib/src/saver.h"
 #include "lifeline/env.h"
 #include "tools/lifeline/commands.h"
@@ -200,16 +201,11 @@ Status WriteSafetensorsFile(TensorSource& source, const std::vector<size_t>& ten
 bool IsSyntheticModel(const std::vector<SourceTensor>& tensors, const std::string& metadata_json,
                       std::vector<ModelTensor>* model) {
   Result<ModelShape> shape = ParseModelMetadata(metadata_json);
-  if (!shape.ok()) return false;
-  std::vector<ModelTensor> expected = ModelTensors(*shape);
-  if (expected.size() != tensors.size()) return false;
-  std::map<std::string, const SourceTensor*> by_name;
-  for (const SourceTensor& t : tensors) by_name[t.name] = &t;
-  for (const ModelTensor& m : expected) {
-    auto it = by_name.find(m.name);
-    if (it == by_name.end() || it->second->dtype != m.dtype || it->second->shape != m.shape) return false;
-  }
-  *model = std::move(expected);
+  if (!shape.ok() || ModelTensorCount(*shape) != tensors.size()) return false;
+  std::vector<ModelTensor> stored;
+  for (const SourceTensor& t : tensors) stored.push_back(ModelTensor{t.name, t.dtype, t.shape});
+  if (!CheckModelTensors(*shape, stored).ok()) return false;
+  *model = ModelTensors(*shape);
   return true;
 }
 
@@ -383,17 +379,15 @@ Result<ConvertReport> ExportLifeline(TensorSource& source, const std::string& ou
   if (o.codec_level != 0) w.codec_level = o.codec_level;
   const uint64_t slab_bytes = std::max<uint64_t>(o.memory_budget / 2, kMinBudget);
 
-  // Objects: those of saved rank R go to rank R when R < world, else to rank R mod world under
-  // the name "rank<R>/<name>", so a smaller world loses none of them.
+  // Objects of saved ranks beyond the new world are folded into the ranks it has (rank_objects.h),
+  // so a smaller world loses none of them and Load still finds them by their saving rank.
   std::vector<std::vector<std::pair<std::string, std::string>>> objects(world);
   for (size_t i = 0; i < source.objects().size(); ++i) {
     const SourceObject& obj = source.objects()[i];
+    Result<RankedObjectName> stored = FoldObject(obj.rank, obj.name, world);
+    if (!stored.ok()) return stored.status().Annotate("converting " + source.description());
     LL_ASSIGN_OR_RETURN(std::string bytes, source.ReadObject(i));
-    if (obj.rank < world) {
-      objects[obj.rank].emplace_back(obj.name, std::move(bytes));
-    } else {
-      objects[obj.rank % world].emplace_back("rank" + std::to_string(obj.rank) + "/" + obj.name, std::move(bytes));
-    }
+    objects[stored->rank].emplace_back(std::move(stored->name), std::move(bytes));
   }
 
   ConvertReport report;

@@ -185,6 +185,13 @@ std::string AgeText(uint64_t created_unix_ns) {
   return buf;
 }
 
+// complete, partial, invalid (all indexes, never loadable), damaged (all indexes, unreadable).
+const char* StepStateName(const CheckpointInfo& c) {
+  if (c.complete) return "complete";
+  if (c.invalid) return "invalid";
+  return c.problem.rfind("damaged", 0) == 0 || c.problem.rfind("cannot be loaded", 0) == 0 ? "damaged" : "partial";
+}
+
 int RunLs(const LsArgs& a) {
   constexpr const char* kCommand = "ls";
   Env* env = Env::Default();
@@ -200,6 +207,15 @@ int RunLs(const LsArgs& a) {
   }
   std::stable_sort(rows.begin(), rows.end(), [](const auto& x, const auto& y) { return x.second.step > y.second.step; });
   for (auto& [where, c] : rows) {
+    // "complete" means loadable as far as the metadata tells: every index decodes and the pieces
+    // cover every tensor exactly. (Data checksums: lifeline verify.)
+    if (c.complete) {
+      Status s = CheckStepMetadata(env, c);
+      if (!s.ok()) {
+        c.complete = false;
+        c.problem = "damaged: " + s.ToString();
+      }
+    }
     // The scan does not open the indexes; the step directory's last change is when it was written.
     struct stat st;
     if (c.created_unix_ns == 0 && ::stat(c.directory.c_str(), &st) == 0)
@@ -210,7 +226,7 @@ int RunLs(const LsArgs& a) {
     nlohmann::json list = nlohmann::json::array();
     for (const auto& [where, c] : rows) {
       nlohmann::json j = {{"step", c.step},
-                          {"state", c.complete ? "complete" : "partial"},
+                          {"state", StepStateName(c)},
                           {"location", where},
                           {"world_size", c.world_size},
                           {"ranks_present", c.ranks_present},
@@ -233,7 +249,7 @@ int RunLs(const LsArgs& a) {
     const std::string ranks = c.complete ? std::to_string(c.world_size)
                                          : std::to_string(c.ranks_present) + "/" + std::to_string(c.world_size);
     std::printf("%-12llu %-9s %-7s %-7s %12s %7s  %s\n", static_cast<unsigned long long>(c.step),
-                c.complete ? "complete" : "partial", where.c_str(), ranks.c_str(), FormatByteSize(c.bytes).c_str(),
+                StepStateName(c), where.c_str(), ranks.c_str(), FormatByteSize(c.bytes).c_str(),
                 AgeText(c.created_unix_ns).c_str(), c.complete ? "" : c.problem.c_str());
   }
   if (!tier_root.empty()) std::cout << "memory tier: " << tier_root << "\n";
@@ -245,6 +261,8 @@ int RunLs(const LsArgs& a) {
 struct GcArgs {
   std::string dir;
   uint32_t keep = 0;
+  bool partial = false;
+  bool no_verify = false;
   bool dry_run = false;
   bool json = false;
 };
@@ -254,13 +272,24 @@ int RunGc(const GcArgs& a) {
   Env* env = Env::Default();
   Result<std::vector<CheckpointInfo>> before = ScanCheckpoints(env, a.dir);
   if (!before.ok()) return ReportFailure(kCommand, before.status(), a.json);
+  // A step counts toward --keep only once it verifies (every checksum read), so damage in a newer
+  // step never costs the older good one; with --no-verify only its metadata is checked.
+  RetentionPolicy policy;
+  policy.keep_last = a.keep;
+  policy.loadable = [&](const CheckpointInfo& info) -> Status {
+    if (a.no_verify) return CheckStepMetadata(env, info);
+    LL_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(env, a.dir, info.step));
+    VerifyReport report;
+    return reader->Verify(&report);
+  };
+  if (a.partial) policy.stale = [](const CheckpointInfo&) { return true; };
   std::vector<CheckpointInfo> removed;
   if (a.dry_run) {
-    const std::vector<bool> plan = RetentionPlan(*before, a.keep);
+    const std::vector<bool> plan = RetentionPlan(*before, policy);
     for (size_t i = 0; i < before->size(); ++i)
       if (plan[i]) removed.push_back((*before)[i]);
   } else {
-    Status s = CollectGarbageIn(env, a.dir, a.keep);
+    Status s = CollectGarbageIn(env, a.dir, policy);
     if (!s.ok()) return ReportFailure(kCommand, s, a.json);
     Result<std::vector<CheckpointInfo>> after = ScanCheckpoints(env, a.dir);
     if (!after.ok()) return ReportFailure(kCommand, after.status(), a.json);
@@ -274,18 +303,18 @@ int RunGc(const GcArgs& a) {
   if (a.json) {
     nlohmann::json list = nlohmann::json::array();
     for (const CheckpointInfo& c : removed)
-      list.push_back({{"step", c.step}, {"state", c.complete ? "complete" : "partial"}, {"bytes", c.bytes}});
+      list.push_back({{"step", c.step}, {"state", StepStateName(c)}, {"bytes", c.bytes}});
     PrintJson({{"ok", true}, {"command", kCommand}, {"dry_run", a.dry_run}, {"keep", a.keep},
                {"removed", list}, {"bytes_freed", bytes}});
     return kExitOk;
   }
   const char* verb = a.dry_run ? "would remove" : "removed";
   for (const CheckpointInfo& c : removed)
-    std::cout << verb << " step " << c.step << " (" << (c.complete ? "complete" : "partial") << ", "
+    std::cout << verb << " step " << c.step << " (" << StepStateName(c) << ", "
               << FormatByteSize(c.bytes) << ")\n";
   std::cout << kCommand << ": " << verb << " " << removed.size() << " step(s), " << FormatByteSize(bytes)
             << "; kept the newest " << (a.keep == 0 ? std::string("(all)") : std::to_string(a.keep))
-            << " complete\n";
+            << " loadable\n";
   return kExitOk;
 }
 
@@ -529,6 +558,10 @@ void AddConvertCommands(CLI::App& root, std::vector<Command>* commands) {
   g->add_option("--keep", gc->keep, "Complete checkpoints to keep (0 keeps all, removing only stale partial steps)")
       ->required()
       ->check(CLI::NonNegativeNumber);
+  g->add_flag("--partial", gc->partial,
+              "Also remove partial steps newer than the newest loadable one (only when no job is saving here)");
+  g->add_flag("--no-verify", gc->no_verify,
+              "Count a step toward --keep when its metadata is sound, without reading its data checksums");
   g->add_flag("--dry-run", gc->dry_run, "Only list what would be removed");
   g->add_flag("--json", gc->json, "Print one JSON object on stdout");
   commands->push_back({g, [gc] { return RunGc(*gc); }});

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <limits>
 
+#include "formats/index_codec.h"
+
 // In-memory elements are little-endian host values; the memory types below say so explicitly.
 static_assert(std::endian::native == std::endian::little, "Hdf5File assumes a little-endian host");
 
@@ -500,6 +502,13 @@ struct Hdf5File::Impl {
       htri_t e = H5Lexists(file.get(), prefix.c_str(), H5P_DEFAULT);
       if (e < 0) return Hdf5Error(StatusCode::kIOError, Where(kind, name), "cannot look up " + Quote(prefix));
       if (e == 0) return false;
+      // An external link opens another file of the machine: never followed.
+      H5L_info_t link;
+      if (H5Lget_info(file.get(), prefix.c_str(), &link, H5P_DEFAULT) < 0)
+        return Hdf5Error(StatusCode::kIOError, Where(kind, name), "cannot look up " + Quote(prefix));
+      if (link.type == H5L_TYPE_EXTERNAL)
+        return Status::NotSupported(Where(kind, name), Quote(prefix) + " is an external link to another file; Lifeline "
+                                                                        "reads only objects inside the HDF5 file it is given");
       if (next == std::string::npos) return true;
       Hid obj(H5Oopen(file.get(), prefix.c_str(), H5P_DEFAULT), H5Oclose);
       if (!obj.valid()) return false;  // e.g. a dangling soft link
@@ -518,6 +527,31 @@ struct Hdf5File::Impl {
     Hid obj(H5Oopen(file.get(), name.c_str(), H5P_DEFAULT), H5Oclose);
     if (!obj.valid()) return Hdf5Error(StatusCode::kIOError, Where(kind, name), "cannot open");
     return obj;
+  }
+
+  // Raw data kept in external files, or gathered by a virtual dataset from other datasets and
+  // files, would make a conversion read whatever files the HDF5 file names on this machine: only
+  // data stored inside the file itself is read. Checked before anything reads the dataset.
+  Status CheckDataInFile(hid_t dataset, const std::string& where) const {
+    Hid dcpl = PlistHid(H5Dget_create_plist(dataset));
+    if (!dcpl.valid()) return Hdf5Error(StatusCode::kIOError, where, "cannot read its creation properties");
+    const int external = H5Pget_external_count(dcpl.get());
+    if (external < 0) return Hdf5Error(StatusCode::kIOError, where, "cannot read its external storage list");
+    if (external > 0) {
+      char first[4096] = {};
+      off_t offset = 0;
+      hsize_t size = 0;
+      H5Pget_external(dcpl.get(), 0, sizeof(first) - 1, first, &offset, &size);
+      return Status::NotSupported(where, "keeps its data in " + std::to_string(external) + " external file(s), the first " +
+                                             format::QuoteUntrusted(first) +
+                                             "; Lifeline reads only data stored inside the HDF5 file it is given");
+    }
+    const H5D_layout_t layout = H5Pget_layout(dcpl.get());
+    if (layout < 0) return Hdf5Error(StatusCode::kIOError, where, "cannot read its storage layout");
+    if (layout == H5D_VIRTUAL)
+      return Status::NotSupported(where, "is a virtual dataset (its data comes from other datasets or files); Lifeline "
+                                         "reads only data stored inside the HDF5 file it is given");
+    return Status::OK();
   }
 
   Result<DatasetInfo> DescribeOpen(hid_t dataset, const std::string& name) {
@@ -591,6 +625,7 @@ struct Hdf5File::Impl {
       return Hdf5Error(StatusCode::kIOError, where, "cannot set up dataset access");
     Hid dataset(H5Dopen2(file.get(), name.c_str(), dapl.get()), H5Dclose);
     if (!dataset.valid()) return Hdf5Error(StatusCode::kIOError, where, "cannot open");
+    LL_RETURN_IF_ERROR(CheckDataInFile(dataset.get(), where));
     LL_ASSIGN_OR_RETURN(DatasetInfo info, DescribeOpen(dataset.get(), name));
     Hid mem_type = TypeFor(info.dtype);
     if (!mem_type.valid()) return Hdf5Error(StatusCode::kIOError, where, "cannot build the memory type");
@@ -721,6 +756,11 @@ Hid MakeFileAccess() {
   return fapl;
 }
 
+// Files are written in the HDF5 1.10 format: a dataset of one chunk then needs no chunk B-tree
+// (the "single chunk" index), which is most of the cost of exporting many small tensors. h5py and
+// every HDF5 since 1.10 (2016) read it.
+bool SetUpForManyObjects(hid_t fapl) { return H5Pset_libver_bounds(fapl, H5F_LIBVER_V110, H5F_LIBVER_LATEST) >= 0; }
+
 }  // namespace
 
 Result<Hdf5File> Hdf5File::Create(const std::string& path) {
@@ -731,7 +771,8 @@ Result<Hdf5File> Hdf5File::Create(const std::string& path) {
   impl->path = path;
   impl->writable = true;
   Hid fapl = MakeFileAccess();
-  if (!fapl.valid()) return impl->Hdf5Error(StatusCode::kIOError, path, "cannot set up file access");
+  if (!fapl.valid() || !SetUpForManyObjects(fapl.get()))
+    return impl->Hdf5Error(StatusCode::kIOError, path, "cannot set up file access");
   impl->file = Hid(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose);
   if (!impl->file.valid()) return impl->Hdf5Error(StatusCode::kIOError, path, "cannot create HDF5 file");
   return Hdf5File(std::move(impl));
@@ -907,7 +948,11 @@ Status Hdf5File::SetStringAttribute(const std::string& object_path, const std::s
     return Status::InvalidArgument(where, "attribute name " + Quote(key) + " is empty or contains a NUL byte");
   if (value.find('\0') != std::string::npos)
     return Status::InvalidArgument(where, "value of attribute " + Quote(key) + " contains a NUL byte");
-  // The cached description may depend on the attribute (lifeline_dtype).
+  // The dataset just created or written takes the attribute through its open handle (closing and
+  // reopening it per attribute is most of the cost of exporting many small tensors), unless the
+  // attribute is one its cached description depends on (lifeline_dtype).
+  if (im.current.has_value() && im.current->name == name && key != kHdf5DTypeAttribute)
+    return im.WriteStringAttr(im.current->dataset.get(), where, key, value);
   LL_RETURN_IF_ERROR(im.DropCurrent());
   LL_ASSIGN_OR_RETURN(Hid obj, im.OpenObject(name, "object"));
   return im.WriteStringAttr(obj.get(), where, key, value);

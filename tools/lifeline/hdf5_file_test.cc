@@ -1,6 +1,7 @@
 #include "tools/lifeline/hdf5_file.h"
 
 #include <gtest/gtest.h>
+#include <hdf5.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -591,6 +592,101 @@ TEST_F(Hdf5FileTest, NonHdf5AndTruncatedFilesGiveErrorsNamingThePathWithoutPrint
   EXPECT_EQ(uncreatable.status().code(), StatusCode::kIOError);
   EXPECT_TRUE(Contains(uncreatable.status(), "no/such/dir/x.h5")) << uncreatable.status().ToString();
   EXPECT_TRUE(Contains(uncreatable.status(), "HDF5: ")) << uncreatable.status().ToString();
+}
+
+// Files whose datasets pull data from elsewhere on the machine, written with the HDF5 C API: a
+// dataset with external raw storage, a virtual dataset, an external link.
+class ForeignDataTest : public Hdf5FileTest {
+ protected:
+  void SetUp() override {
+    Hdf5FileTest::SetUp();
+    // A file of the machine that the HDF5 files below point to: its bytes must not be read.
+    secret_ = Path("secret.bin");
+    WriteFileBytes(secret_, std::string(64, 'S'));
+    source_ = Path("source.h5");
+    hid_t f = H5Fcreate(source_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    ASSERT_GE(f, 0);
+    const hsize_t dims[1] = {16};
+    hid_t space = H5Screate_simple(1, dims, nullptr);
+    hid_t d = H5Dcreate2(f, "data", H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    std::vector<float> values(16, 42.0f);
+    ASSERT_GE(H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), 0);
+    H5Dclose(d);
+    H5Sclose(space);
+    H5Fclose(f);
+  }
+
+  // Creates `path` with one float32 dataset "w" of 16 elements made with `dcpl`.
+  void WriteWithCreationProperties(const std::string& path, hid_t dcpl) {
+    hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    ASSERT_GE(f, 0);
+    const hsize_t dims[1] = {16};
+    hid_t space = H5Screate_simple(1, dims, nullptr);
+    hid_t d = H5Dcreate2(f, "w", H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    ASSERT_GE(d, 0);
+    H5Dclose(d);
+    H5Sclose(space);
+    H5Fclose(f);
+  }
+
+  // Describe and ReadAll of `dataset` in `path` are both refused, naming the dataset and `why`.
+  void ExpectRefused(const std::string& path, const std::string& dataset, const std::string& why) {
+    auto f = Hdf5File::OpenReadOnly(path);
+    ASSERT_TRUE(f.ok()) << f.status().ToString();
+    Status described = f->Describe(dataset).status();
+    EXPECT_EQ(described.code(), StatusCode::kNotSupported) << described.ToString();
+    EXPECT_TRUE(Contains(described, "'" + dataset + "'")) << described.ToString();
+    EXPECT_TRUE(Contains(described, why)) << described.ToString();
+    float out[16] = {};
+    Status read = f->ReadAll(dataset, out, sizeof(out));
+    EXPECT_EQ(read.code(), StatusCode::kNotSupported) << read.ToString();
+    for (float v : out) EXPECT_EQ(v, 0.0f) << "data from outside the file was read";
+  }
+
+  std::string secret_;
+  std::string source_;
+};
+
+TEST_F(ForeignDataTest, ExternalRawStorageIsRefusedNamingTheDataset) {
+  const std::string path = Path("external.h5");
+  hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+  ASSERT_GE(H5Pset_external(dcpl, secret_.c_str(), 0, 64), 0);
+  WriteWithCreationProperties(path, dcpl);
+  H5Pclose(dcpl);
+  ExpectRefused(path, "w", "external file");
+  auto f = Hdf5File::OpenReadOnly(path);
+  ASSERT_TRUE(f.ok());
+  EXPECT_TRUE(Contains(f->Describe("w").status(), secret_)) << "the message should name the external file";
+}
+
+TEST_F(ForeignDataTest, AVirtualDatasetIsRefusedNamingTheDataset) {
+  const std::string path = Path("virtual.h5");
+  hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+  const hsize_t dims[1] = {16};
+  hid_t vspace = H5Screate_simple(1, dims, nullptr);
+  hid_t sspace = H5Screate_simple(1, dims, nullptr);
+  ASSERT_GE(H5Pset_virtual(dcpl, vspace, source_.c_str(), "/data", sspace), 0);
+  WriteWithCreationProperties(path, dcpl);
+  H5Sclose(vspace);
+  H5Sclose(sspace);
+  H5Pclose(dcpl);
+  ExpectRefused(path, "w", "virtual dataset");
+}
+
+TEST_F(ForeignDataTest, AnExternalLinkIsNotFollowed) {
+  const std::string path = Path("elink.h5");
+  hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  ASSERT_GE(f, 0);
+  ASSERT_GE(H5Lcreate_external(source_.c_str(), "/data", f, "w", H5P_DEFAULT, H5P_DEFAULT), 0);
+  ASSERT_GE(H5Lcreate_external(source_.c_str(), "/", f, "g", H5P_DEFAULT, H5P_DEFAULT), 0);
+  H5Fclose(f);
+  ExpectRefused(path, "w", "external link");
+  ExpectRefused(path, "g/data", "external link");
+  auto opened = Hdf5File::OpenReadOnly(path);
+  ASSERT_TRUE(opened.ok());
+  auto listed = opened->ListDatasets("/");
+  ASSERT_TRUE(listed.ok()) << listed.status().ToString();
+  EXPECT_TRUE(listed->empty()) << "external links are not datasets of this file";
 }
 
 TEST_F(Hdf5FileTest, MovedFromAndClosedFilesFailCleanly) {

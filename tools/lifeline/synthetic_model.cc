@@ -4,6 +4,8 @@
 #include <bit>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -125,13 +127,19 @@ uint64_t ModelBytes(const ModelShape& shape) {
 }
 
 Result<ModelShape> ChooseModelShape(uint64_t state_bytes, int64_t hidden) {
-  if (hidden < 1) return Status::InvalidArgument("hidden size must be at least 1, got " + std::to_string(hidden));
+  if (hidden < 1 || hidden > kMaxHidden)
+    return Status::InvalidArgument("hidden size must be 1 to " + std::to_string(kMaxHidden) + ", got " +
+                                   std::to_string(hidden));
   ModelShape s;
   s.hidden = hidden;
   while (s.hidden / 2 >= kMinHidden && state_bytes < 2 * LayerBytes(s.hidden)) s.hidden /= 2;
   const uint64_t layer = LayerBytes(s.hidden);
-  s.layers = static_cast<int64_t>((state_bytes + layer / 2) / layer);
-  if (s.layers < 1) s.layers = 1;
+  const uint64_t layers = state_bytes / layer + (state_bytes % layer >= (layer + 1) / 2 ? 1 : 0);
+  if (layers > static_cast<uint64_t>(kMaxLayers))
+    return Status::InvalidArgument("a model state of " + std::to_string(state_bytes) + " bytes needs " +
+                                   std::to_string(layers) + " layers of hidden size " + std::to_string(s.hidden) +
+                                   ", more than " + std::to_string(kMaxLayers) + "; raise the hidden size");
+  s.layers = std::max<int64_t>(1, static_cast<int64_t>(layers));
   return s;
 }
 
@@ -168,6 +176,29 @@ std::vector<ModelTensor> ModelTensors(const ModelShape& shape) {
   }
   AddTensor(&out, kStepTensorName, DType::kI64, {}, Placement::kWholeOnEveryRank);
   return out;
+}
+
+uint64_t ModelTensorCount(const ModelShape& shape) { return static_cast<uint64_t>(shape.layers) * 18 + 1; }
+
+Status CheckModelTensors(const ModelShape& shape, const std::vector<ModelTensor>& stored) {
+  if (ModelTensorCount(shape) != stored.size())
+    return Status::InvalidArgument("metadata field \"layers\" says " + std::to_string(shape.layers) + " layers (" +
+                                   std::to_string(ModelTensorCount(shape)) + " tensors), but the checkpoint holds " +
+                                   std::to_string(stored.size()) + " tensors");
+  std::map<std::string_view, const ModelTensor*> by_name;
+  for (const ModelTensor& t : stored) by_name.emplace(t.name, &t);
+  for (const ModelTensor& m : ModelTensors(shape)) {
+    auto it = by_name.find(m.name);
+    if (it == by_name.end())
+      return Status::InvalidArgument("metadata field \"layers\" says " + std::to_string(shape.layers) +
+                                     " layers, but the checkpoint has no tensor '" + m.name + "'");
+    if (it->second->dtype != m.dtype || it->second->shape != m.shape)
+      return Status::InvalidArgument("metadata field \"hidden\" is " + std::to_string(shape.hidden) + ", but tensor '" +
+                                     m.name + "' is " + std::string(DTypeName(it->second->dtype)) +
+                                     nlohmann::json(it->second->shape).dump() + " in the checkpoint, not " +
+                                     std::string(DTypeName(m.dtype)) + nlohmann::json(m.shape).dump());
+  }
+  return Status::OK();
 }
 
 std::pair<int64_t, int64_t> EvenSplit(int64_t extent, uint32_t parts, uint32_t index) {
@@ -290,11 +321,14 @@ Result<ModelShape> ParseModelMetadata(std::string_view metadata_json) {
                                    "\"; was it saved by `lifeline bench save`?");
   }
   ModelShape s;
-  for (auto [key, field] : {std::pair{"hidden", &s.hidden}, std::pair{"layers", &s.layers}}) {
+  for (auto [key, field, limit] : {std::tuple{"hidden", &s.hidden, kMaxHidden}, std::tuple{"layers", &s.layers, kMaxLayers}}) {
     auto it = j.find(key);
     if (it == j.end() || !it->is_number_integer() || it->get<int64_t>() < 1) {
       return Status::InvalidArgument(std::string("checkpoint metadata lacks a positive integer \"") + key + "\"");
     }
+    if (it->get<int64_t>() > limit || (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(limit)))
+      return Status::InvalidArgument(std::string("checkpoint metadata field \"") + key + "\" is " + it->dump() +
+                                     ", more than the " + std::to_string(limit) + " this tool handles");
     *field = it->get<int64_t>();
   }
   return s;

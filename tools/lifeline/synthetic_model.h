@@ -70,6 +70,10 @@ inline constexpr int64_t kDefaultHidden = 1024;
 inline constexpr int64_t kMinHidden = 64;
 inline constexpr const char* kModelName = "lifeline-synthetic";
 inline constexpr const char* kStepTensorName = "step";
+// The largest model this tool describes: metadata claiming more is refused before anything is
+// allocated for it (4H x H elements per tensor and L x LayerBytes(H) stay far below 2^63).
+inline constexpr int64_t kMaxHidden = int64_t{1} << 17;
+inline constexpr int64_t kMaxLayers = int64_t{1} << 16;
 
 struct ModelShape {
   int64_t hidden = kDefaultHidden;
@@ -111,11 +115,19 @@ uint64_t LayerBytes(int64_t hidden);
 uint64_t ModelBytes(const ModelShape& shape);
 
 // Picks H and L for about `state_bytes` of model state, starting from `hidden` (see "Size").
-// InvalidArgument when hidden < 1.
+// InvalidArgument when hidden is not 1..kMaxHidden or the state needs more than kMaxLayers layers.
 Result<ModelShape> ChooseModelShape(uint64_t state_bytes, int64_t hidden);
 
 // Every tensor of the model, in a fixed order (layer by layer, then `step`).
 std::vector<ModelTensor> ModelTensors(const ModelShape& shape);
+// How many that is (18 per layer, plus `step`), without building them.
+uint64_t ModelTensorCount(const ModelShape& shape);
+
+// OK when `stored` (a checkpoint's tensors, any order) is exactly the model `shape`: same names,
+// dtypes and shapes. InvalidArgument naming the metadata field that disagrees ("layers" for the
+// tensor count, "hidden" for a shape) otherwise; the count is compared before the model's tensors
+// are listed, so a claim of a huge model costs nothing.
+Status CheckModelTensors(const ModelShape& shape, const std::vector<ModelTensor>& stored);
 
 // Part `index` of `parts` of [0, extent): {begin, end}. REQUIRES: index < parts, parts >= 1.
 std::pair<int64_t, int64_t> EvenSplit(int64_t extent, uint32_t parts, uint32_t index);
@@ -157,8 +169,8 @@ void ForEachRun(const TensorShard& shard, Fn&& fn);
 std::string RngObject(uint32_t rank, uint64_t step);
 std::string DataloaderObject(uint32_t rank, uint64_t step);
 std::string ModelMetadataJson(const ModelShape& shape, const ParallelLayout& layout, uint64_t step);
-// The model shape recorded by ModelMetadataJson. InvalidArgument naming what is missing when the
-// text is not such metadata.
+// The model shape recorded by ModelMetadataJson. InvalidArgument naming the field when the text is
+// not such metadata or claims a hidden size or layer count beyond kMaxHidden / kMaxLayers.
 Result<ModelShape> ParseModelMetadata(std::string_view metadata_json);
 // tp x dp of the job that saved the model, from its metadata (kept by `lifeline reshard` and
 // `convert`, so it still names the ranks the per-rank objects belong to); 0 when absent.

@@ -358,5 +358,33 @@ TEST(SyntheticModelTest, ObjectsAndMetadata) {
   EXPECT_FALSE(ParseModelMetadata("[1,2").ok());
 }
 
+// Metadata is untrusted: a claim of an absurd model is refused by name, before anything is
+// allocated for it (it used to end in std::bad_alloc).
+TEST(SyntheticModelTest, MetadataClaimingAHugeModelIsRefusedByField) {
+  Result<ModelShape> layers =
+      ParseModelMetadata(R"({"model":"lifeline-synthetic","hidden":64,"layers":100000000,"tp":1,"dp":1})");
+  ASSERT_FALSE(layers.ok());
+  EXPECT_TRUE(layers.status().code() == StatusCode::kInvalidArgument);
+  EXPECT_NE(layers.status().ToString().find("\"layers\" is 100000000"), std::string::npos) << layers.status().ToString();
+  Result<ModelShape> hidden =
+      ParseModelMetadata(R"({"model":"lifeline-synthetic","hidden":18446744073709551615,"layers":1})");
+  ASSERT_FALSE(hidden.ok());
+  EXPECT_NE(hidden.status().ToString().find("\"hidden\""), std::string::npos) << hidden.status().ToString();
+  EXPECT_TRUE(ParseModelMetadata(ModelMetadataJson(ModelShape{kMaxHidden, kMaxLayers}, ParallelLayout{}, 1)).ok());
+  EXPECT_FALSE(ChooseModelShape(uint64_t{1} << 62, 64).ok());
+}
+
+TEST(SyntheticModelTest, CheckModelTensorsNamesTheFieldThatDisagrees) {
+  const std::vector<ModelTensor> stored = ModelTensors(ModelShape{64, 2});
+  EXPECT_TRUE(CheckModelTensors(ModelShape{64, 2}, stored).ok());
+  const Status layers = CheckModelTensors(ModelShape{64, 65536}, stored);
+  EXPECT_TRUE(layers.code() == StatusCode::kInvalidArgument);
+  EXPECT_NE(layers.ToString().find("\"layers\""), std::string::npos) << layers.ToString();
+  EXPECT_NE(layers.ToString().find("37 tensors"), std::string::npos) << layers.ToString();
+  const Status hidden = CheckModelTensors(ModelShape{128, 2}, stored);
+  EXPECT_TRUE(hidden.code() == StatusCode::kInvalidArgument);
+  EXPECT_NE(hidden.ToString().find("\"hidden\" is 128"), std::string::npos) << hidden.ToString();
+}
+
 }  // namespace
 }  // namespace lifeline::cli

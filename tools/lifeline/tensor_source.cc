@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <set>
@@ -14,6 +15,7 @@
 #include "formats/safetensors.h"
 #include "lib/src/checkpoint_layout.h"
 #include "lib/src/checkpoint_reader.h"
+#include "lib/src/rank_objects.h"
 #include "lifeline/env.h"
 #include "tools/lifeline/hdf5_file.h"
 
@@ -26,6 +28,35 @@ int64_t SourceTensor::num_elements() const {
 }
 
 uint64_t SourceTensor::num_bytes() const { return static_cast<uint64_t>(num_elements()) * DTypeSize(dtype); }
+
+Status TensorSource::Read(size_t tensor, const format::Region& region, void* dst) {
+  LL_RETURN_IF_ERROR(ReadRegion(tensor, region, dst));
+  const SourceTensor& t = tensors_.at(tensor);
+  if (t.dtype != DType::kBool) return Status::OK();
+  const auto* bytes = static_cast<const uint8_t*>(dst);
+  const int64_t n = region.num_elements();
+  for (int64_t k = 0; k < n; ++k) {
+    if (bytes[k] <= 1) continue;
+    // The element's coordinates in the tensor, from its row-major position in the region's box.
+    std::vector<int64_t> coord(region.shape.size());
+    int64_t rest = region.flat_begin + k, global = 0;
+    for (size_t d = coord.size(); d-- > 0;) {
+      coord[d] = region.offsets[d] + (region.shape[d] > 0 ? rest % region.shape[d] : 0);
+      rest = region.shape[d] > 0 ? rest / region.shape[d] : 0;
+    }
+    std::string where;
+    for (size_t d = 0; d < coord.size(); ++d) {
+      global = global * t.shape[d] + coord[d];
+      where += (d == 0 ? "" : ", ") + std::to_string(coord[d]);
+    }
+    char hex[8];
+    std::snprintf(hex, sizeof(hex), "0x%02x", bytes[k]);
+    return Status::Corruption(description_, "bool tensor '" + t.name + "' holds byte " + hex + " at element " +
+                                                std::to_string(global) + " [" + where + "] (byte offset " +
+                                                std::to_string(global) + " of its data); a bool must be 0 or 1");
+  }
+  return Status::OK();
+}
 
 std::string_view SourceKindName(SourceKind kind) {
   switch (kind) {
@@ -126,6 +157,14 @@ Result<std::string> Base64Decode(std::string_view text) {
 
 namespace {
 
+// Files the user named (a safetensors or HDF5 input, or the files of a directory the user named)
+// may be links; files inside a checkpoint never are followed (the Env's default).
+FileOptions UserInput() {
+  FileOptions o;
+  o.follow_symlinks = true;
+  return o;
+}
+
 Status ValidateName(std::string_view name, const std::string& what) {
   if (name.empty() || name.size() > format::kMaxNameBytes || name.find('\0') != std::string_view::npos)
     return Status::Corruption(what, "name must be 1 to 4096 bytes without NUL");
@@ -147,7 +186,10 @@ class CheckpointSource final : public TensorSource {
     const format::CheckpointIndex& m = reader->manifest();
     src->description_ = "checkpoint " + dir + " step " + std::to_string(m.step);
     for (const format::TensorInfo& t : m.tensors) src->tensors_.push_back(SourceTensor{t.name, t.dtype, t.shape});
-    for (const format::ObjectInfo& o : m.objects) src->objects_.push_back(ObjectOf(o, m.world_size));
+    for (const format::ObjectInfo& o : m.objects) {
+      RankedObjectName saved = SavedObjectOf(o, m.world_size);
+      src->objects_.push_back(SourceObject{saved.rank, std::move(saved.name)});
+    }
     src->metadata_json_ = m.metadata_json;
     src->step_ = m.step;
     src->saved_world_size_ = m.world_size;
@@ -155,21 +197,7 @@ class CheckpointSource final : public TensorSource {
     return std::unique_ptr<TensorSource>(std::move(src));
   }
 
-  // A conversion to a smaller world keeps the objects of saved rank R >= W in rank R mod W as
-  // "rank<R>/<name>" (convert.cc); read back, they are rank R's again.
-  static SourceObject ObjectOf(const format::ObjectInfo& o, uint32_t world) {
-    const std::string& n = o.name;
-    const size_t slash = n.find('/');
-    if (n.rfind("rank", 0) == 0 && slash != std::string::npos && slash > 4 && slash <= 11 && slash + 1 < n.size() &&
-        n.find_first_not_of("0123456789", 4) == slash) {
-      const unsigned long r = std::strtoul(n.substr(4, slash - 4).c_str(), nullptr, 10);
-      if (r >= world && r < format::kMaxWorldSize && r % world == o.rank)
-        return SourceObject{static_cast<uint32_t>(r), n.substr(slash + 1)};
-    }
-    return SourceObject{o.rank, o.name};
-  }
-
-  Status Read(size_t tensor, const format::Region& region, void* dst) override {
+  Status ReadRegion(size_t tensor, const format::Region& region, void* dst) override {
     const SourceTensor& t = tensors_.at(tensor);
     TensorShard target = TensorShard::BoxFlat(t.name, t.dtype, t.shape, region.offsets, region.shape,
                                               region.flat_begin, region.flat_end, dst);
@@ -199,7 +227,7 @@ class Hdf5Source final : public TensorSource {
 
   explicit Hdf5Source(Hdf5File file) : TensorSource(SourceKind::kHdf5), file_(std::move(file)) {}
 
-  Status Read(size_t tensor, const format::Region& region, void* dst) override {
+  Status ReadRegion(size_t tensor, const format::Region& region, void* dst) override {
     if (region.num_elements() == 0) return Status::OK();
     return file_.ReadRegion(datasets_.at(tensor), region.offsets, region.shape, region.flat_begin, region.flat_end, dst);
   }
@@ -301,7 +329,7 @@ class SafetensorsSource final : public TensorSource {
     for (const std::string& path : files) {
       LL_ASSIGN_OR_RETURN(format::SafetensorsHeader header, format::ReadSafetensorsFile(path));
       LL_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file,
-                          Env::Default()->NewRandomAccessFile(path, FileOptions{}));
+                          Env::Default()->NewRandomAccessFile(path, UserInput()));
       src->files_.push_back(std::move(file));
       const size_t file_index = src->files_.size() - 1;
       if (metadata.empty()) metadata = header.metadata;
@@ -324,7 +352,7 @@ class SafetensorsSource final : public TensorSource {
     return std::unique_ptr<TensorSource>(std::move(src));
   }
 
-  Status Read(size_t tensor, const format::Region& region, void* dst) override {
+  Status ReadRegion(size_t tensor, const format::Region& region, void* dst) override {
     const SourceTensor& t = tensors_.at(tensor);
     LL_RETURN_IF_ERROR(format::ValidateRegion(region, t.shape, "tensor '" + t.name + "'", /*untrusted=*/false));
     if (region.num_elements() == 0) return Status::OK();
@@ -415,7 +443,7 @@ class SafetensorsSource final : public TensorSource {
 bool HasHdf5Signature(const std::string& path) {
   // The superblock may follow a user block of 512, 1024, 2048... bytes.
   static const unsigned char kSig[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
-  Result<std::unique_ptr<RandomAccessFile>> file = Env::Default()->NewRandomAccessFile(path, FileOptions{});
+  Result<std::unique_ptr<RandomAccessFile>> file = Env::Default()->NewRandomAccessFile(path, UserInput());
   if (!file.ok()) return false;
   const Result<uint64_t> size = (*file)->Size();
   unsigned char buf[8];
@@ -449,7 +477,7 @@ Result<std::unique_ptr<TensorSource>> OpenTensorSource(const std::string& path, 
     if (has_steps) return CheckpointSource::Open(path, options);
     if (has_index) {
       const std::string index_path = JoinPath(path, std::string(format::kSafetensorsIndexFileName));
-      LL_ASSIGN_OR_RETURN(std::string text, ReadFileToString(env, index_path, 256ull << 20));
+      LL_ASSIGN_OR_RETURN(std::string text, ReadFileToString(env, index_path, 256ull << 20, UserInput()));
       LL_ASSIGN_OR_RETURN(format::SafetensorsIndex index, format::ParseSafetensorsIndex(text, index_path));
       std::vector<std::string> files;
       for (const std::string& f : index.files) files.push_back(JoinPath(path, f));

@@ -22,8 +22,8 @@
 // "lifeline_object.<rank>.<name>" holding its bytes in base64 (in the first shard only).
 //
 // A checkpoint written by a conversion to a world smaller than the saving job's holds the objects
-// of saved rank R >= W in rank R mod W, named "rank<R>/<name>"; reading such a checkpoint gives
-// them back as rank R's.
+// of saved rank R >= W folded into rank R mod W (lib/src/rank_objects.h); a checkpoint source lists
+// them as rank R's, under their saved names.
 //
 // Thread safety: a source is used by one thread at a time.
 #ifndef LIFELINE_TOOLS_LIFELINE_TENSOR_SOURCE_H_
@@ -79,13 +79,17 @@ class TensorSource {
   // Fills dst with the elements of `region` of tensor `tensor` (index into tensors()), packed in
   // the region's flat order, little-endian, DTypeSize bytes each (bool: one byte 0 or 1).
   // InvalidArgument when the region does not fit the tensor; Corruption/IOError naming the file,
-  // tensor and offset when the bytes cannot be read or fail their checks.
-  virtual Status Read(size_t tensor, const format::Region& region, void* dst) = 0;
+  // tensor and offset when the bytes cannot be read or fail their checks; Corruption naming the
+  // tensor and the element when a bool byte is neither 0 nor 1 (every source and every reader,
+  // hence every output of convert, gets only valid bools).
+  Status Read(size_t tensor, const format::Region& region, void* dst);
   // The bytes of object `object` (index into objects()).
   virtual Result<std::string> ReadObject(size_t object) = 0;
 
  protected:
   explicit TensorSource(SourceKind kind) : kind_(kind) {}
+  // Read without the bool check: what each kind of source implements.
+  virtual Status ReadRegion(size_t tensor, const format::Region& region, void* dst) = 0;
   SourceKind kind_;
   std::string description_;
   std::vector<SourceTensor> tensors_;

@@ -1,6 +1,7 @@
-// lifeline verify DIR [--step S] [--json]: reads every chunk and object of one checkpoint and
-// checks its checksum. Exit 0 only when all match; otherwise the error names the tensor (or
-// object), the file and the byte offset, and the exit status is 1.
+// lifeline verify DIR [--step S] [--json]: checks every byte of one checkpoint (CheckpointReader::
+// Verify): every rank index and the manifest, which must agree; each data file's size, header and
+// padding; every chunk and object against its checksum. Exit 0 only when all is intact; otherwise
+// the error names the file (and the tensor or object and the byte offset), and the exit status is 1.
 #include <cstdint>
 #include <cstdio>
 #include <iostream>
@@ -45,6 +46,7 @@ int RunVerify(const VerifyOptions& o) {
                  {"directory", (*reader)->step_dir()},
                  {"code", StatusCodeName(s.code())},
                  {"error", s.message()},
+                 {"indexes_checked", report.indexes_checked},
                  {"chunks_checked", report.chunks_checked},
                  {"objects_checked", report.objects_checked}});
     }
@@ -55,14 +57,16 @@ int RunVerify(const VerifyOptions& o) {
                {"command", "verify"},
                {"step", (*reader)->step()},
                {"directory", (*reader)->step_dir()},
+               {"indexes_checked", report.indexes_checked},
                {"chunks_checked", report.chunks_checked},
                {"objects_checked", report.objects_checked},
                {"bytes_checked", report.bytes_checked},
                {"seconds", seconds}});
   } else {
-    std::cout << "step " << (*reader)->step() << " OK: " << report.chunks_checked << " chunks and "
-              << report.objects_checked << " objects (" << FormatByteSize(report.bytes_checked)
-              << ") match their checksums (" << SecondsText(seconds) << ")\n";
+    std::cout << "step " << (*reader)->step() << " OK: " << report.indexes_checked << " index files agree; "
+              << report.chunks_checked << " chunks and " << report.objects_checked << " objects ("
+              << FormatByteSize(report.bytes_checked) << " with headers and padding) match their checksums ("
+              << SecondsText(seconds) << ")\n";
   }
   return kExitOk;
 }
@@ -72,7 +76,7 @@ int RunVerify(const VerifyOptions& o) {
 void AddVerifyCommand(CLI::App& root, std::vector<Command>* commands) {
   auto options = std::make_shared<VerifyOptions>();
   CLI::App* app = root.add_subcommand(
-      "verify", "Read every chunk and object of a checkpoint, check its checksum and decode compressed chunks (exit 1 on any mismatch)");
+      "verify", "Check every byte of a checkpoint: its rank indexes and manifest agree, data file sizes, headers and padding, every chunk and object against its checksum, compressed chunks decode (exit 1 on any damage)");
   app->add_option("dir", options->dir, "Checkpoint root directory")->required();
   app->add_option("--step", options->step, "Step to verify (default: the newest complete one)")
       ->check(CLI::NonNegativeNumber);

@@ -97,7 +97,8 @@ struct TensorShard {
 
 struct SaveRequest {
   std::vector<TensorShard> tensors;
-  // Per-rank opaque values (RNG state, data-loader position), kept per saving rank.
+  // Per-rank opaque values (RNG state, data-loader position), kept per saving rank. Names are
+  // unique, 1 to 4096 bytes; names starting "rank<digits>/" are reserved (InvalidArgument).
   std::vector<std::pair<std::string, std::string>> objects;
   // The job's global metadata (JSON text). Rank 0's is the one kept.
   std::string metadata_json;
@@ -107,12 +108,25 @@ struct LoadRequest {
   // Where to put what: each target's data is filled with its region of the stored tensor.
   // Replica fields are ignored. A target not fully covered by the checkpoint fails the load.
   std::vector<TensorShard> tensors;
-  // Whose per-rank objects to return: by default this Checkpointer's rank.
+  // Whose per-rank objects to return: those saved by this rank of the saving job (by default this
+  // Checkpointer's rank), under their saved names, whatever world size the checkpoint was saved
+  // or converted to. A rank that saved none, or that the saving job never had (rank 6 of a 4-rank
+  // save), gets no objects and no error: the caller decides whether that is a problem.
   std::optional<uint32_t> objects_of_rank;
+};
+
+// A checkpoint a load passed over (damaged, or unusable in the memory tier) before the one it loaded.
+struct SkippedCheckpoint {
+  uint64_t step = 0;
+  std::string location;  // "memory" (the memory tier) or "disk"
+  std::string reason;    // the error, naming the file, tensor or rank
 };
 
 struct LoadResult {
   uint64_t step = 0;
+  // Newer checkpoints that could not be loaded, newest first: a load that falls back says so here
+  // (and to lifeline-agent, as a checkpoint anomaly), never only in a log line.
+  std::vector<SkippedCheckpoint> skipped;
   uint32_t saved_world_size = 0;
   std::vector<std::pair<std::string, std::string>> objects;  // of LoadRequest::objects_of_rank
   std::string metadata_json;
@@ -123,7 +137,10 @@ struct LoadResult {
 
 struct CheckpointInfo {
   uint64_t step = 0;
-  bool complete = false;       // every rank's index is present and valid
+  bool complete = false;       // every rank's index is present (and, where checked, valid)
+  // Every rank's index is present but the pieces cannot form a loadable checkpoint (overlaps or
+  // holes; `problem` says which tensor and ranks): never loaded, removed by garbage collection.
+  bool invalid = false;
   uint32_t world_size = 0;     // of the newest attempt found
   uint32_t ranks_present = 0;  // rank indexes found
   uint64_t bytes = 0;          // on disk
@@ -151,10 +168,19 @@ struct CheckpointerOptions {
   uint32_t world_size = 1;
   Env* env = nullptr;            // nullptr: Env::Default()
 
-  // Identifies this job launch; all ranks must use the same value. Empty: derived from the
-  // environment (LIFELINE_JOB and LIFELINE_RESTART, or TORCHELASTIC_RUN_ID and
-  // TORCHELASTIC_RESTART_COUNT), else "default".
+  // Identifies this launch of the job: the same on every rank, new for every launch (a relaunch
+  // after a failure included), so that a step can never be completed by ranks of two launches.
+  // Empty: taken from the environment (LIFELINE_LAUNCH_ID from lifeline-agent; LIFELINE_JOB and
+  // LIFELINE_RESTART; TORCHELASTIC_RUN_ID and TORCHELASTIC_RESTART_COUNT unless the id is "none").
+  // With none there and world_size 1, a random id; with world_size > 1, Save fails with
+  // FailedPrecondition saying how to set one (loads work without).
   std::string run_id;
+
+  // The step Load(latest) resumes from, fixed for the launch so that every rank loads the same one:
+  // a step number, or "none" for a fresh start (Load(latest) is then NotFound). Empty: taken from
+  // LIFELINE_RESUME_STEP, which lifeline-agent sets at every launch; unset there, no pin. The pin
+  // holds until this Checkpointer saves a step; Load(step) is never affected.
+  std::string resume_step;
 
   uint32_t keep_last = 0;                     // complete checkpoints kept; 0 keeps all
   uint64_t chunk_bytes = 4ull << 20;          // checksum granularity; multiple of 8

@@ -37,7 +37,16 @@ struct FileOptions {
   // Bypass the page cache (O_DIRECT). If the file system refuses (tmpfs), the file silently uses
   // buffered I/O instead; direct() on the file tells which mode is in effect.
   bool direct_io = false;
+  // Whether a symbolic link as the path's last component is followed. Off by default: every file
+  // Lifeline opens inside a checkpoint (or its other own directories) must be the entry itself, so
+  // a link planted there cannot make a save write, or a load read, a file elsewhere on the
+  // machine. The open then fails with FailedPrecondition naming the link. Set it only for a file
+  // a user named (a CLI input), which may legitimately be a link.
+  bool follow_symlinks = false;
 };
+
+// What a directory entry is, without following a symbolic link (lstat).
+enum class EntryType { kFile, kDirectory, kSymlink, kOther };
 
 class RandomAccessFile {
  public:
@@ -151,7 +160,18 @@ class Env {
   // Names (not paths) of the entries of a directory, without "." and "..", in no order.
   virtual Result<std::vector<std::string>> GetChildren(const std::string& dir) = 0;
   virtual bool FileExists(const std::string& path) = 0;
+  // Follows symbolic links (stat): true for a link to a directory.
   virtual bool IsDirectory(const std::string& path) = 0;
+  // The type of the entry `path` names itself, not following a link at the last component.
+  // NotFound if absent. The default, for Envs without links, asks IsDirectory and FileExists.
+  virtual Result<EntryType> GetEntryType(const std::string& path);
+  // Removes `path` and, when it is a directory, everything below it. A symbolic link, at the top or
+  // anywhere below, is removed as a link: its target is never touched, listed or descended into.
+  // OK if absent; entries vanishing concurrently (another rank removing the same tree) are fine.
+  // The POSIX Env works relative to directory descriptors opened with O_NOFOLLOW, so a directory
+  // swapped for a link during the walk is not followed either. The default walks the tree with
+  // GetEntryType, GetChildren, RemoveFile and RemoveDir.
+  virtual Status RemoveTree(const std::string& path);
   virtual Result<uint64_t> GetFileSize(const std::string& path) = 0;
   // Makes the directory's entries (creations, renames, removals) durable.
   virtual Status SyncDir(const std::string& dir) = 0;
@@ -187,6 +207,8 @@ class EnvWrapper : public Env {
   }
   bool FileExists(const std::string& path) override { return target_->FileExists(path); }
   bool IsDirectory(const std::string& path) override { return target_->IsDirectory(path); }
+  Result<EntryType> GetEntryType(const std::string& path) override { return target_->GetEntryType(path); }
+  Status RemoveTree(const std::string& path) override { return target_->RemoveTree(path); }
   Result<uint64_t> GetFileSize(const std::string& path) override { return target_->GetFileSize(path); }
   Status SyncDir(const std::string& dir) override { return target_->SyncDir(dir); }
   Result<std::unique_ptr<IoQueue>> NewIoQueue(const IoQueueOptions& options) override {
@@ -254,15 +276,17 @@ std::unique_ptr<IoQueue> NewThreadPoolIoQueue(const IoQueueOptions& options);
 
 // path + "/" + name.
 std::string JoinPath(std::string_view dir, std::string_view name);
-// Reads a whole (small) file. ResourceExhausted when it is larger than max_bytes.
-Result<std::string> ReadFileToString(Env* env, const std::string& path, uint64_t max_bytes);
+// Reads a whole (small) file. ResourceExhausted when it is larger than max_bytes. A link at `path`
+// is refused unless options.follow_symlinks.
+Result<std::string> ReadFileToString(Env* env, const std::string& path, uint64_t max_bytes,
+                                     const FileOptions& options = FileOptions{});
 // Writes `data` to path.tmp-<unique>, syncs it, renames it over `path`, then syncs the directory:
 // afterwards `path` holds either its old content or `data`, never a mix, even across a crash.
 // With `replace` false an existing `path` is left alone and the result is AlreadyExists (the
 // temporary file removed): the first of several concurrent writers wins.
 Status WriteFileAtomically(Env* env, const std::string& path, std::string_view data, bool replace = true);
-// Removes a directory and everything below it (files and subdirectories). OK if absent.
-Status RemoveDirRecursively(Env* env, const std::string& dir);
+// The error for a symbolic link found where Lifeline reads or writes its own files.
+Status SymlinkRefused(const std::string& path);
 
 }  // namespace lifeline
 

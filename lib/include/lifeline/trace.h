@@ -47,6 +47,8 @@ enum class EventType : uint16_t {
   kCheckpointCommitted = 11,  // the step became complete (this rank committed it, or saw it)
   kCheckpointFailed = 12,     // aux: the StatusCode
   kProcessExit = 13,          // an orderly end (Shutdown): step, the last step begun
+  kCheckpointFallback = 14,   // a load passed over the checkpoint of `step` (damaged or unusable) and
+                              // loaded the one of step `bytes`; aux: 1 from the memory tier, 0 disk
 };
 
 // Collective operations, as NCCL and torch.distributed name them.
@@ -107,6 +109,13 @@ void ProcessExit();
 // also sets aux on kCollectiveEnd (1: only the enqueue was seen, completion unknown; 2: closed
 // because a later operation on the communicator completed).
 void Record(const Event& event);
+
+// The file, in the agent's directory (LIFELINE_AGENT), where a rank reports the checkpoint
+// directory it uses, so that the agent can fix the resume step of the next launch.
+inline constexpr char kCheckpointDirFile[] = "checkpoint-dir";
+// Reports `directory` (made absolute) to the agent; the first report of a job wins. Does nothing
+// without an agent. Checkpointer::Open calls it.
+void ReportCheckpointDirectory(const std::string& directory);
 
 // Writes the ring's newest `max_events` events to `path`, one JSON object per line, oldest
 // first. FailedPrecondition when tracing is inactive.

@@ -18,6 +18,7 @@ README, section "Python".
 
 import json as _json
 import os as _os
+import warnings as _warnings
 
 from . import _lifeline
 from . import trace
@@ -106,6 +107,26 @@ def _env_int(*names):
     return None
 
 
+def _process_group(world_size):
+    """torch.distributed when it is initialised with more than one rank, else None."""
+    if world_size <= 1:
+        return None
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return None
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() != world_size:
+        return None
+    return dist
+
+
+def _agreed_launch_id(dist):
+    """A random id made by rank 0 and broadcast: the same on every rank, new for every launch."""
+    box = [_os.urandom(8).hex() if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return "torch:" + box[0]
+
+
 class Checkpointer:
     """Saves and loads this rank's share of the training state.
 
@@ -115,8 +136,13 @@ class Checkpointer:
     "zstd-bytegroup"), codec_level, staging_budget_bytes, staging_slots, busy_policy ("wait", "skip"),
     copy_threads, background_nice, direct_io, drain_directory, drain_keep_last, run_id, chunk_bytes,
     write_block_bytes, save_memory_budget, load_memory_budget, queue_depth, replica_split_bytes,
-    register_buffers, fault_injection (enables inject_faults, for tests). Each has the meaning of the
-    C++ CheckpointerOptions field of the same name.
+    register_buffers, fault_injection (enables inject_faults, for tests), resume_step. Each has the
+    meaning of the C++ CheckpointerOptions field of the same name.
+
+    Every launch needs an id of its own, the same on all ranks (so that no step is ever completed by
+    ranks of two launches). Under lifeline-agent it comes from the agent; when torch.distributed is
+    initialised before the Checkpointer is created, the ranks agree on a new one here (creating it
+    is then collective); otherwise pass run_id=, or saves with world_size > 1 fail saying so.
     """
 
     def __init__(self, directory, rank=None, world_size=None, **options):
@@ -127,6 +153,11 @@ class Checkpointer:
         self.directory = str(directory)
         self.rank = int(rank)
         self.world_size = int(world_size)
+        self._dist = _process_group(self.world_size)
+        if "run_id" not in options and not _os.environ.get("LIFELINE_LAUNCH_ID") and self._dist is not None:
+            options["run_id"] = _agreed_launch_id(self._dist)
+        # Load(latest) agrees on the step collectively unless the agent fixed it for the launch.
+        self._pinned = bool(options.get("resume_step") or _os.environ.get("LIFELINE_RESUME_STEP"))
         self._impl = _lifeline.Checkpointer(self.directory, self.rank, self.world_size, options)
         self._pending = []        # (ticket, device_only) whose snapshot may still read the caller's tensors
         self._fenced = []         # device-only tickets a stream was fenced on, kept until copied
@@ -216,11 +247,17 @@ class Checkpointer:
             targets[path] = t
             if buffer is not t:
                 contiguous[path] = buffer
-        result = self._impl.load(None if step is None else int(step), specs, objects_of_rank)
+        if step is None and self._dist is not None and not self._pinned:
+            result = self._load_agreed(specs, objects_of_rank)
+        else:
+            result = self._impl.load(None if step is None else int(step), specs, objects_of_rank)
         if result is None:  # no complete checkpoint anywhere: a fresh start
             self.last_load = None
             self._announce(None)
             return None
+        for s in result["skipped"]:
+            _warnings.warn(f"lifeline: step {s['step']} ({s['location']}) could not be loaded, loaded step "
+                           f"{result['step']} instead: {s['reason']}", RuntimeWarning, stacklevel=2)
 
         def tensor_done(path):
             if path in contiguous:
@@ -239,9 +276,42 @@ class Checkpointer:
             "bytes_read": result["bytes_read"],
             "metadata": _json.loads(meta) if meta else None,
             "missing_objects": missing,
+            "skipped": result["skipped"],
         }
         self._announce(result["step"])
         return result["step"]
+
+    def _load_agreed(self, specs, objects_of_rank):
+        """Load(latest) on every rank of a torch.distributed job from one step: the newest that every
+        rank sees complete (on disk or in its memory tier) and every rank loads; a step some rank
+        cannot load is passed over by all, and reported in `skipped`."""
+        dist = self._dist
+        mine = sorted({c["step"] for tier in (False, True) for c in self._impl.list(tier) if c["complete"]},
+                      reverse=True)[:64]
+        views = [None] * self.world_size
+        dist.all_gather_object(views, mine)
+        common = sorted(set(views[0]).intersection(*views[1:]), reverse=True)
+        skipped = []
+        for candidate in common:
+            try:
+                result, error = self._impl.load(candidate, specs, objects_of_rank), None
+            except Error as e:
+                result, error = None, str(e)
+            errors = [None] * self.world_size
+            dist.all_gather_object(errors, error)
+            failed = [(r, e) for r, e in enumerate(errors) if e is not None]
+            if not failed:
+                result["skipped"] = skipped + result["skipped"]
+                return result
+            # A tensor the checkpoint lacks is the caller's mismatch: falling back would resume the past.
+            if any("is not in the checkpoint" in e for _, e in failed):
+                raise Error(failed[0][1])
+            skipped.append({"step": candidate, "location": "any",
+                            "reason": "; ".join(f"rank {r}: {e}" for r, e in failed)})
+        if skipped:
+            raise Error(f"NotFound: no checkpoint every rank can load; tried {[s['step'] for s in skipped]}: "
+                        + skipped[0]["reason"])
+        return None
 
     def _announce(self, step):
         # Tells lifeline-agent (if any) that this process has resumed, once: it times restarts by it.

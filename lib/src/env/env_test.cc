@@ -29,7 +29,7 @@ class TempDir {
     if (p != nullptr) path_ = p;
   }
   ~TempDir() {
-    if (!path_.empty()) RemoveDirRecursively(Env::Default(), path_).IgnoreError();
+    if (!path_.empty()) Env::Default()->RemoveTree(path_).IgnoreError();
   }
   const std::string& path() const { return path_; }
 
@@ -162,9 +162,9 @@ TEST_F(PosixEnvTest, DirectoriesAndRenames) {
   ASSERT_TRUE(env_->RemoveDir(nested).ok());
   EXPECT_FALSE(env_->FileExists(nested));
   ASSERT_TRUE(WriteFileAtomically(env_, Path("a/b/z"), "z").ok());
-  ASSERT_TRUE(RemoveDirRecursively(env_, Path("a")).ok());
+  ASSERT_TRUE(env_->RemoveTree(Path("a")).ok());
   EXPECT_FALSE(env_->FileExists(Path("a")));
-  EXPECT_TRUE(RemoveDirRecursively(env_, Path("a")).ok());  // absent is fine
+  EXPECT_TRUE(env_->RemoveTree(Path("a")).ok());  // absent is fine
 }
 
 TEST_F(PosixEnvTest, WriteFileAtomicallyLeavesNoTemporaries) {
@@ -253,6 +253,109 @@ TEST_F(PosixEnvTest, RefusedDirectIoFallsBackToBufferedIo) {
   ASSERT_TRUE((*w)->WriteAt(1, "xyz", 3).ok());
   ASSERT_TRUE((*w)->Close().ok());
   EXPECT_EQ(std::string("\0xyz", 4), ReadFileToString(env_, path, 10).value_or(""));
+}
+
+// ---- symbolic links: never followed inside Lifeline's own directories --------------------------
+
+// A directory outside the tree under test, with a file in a subdirectory, that a link points to.
+struct LinkTarget {
+  TempDir dir;
+  std::string file;
+  explicit LinkTarget(Env* env) {
+    EXPECT_TRUE(env->CreateDir(JoinPath(dir.path(), "sub")).ok());
+    file = JoinPath(JoinPath(dir.path(), "sub"), "precious");
+    EXPECT_TRUE(WriteFileAtomically(env, file, "keep me").ok());
+    EXPECT_TRUE(WriteFileAtomically(env, JoinPath(dir.path(), "top"), "keep me too").ok());
+  }
+  bool Intact(Env* env) const {
+    return ReadFileToString(env, file, 100).value_or("") == "keep me" &&
+           ReadFileToString(env, JoinPath(dir.path(), "top"), 100).value_or("") == "keep me too";
+  }
+};
+
+TEST_F(PosixEnvTest, GetEntryTypeDoesNotFollowLinks) {
+  LinkTarget target(env_);
+  ASSERT_EQ(0, ::symlink(target.dir.path().c_str(), Path("dirlink").c_str()));
+  ASSERT_EQ(0, ::symlink(target.file.c_str(), Path("filelink").c_str()));
+  ASSERT_TRUE(WriteFileAtomically(env_, Path("plain"), "x").ok());
+  EXPECT_EQ(EntryType::kSymlink, env_->GetEntryType(Path("dirlink")).value_or(EntryType::kOther));
+  EXPECT_EQ(EntryType::kSymlink, env_->GetEntryType(Path("filelink")).value_or(EntryType::kOther));
+  EXPECT_EQ(EntryType::kFile, env_->GetEntryType(Path("plain")).value_or(EntryType::kOther));
+  EXPECT_EQ(EntryType::kDirectory, env_->GetEntryType(dir_.path()).value_or(EntryType::kOther));
+  EXPECT_TRUE(env_->GetEntryType(Path("absent")).status().IsNotFound());
+  EXPECT_TRUE(env_->IsDirectory(Path("dirlink")));  // IsDirectory follows, as documented
+}
+
+TEST_F(PosixEnvTest, RemoveTreeRemovesLinksNotTheirTargets) {
+  LinkTarget target(env_);
+  ASSERT_TRUE(env_->CreateDir(Path("tree/step/deeper")).ok());
+  ASSERT_TRUE(WriteFileAtomically(env_, Path("tree/step/data"), "d").ok());
+  ASSERT_EQ(0, ::symlink(target.dir.path().c_str(), Path("tree/step/dirlink").c_str()));
+  ASSERT_EQ(0, ::symlink(target.file.c_str(), Path("tree/step/deeper/filelink").c_str()));
+  ASSERT_EQ(0, ::symlink("/nonexistent/dangling", Path("tree/dangling").c_str()));
+  ASSERT_TRUE(env_->RemoveTree(Path("tree")).ok());
+  EXPECT_FALSE(env_->FileExists(Path("tree")));
+  EXPECT_TRUE(target.Intact(env_)) << "RemoveTree followed a link and deleted what it points to";
+}
+
+TEST_F(PosixEnvTest, RemoveTreeOfALinkRemovesOnlyTheLink) {
+  LinkTarget target(env_);
+  ASSERT_EQ(0, ::symlink(target.dir.path().c_str(), Path("step-00000000000000000000").c_str()));
+  ASSERT_TRUE(env_->RemoveTree(Path("step-00000000000000000000")).ok());
+  EXPECT_TRUE(env_->GetEntryType(Path("step-00000000000000000000")).status().IsNotFound());
+  EXPECT_TRUE(target.Intact(env_));
+  // A trailing slash must not make the link count as the directory it points to.
+  ASSERT_EQ(0, ::symlink(target.dir.path().c_str(), Path("again").c_str()));
+  ASSERT_TRUE(env_->RemoveTree(Path("again") + "/").ok());
+  EXPECT_TRUE(env_->GetEntryType(Path("again")).status().IsNotFound());
+  EXPECT_TRUE(target.Intact(env_));
+}
+
+TEST_F(PosixEnvTest, RemoveTreeRemovesAPlainFileAndRefusesDot) {
+  ASSERT_TRUE(WriteFileAtomically(env_, Path("f"), "x").ok());
+  ASSERT_TRUE(env_->RemoveTree(Path("f")).ok());
+  EXPECT_FALSE(env_->FileExists(Path("f")));
+  EXPECT_EQ(StatusCode::kInvalidArgument, env_->RemoveTree(Path(".")).code());
+  EXPECT_EQ(StatusCode::kInvalidArgument, env_->RemoveTree("/").code());
+  EXPECT_TRUE(env_->IsDirectory(dir_.path()));
+}
+
+TEST_F(PosixEnvTest, OpensRefuseALinkUnlessAskedToFollow) {
+  LinkTarget target(env_);
+  ASSERT_EQ(0, ::symlink(target.file.c_str(), Path("link").c_str()));
+  Result<std::unique_ptr<RandomAccessFile>> r = env_->NewRandomAccessFile(Path("link"), FileOptions{});
+  EXPECT_EQ(StatusCode::kFailedPrecondition, r.status().code());
+  EXPECT_TRUE(Contains(r.status(), Path("link"))) << r.status().ToString();
+  EXPECT_TRUE(Contains(r.status(), "is a symbolic link")) << r.status().ToString();
+  FileOptions direct;
+  direct.direct_io = true;
+  EXPECT_TRUE(Contains(env_->NewRandomAccessFile(Path("link"), direct).status(), "is a symbolic link"));
+  EXPECT_TRUE(Contains(ReadFileToString(env_, Path("link"), 100).status(), "is a symbolic link"));
+
+  Result<std::unique_ptr<WritableFile>> w = env_->NewWritableFile(Path("link"), FileOptions{});
+  EXPECT_TRUE(Contains(w.status(), "is a symbolic link")) << w.status().ToString();
+  EXPECT_TRUE(target.Intact(env_)) << "a refused open still truncated the link's target";
+  // A dangling link must not let O_CREAT make a file wherever it points.
+  const std::string elsewhere = JoinPath(target.dir.path(), "created");
+  ASSERT_EQ(0, ::symlink(elsewhere.c_str(), Path("dangling").c_str()));
+  EXPECT_TRUE(Contains(env_->NewWritableFile(Path("dangling"), FileOptions{}).status(), "is a symbolic link"));
+  EXPECT_FALSE(env_->FileExists(elsewhere));
+
+  FileOptions follow;
+  follow.follow_symlinks = true;
+  EXPECT_EQ("keep me", ReadFileToString(env_, Path("link"), 100, follow).value_or(""));
+  // Links before the last component (a checkpoint root that is a link) are still followed.
+  ASSERT_EQ(0, ::symlink(target.dir.path().c_str(), Path("root").c_str()));
+  EXPECT_EQ("keep me too", ReadFileToString(env_, Path("root/top"), 100).value_or(""));
+}
+
+TEST_F(PosixEnvTest, WriteFileAtomicallyReplacesALinkInsteadOfWritingThroughIt) {
+  LinkTarget target(env_);
+  ASSERT_EQ(0, ::symlink(target.file.c_str(), Path("index").c_str()));
+  ASSERT_TRUE(WriteFileAtomically(env_, Path("index"), "new").ok());
+  EXPECT_EQ(EntryType::kFile, env_->GetEntryType(Path("index")).value_or(EntryType::kOther));
+  EXPECT_EQ("new", ReadFileToString(env_, Path("index"), 10).value_or(""));
+  EXPECT_TRUE(target.Intact(env_));
 }
 
 }  // namespace

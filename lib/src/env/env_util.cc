@@ -14,8 +14,9 @@ std::string JoinPath(std::string_view dir, std::string_view name) {
   return path;
 }
 
-Result<std::string> ReadFileToString(Env* env, const std::string& path, uint64_t max_bytes) {
-  LL_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file, env->NewRandomAccessFile(path, FileOptions{}));
+Result<std::string> ReadFileToString(Env* env, const std::string& path, uint64_t max_bytes,
+                                     const FileOptions& options) {
+  LL_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file, env->NewRandomAccessFile(path, options));
   LL_ASSIGN_OR_RETURN(uint64_t size, file->Size());
   if (size > max_bytes) {
     return Status::ResourceExhausted(path, "file of " + std::to_string(size) + " bytes exceeds the limit of " +
@@ -49,19 +50,29 @@ Status WriteFileAtomically(Env* env, const std::string& path, std::string_view d
   return env->SyncDir(slash == std::string::npos ? std::string(".") : path.substr(0, slash == 0 ? 1 : slash));
 }
 
-Status RemoveDirRecursively(Env* env, const std::string& dir) {
-  if (!env->FileExists(dir)) return Status::OK();
-  LL_ASSIGN_OR_RETURN(std::vector<std::string> children, env->GetChildren(dir));
-  for (const std::string& child : children) {
-    const std::string path = JoinPath(dir, child);
-    if (env->IsDirectory(path)) {
-      LL_RETURN_IF_ERROR(RemoveDirRecursively(env, path));
-    } else {
-      Status s = env->RemoveFile(path);
-      if (!s.ok() && !s.IsNotFound()) return s;
-    }
+Status SymlinkRefused(const std::string& path) {
+  return Status::FailedPrecondition(path, "is a symbolic link; Lifeline never follows links inside a checkpoint");
+}
+
+Result<EntryType> Env::GetEntryType(const std::string& path) {
+  if (IsDirectory(path)) return EntryType::kDirectory;
+  if (FileExists(path)) return EntryType::kFile;
+  return Status::NotFound(path);
+}
+
+Status Env::RemoveTree(const std::string& path) {
+  Result<EntryType> type = GetEntryType(path);
+  if (type.status().IsNotFound()) return Status::OK();
+  LL_RETURN_IF_ERROR(type.status());
+  if (*type != EntryType::kDirectory) {
+    Status s = RemoveFile(path);
+    return s.IsNotFound() ? Status::OK() : s;
   }
-  Status s = env->RemoveDir(dir);
+  Result<std::vector<std::string>> children = GetChildren(path);
+  if (children.status().IsNotFound()) return Status::OK();
+  LL_RETURN_IF_ERROR(children.status());
+  for (const std::string& child : *children) LL_RETURN_IF_ERROR(RemoveTree(JoinPath(path, child)));
+  Status s = RemoveDir(path);
   return s.IsNotFound() ? Status::OK() : s;
 }
 

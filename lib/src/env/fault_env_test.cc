@@ -162,7 +162,7 @@ TEST(FaultEnvPosix, NoSpaceNamesTheRealFile) {
     ASSERT_EQ(1u, done.size());
     EXPECT_EQ(StatusCode::kResourceExhausted, done[0].status.code()) << done[0].status.ToString();
   }
-  ASSERT_TRUE(RemoveDirRecursively(Env::Default(), dir).ok());
+  ASSERT_TRUE(Env::Default()->RemoveTree(dir).ok());
 }
 
 }  // namespace

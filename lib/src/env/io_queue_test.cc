@@ -39,7 +39,7 @@ class TempDir {
     char tmpl[] = "/tmp/lifeline-ioq-XXXXXX";
     path_ = ::mkdtemp(tmpl);
   }
-  ~TempDir() { RemoveDirRecursively(Env::Default(), path_).IgnoreError(); }
+  ~TempDir() { Env::Default()->RemoveTree(path_).IgnoreError(); }
   const std::string& path() const { return path_; }
 
  private:

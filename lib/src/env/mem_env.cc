@@ -322,6 +322,13 @@ class MemEnvImpl final : public MemEnv {
     return entry.ok() && entry->dir != nullptr;
   }
 
+  // The in-memory file system has no links: an entry is a file or a directory.
+  Result<EntryType> GetEntryType(const std::string& path) override {
+    std::lock_guard<std::mutex> lock(st_->mu);
+    LL_ASSIGN_OR_RETURN(MemEntry entry, Lookup(*st_, path));
+    return entry.dir ? EntryType::kDirectory : EntryType::kFile;
+  }
+
   Result<uint64_t> GetFileSize(const std::string& path) override {
     std::lock_guard<std::mutex> lock(st_->mu);
     LL_ASSIGN_OR_RETURN(MemEntry entry, Lookup(*st_, path));

@@ -75,8 +75,14 @@ TEST_F(MemEnvTest, BehavesLikeAFileSystem) {
   std::sort(children->begin(), children->end());
   EXPECT_EQ((std::vector<std::string>{"a", "g"}), *children);
 
-  ASSERT_TRUE(RemoveDirRecursively(env_.get(), "/d").ok());
+  EXPECT_EQ(EntryType::kDirectory, env_->GetEntryType("/d/a").value_or(EntryType::kOther));
+  EXPECT_EQ(EntryType::kFile, env_->GetEntryType("/d/g").value_or(EntryType::kOther));
+  EXPECT_TRUE(env_->GetEntryType("/d/missing").status().IsNotFound());
+  ASSERT_TRUE(env_->RemoveTree("/d/g").ok());  // a file is removed as well
+  EXPECT_FALSE(env_->FileExists("/d/g"));
+  ASSERT_TRUE(env_->RemoveTree("/d").ok());
   EXPECT_FALSE(env_->FileExists("/d"));
+  EXPECT_TRUE(env_->RemoveTree("/d").ok());  // absent is fine
 }
 
 TEST_F(MemEnvTest, DirectIoIsAcceptedAndIgnored) {

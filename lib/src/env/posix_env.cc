@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "lib/src/env/io_queue_internal.h"
 #include "lifeline/env.h"
@@ -55,6 +56,82 @@ int OpenMaybeDirect(const std::string& path, int flags, bool want_direct, bool* 
     fd = ::open(path.c_str(), flags, 0644);
   } while (fd < 0 && errno == EINTR);
   return fd;
+}
+
+// The Status for a failed open: a link at the last component refused by O_NOFOLLOW says so
+// (ELOOP alone would read "too many levels of symbolic links").
+Status OpenError(int err, const std::string& path) {
+  struct stat st;
+  if (err == ELOOP && ::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) return SymlinkRefused(path);
+  return Status::FromErrno(err, path);
+}
+
+int NoFollow(const FileOptions& options) { return options.follow_symlinks ? 0 : O_NOFOLLOW; }
+
+// Opens the directory `name` inside the directory `dirfd` without following a link.
+int OpenDirAt(int dirfd, const char* name) {
+  int fd;
+  do {
+    fd = ::openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  } while (fd < 0 && errno == EINTR);
+  return fd;
+}
+
+// The names in the open directory `fd` (without "." and ".."); the descriptor stays open.
+Result<std::vector<std::string>> ListDirFd(int fd, const std::string& path) {
+  const int dup_fd = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (dup_fd < 0) return Status::FromErrno(errno, path);
+  DIR* d = ::fdopendir(dup_fd);
+  if (d == nullptr) {
+    const int err = errno;
+    ::close(dup_fd);
+    return Status::FromErrno(err, path);
+  }
+  std::vector<std::string> names;
+  int err;
+  for (;;) {
+    errno = 0;
+    const struct dirent* e = ::readdir(d);
+    err = errno;
+    if (e == nullptr) break;
+    const char* n = e->d_name;
+    if (!(n[0] == '.' && (n[1] == '\0' || (n[1] == '.' && n[2] == '\0')))) names.emplace_back(n);
+  }
+  ::closedir(d);
+  if (err != 0) return Status::FromErrno(err, path);
+  return names;
+}
+
+// Empties the directory open as `fd` (named `path` in errors). Every entry is examined with
+// fstatat(AT_SYMLINK_NOFOLLOW) and subdirectories are opened with O_NOFOLLOW relative to their
+// parent's descriptor, so no link is ever followed, whatever is renamed meanwhile.
+Status RemoveChildrenAt(int fd, const std::string& path, int depth) {
+  if (depth > 64) return Status::FailedPrecondition(path, "directory tree nested too deeply to remove");
+  LL_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirFd(fd, path));
+  for (const std::string& name : names) {
+    const std::string child = JoinPath(path, name);
+    struct stat st;
+    if (::fstatat(fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+      if (errno == ENOENT) continue;
+      return Status::FromErrno(errno, child);
+    }
+    if (S_ISDIR(st.st_mode)) {
+      const int sub = OpenDirAt(fd, name.c_str());
+      if (sub < 0) {
+        if (errno == ENOENT) continue;
+        // ELOOP/ENOTDIR: replaced by a link or a file since the fstatat; unlinked below as such.
+        if (errno != ELOOP && errno != ENOTDIR) return Status::FromErrno(errno, child);
+      } else {
+        Status s = RemoveChildrenAt(sub, child, depth + 1);
+        ::close(sub);
+        LL_RETURN_IF_ERROR(s);
+        if (::unlinkat(fd, name.c_str(), AT_REMOVEDIR) != 0 && errno != ENOENT) return Status::FromErrno(errno, child);
+        continue;
+      }
+    }
+    if (::unlinkat(fd, name.c_str(), 0) != 0 && errno != ENOENT) return Status::FromErrno(errno, child);
+  }
+  return Status::OK();
 }
 
 class PosixWritableFile final : public WritableFile {
@@ -173,16 +250,17 @@ class PosixEnv final : public Env {
   Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path,
                                                         const FileOptions& options) override {
     bool direct;
-    const int fd = OpenMaybeDirect(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, options.direct_io, &direct);
-    if (fd < 0) return Status::FromErrno(errno, path);
+    const int fd = OpenMaybeDirect(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | NoFollow(options),
+                                   options.direct_io, &direct);
+    if (fd < 0) return OpenError(errno, path);
     return std::unique_ptr<WritableFile>(new PosixWritableFile(path, fd, direct));
   }
 
   Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(const std::string& path,
                                                                 const FileOptions& options) override {
     bool direct;
-    const int fd = OpenMaybeDirect(path, O_RDONLY | O_CLOEXEC, options.direct_io, &direct);
-    if (fd < 0) return Status::FromErrno(errno, path);
+    const int fd = OpenMaybeDirect(path, O_RDONLY | O_CLOEXEC | NoFollow(options), options.direct_io, &direct);
+    if (fd < 0) return OpenError(errno, path);
     return std::unique_ptr<RandomAccessFile>(new PosixRandomAccessFile(path, fd, direct));
   }
 
@@ -250,6 +328,47 @@ class PosixEnv final : public Env {
   bool IsDirectory(const std::string& path) override {
     struct stat st;
     return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+  }
+
+  Result<EntryType> GetEntryType(const std::string& path) override {
+    struct stat st;
+    if (::lstat(path.c_str(), &st) < 0) return Status::FromErrno(errno, path);
+    if (S_ISLNK(st.st_mode)) return EntryType::kSymlink;
+    if (S_ISDIR(st.st_mode)) return EntryType::kDirectory;
+    if (S_ISREG(st.st_mode)) return EntryType::kFile;
+    return EntryType::kOther;
+  }
+
+  Status RemoveTree(const std::string& path) override {
+    // Split into parent and last component; the walk starts from the parent's descriptor.
+    size_t end = path.size();
+    while (end > 1 && path[end - 1] == '/') --end;
+    const std::string trimmed = path.substr(0, end);
+    const size_t slash = trimmed.rfind('/');
+    const std::string parent = slash == std::string::npos ? "." : slash == 0 ? "/" : trimmed.substr(0, slash);
+    const std::string name = slash == std::string::npos ? trimmed : trimmed.substr(slash + 1);
+    if (name.empty() || name == "." || name == ".." || name == "/")
+      return Status::InvalidArgument(path, "refusing to remove this directory tree");
+    int parent_fd;
+    do {
+      parent_fd = ::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);  // the parent may be a link
+    } while (parent_fd < 0 && errno == EINTR);
+    if (parent_fd < 0) return errno == ENOENT ? Status::OK() : Status::FromErrno(errno, parent);
+    Status s;
+    const int fd = OpenDirAt(parent_fd, name.c_str());
+    if (fd >= 0) {
+      s = RemoveChildrenAt(fd, path, 0);
+      ::close(fd);
+      if (s.ok() && ::unlinkat(parent_fd, name.c_str(), AT_REMOVEDIR) != 0 && errno != ENOENT)
+        s = Status::FromErrno(errno, path);
+    } else if (errno == ELOOP || errno == ENOTDIR) {
+      // A link (or a file): remove the entry itself, never what it points to.
+      if (::unlinkat(parent_fd, name.c_str(), 0) != 0 && errno != ENOENT) s = Status::FromErrno(errno, path);
+    } else if (errno != ENOENT) {
+      s = Status::FromErrno(errno, path);
+    }
+    ::close(parent_fd);
+    return s;
   }
 
   Result<uint64_t> GetFileSize(const std::string& path) override {

@@ -1,0 +1,37 @@
+// The step a launch resumes from, fixed by the agent before the ranks start so that every rank of
+// the launch loads the same one (LIFELINE_RESUME_STEP), whatever each finds in its own memory tier.
+#ifndef LIFELINE_AGENT_RESUME_H_
+#define LIFELINE_AGENT_RESUME_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "lifeline/env.h"
+#include "lifeline/status.h"
+
+namespace lifeline::agent {
+
+struct ResumePoint {
+  std::optional<uint64_t> step;  // nullopt: no complete checkpoint, a fresh start
+  std::string location;          // "memory" or "disk" (where the newest copy is); "" with no step
+  std::string EnvValue() const { return step ? std::to_string(*step) : "none"; }
+};
+
+// The newest step of `checkpoint_dir` that is complete and sound as far as its metadata tells
+// (every rank's index present, the pieces covering every tensor), on disk or in this node's
+// memory tier (where every rank's snapshot must be present). Damaged and invalid steps are passed
+// over. NotFound-free: a directory that does not exist yet means a fresh start.
+Result<ResumePoint> FindResumePoint(Env* env, const std::string& checkpoint_dir);
+
+// Where rank processes tell the agent which directory they checkpoint to: a file in the agent's
+// run directory, written by the library at Checkpointer::Open (first writer wins). Empty when
+// nothing was reported.
+std::string ReportedCheckpointDir(const std::string& run_dir);
+
+// 16 random hex digits: with the job id and the restart count, the launch id (LIFELINE_LAUNCH_ID).
+std::string NewLaunchNonce();
+
+}  // namespace lifeline::agent
+
+#endif  // LIFELINE_AGENT_RESUME_H_
