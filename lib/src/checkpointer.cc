@@ -256,13 +256,10 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::Open(CheckpointerOptions opt
 
   std::vector<std::string> shm_paths;
   if (o.memory_tier) {
-    std::string dir_id;
-    if (o.memory_tier_directory.empty()) {
-      LL_ASSIGN_OR_RETURN(dir_id, CheckpointDirectoryId(m.env, o.directory, /*create=*/true));
-    }
-    LL_ASSIGN_OR_RETURN(m.tier, MemoryTier::Open(o.memory_tier_directory, o.directory, dir_id, m.run_hash, o.rank,
-                                                 o.world_size, o.staging_slots));
-    for (unsigned k = 0; k < o.staging_slots; ++k) shm_paths.push_back(m.tier->SlotPath(k));
+    // Null for a read-only directory: loads from it work, from disk.
+    LL_ASSIGN_OR_RETURN(m.tier, MemoryTier::OpenFor(m.env, o.memory_tier_directory, o.directory, m.run_hash, o.rank,
+                                                    o.world_size, o.staging_slots));
+    for (unsigned k = 0; m.tier != nullptr && k < o.staging_slots; ++k) shm_paths.push_back(m.tier->SlotPath(k));
   }
   m.arena = std::make_unique<StagingArena>(o.staging_slots, o.staging_budget_bytes, std::move(shm_paths));
   m.slot_job.resize(o.staging_slots);

@@ -149,8 +149,9 @@ std::vector<bool> RetentionPlan(std::vector<CheckpointInfo>& all, const Retentio
       }
       info.complete = false;
       info.problem = "cannot be loaded: " + s.ToString();
-      // Unloadable: never counted; kept while nothing newer loads (someone may want to look).
-      remove[i] = older_than_loadable;
+      // Never counted; kept until keep_last loadable steps are newer (it may hold what a person
+      // can still recover, and its damage may be only a manifest the rank indexes replace).
+      remove[i] = policy.keep_last != 0 && kept >= policy.keep_last;
       continue;
     }
     // Partial: useless once something newer loads; a newer one may still be being written.

@@ -55,9 +55,9 @@ struct RetentionPolicy {
 };
 
 // Which entries of `all` (ScanCheckpoints' list, newest first) retention removes: steps marked
-// invalid; complete steps beyond the newest keep_last loadable ones; partial and unloadable steps
-// older than the newest loadable one; stale partial steps. The newest loadable step is never
-// removed. Touches nothing but `all`: `lifeline gc --dry-run` shows the plan with it.
+// invalid; complete steps, loadable or not, beyond the newest keep_last loadable ones; partial
+// steps older than the newest loadable one; stale partial steps. Only loadable steps count, so the
+// newest loadable step is never removed. Touches nothing but `all`: `lifeline gc --dry-run` shows the plan with it.
 std::vector<bool> RetentionPlan(std::vector<CheckpointInfo>& all, const RetentionPolicy& policy);
 
 // Retention under `root` (the plan above); a kept complete step loses the files of other attempts.

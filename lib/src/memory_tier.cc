@@ -13,6 +13,7 @@
 #include "lib/src/checkpoint_layout.h"
 #include "lib/src/checkpoint_reader.h"
 #include "lib/src/commit.h"
+#include "lifeline/log.h"
 
 namespace lifeline {
 namespace {
@@ -157,6 +158,24 @@ Result<std::unique_ptr<MemoryTier>> MemoryTier::Open(std::string root, const std
   std::unique_ptr<MemoryTier> tier(new MemoryTier(std::move(root), std::move(run_hash), rank, world_size, slots));
   LL_RETURN_IF_ERROR(tier->RemoveStaleSlots());
   return tier;
+}
+
+Result<std::unique_ptr<MemoryTier>> MemoryTier::OpenFor(Env* env, std::string root, const std::string& checkpoint_dir,
+                                                        std::string run_hash, uint32_t rank, uint32_t world_size,
+                                                        unsigned slots) {
+  std::string dir_id;
+  if (root.empty()) {
+    Result<std::string> id = CheckpointDirectoryId(env, checkpoint_dir, /*create=*/true);
+    if (!id.ok() && id.status().IsCorruption()) return id.status();
+    if (!id.ok()) {
+      Log(LogLevel::kWarning, "memory tier off for " + checkpoint_dir + " (its identity " +
+                                  JoinPath(checkpoint_dir, kDirIdFile) + " cannot be read or created: " +
+                                  id.status().ToString() + "); loads read the disk");
+      return std::unique_ptr<MemoryTier>();
+    }
+    dir_id = std::move(id).value();
+  }
+  return Open(std::move(root), checkpoint_dir, dir_id, std::move(run_hash), rank, world_size, slots);
 }
 
 std::string MemoryTier::SlotPath(unsigned k) const {

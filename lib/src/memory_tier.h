@@ -40,6 +40,14 @@ class MemoryTier {
   static Result<std::unique_ptr<MemoryTier>> Open(std::string root, const std::string& checkpoint_dir,
                                                   const std::string& dir_id, std::string run_hash, uint32_t rank, uint32_t world_size,
                                                   unsigned slots);
+  // The tier of a Checkpointer on `checkpoint_dir` (through `env`): Open, with the directory's
+  // identity created first when `root` is empty. Null, after one logged warning, when the identity
+  // does not exist and cannot be created (a read-only directory): such a directory can have no
+  // snapshots in memory, and loads from it read the disk. Corruption of an existing identity and
+  // the errors of Open are returned.
+  static Result<std::unique_ptr<MemoryTier>> OpenFor(Env* env, std::string root, const std::string& checkpoint_dir,
+                                                     std::string run_hash, uint32_t rank, uint32_t world_size,
+                                                     unsigned slots);
 
   const std::string& root() const { return root_; }
   Env* env() const { return env_; }

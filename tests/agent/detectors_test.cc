@@ -721,6 +721,30 @@ TEST(CheckpointDetectorTest, PersistLagOnOneRankIsNamedAfterLagCountInARow) {
   EXPECT_EQ(*a.step, 159u);
 }
 
+// A load that passed over a damaged checkpoint is a checkpoint anomaly naming the ranks, the step
+// skipped and the step loaded instead: a fallback is never only a log line.
+TEST(CheckpointDetectorTest, LoadFallbackIsAnAnomalyNamingRanksAndSteps) {
+  CheckpointDetector checkpoint(CheckpointConfig{});
+  Driver driver({&checkpoint}, 4);
+  Stream stream(4);
+  for (int r : {1, 3}) {
+    Event e = Ev(EventType::kCheckpointFallback, 1 * kSec, 200);
+    e.bytes = 100;  // the step loaded instead
+    stream[r].push_back(e);
+  }
+  driver.Load(stream);
+  driver.RunUntil(2 * kSec);
+  ASSERT_EQ(driver.all().size(), 1u) << Describe(driver.all());
+  const Anomaly& a = driver.all()[0];
+  EXPECT_EQ(a.kind, "checkpoint");
+  EXPECT_EQ(a.ranks, (std::vector<int>{1, 3}));
+  EXPECT_EQ(a.step, 200u);
+  EXPECT_EQ(a.evidence["skipped_step"], 200);
+  EXPECT_EQ(a.evidence["loaded_step"], 100);
+  EXPECT_EQ(a.evidence["location"], "disk");
+  EXPECT_NE(a.message.find("loaded step 100"), std::string::npos) << a.message;
+}
+
 TEST(CheckpointDetectorTest, SavesThatNeverPersistCountInPoll) {
   Sim sim;
   sim.steps = 200;

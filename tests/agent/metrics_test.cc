@@ -64,6 +64,9 @@ TEST(MetricsTest, EventsBecomeStepCollectiveAndCheckpointFigures) {
   m.Observe(0, persisted);
   m.Observe(0, Ev(trace::EventType::kCheckpointCommitted, 3000, 4));
   m.Observe(1, Ev(trace::EventType::kCheckpointFailed, 3000, 4));
+  trace::Event fallback = Ev(trace::EventType::kCheckpointFallback, 3000, 4);
+  fallback.aux = 1;  // from the memory tier
+  m.Observe(2, fallback);
   m.Anomaly("straggler", {2});
   m.Restarted();
   m.RankExited(1);
@@ -83,6 +86,8 @@ TEST(MetricsTest, EventsBecomeStepCollectiveAndCheckpointFigures) {
   EXPECT_EQ(Sample(text, "lifeline_checkpoint_persist_seconds_sum"), 2);
   EXPECT_EQ(Sample(text, "lifeline_checkpoint_bytes_total"), 1 << 20);
   EXPECT_EQ(Sample(text, "lifeline_checkpoint_failures_total"), 1);
+  EXPECT_EQ(Sample(text, "lifeline_checkpoint_load_fallbacks_total{location=\"memory\"}"), 1);
+  EXPECT_EQ(Sample(text, "lifeline_checkpoint_load_fallbacks_total{location=\"disk\"}"), 0);
   EXPECT_EQ(Sample(text, "lifeline_checkpoint_last_committed_step"), 4);
   EXPECT_GT(Sample(text, "lifeline_checkpoint_last_committed_timestamp_seconds"), 1.7e9);
   EXPECT_EQ(Sample(text, "lifeline_anomalies_total{kind=\"straggler\",rank=\"2\"}"), 1);

@@ -264,6 +264,35 @@ class ConvertTest(unittest.TestCase):
         self.assertIn("bool tensor 'mask'", p.stderr)
         self.assertIn("element 2 [2]", p.stderr)
 
+    def test_many_small_tensors_to_hdf5_and_back(self):
+        # 20,000 tiny tensors (the export once cost milliseconds per tensor): every one arrives.
+        tensors = {}
+        for i in range(20000):
+            if i % 3 == 0:
+                tensors[f"blocks.{i}.scale"] = ("F32", (3,), np.arange(3, dtype="<f4").__add__(i).tobytes())
+            elif i % 3 == 1:
+                tensors[f"blocks.{i}.ids"] = ("I64", (2, 2), np.full((2, 2), i, dtype="<i8").tobytes())
+            else:
+                tensors[f"blocks/{i}/flag"] = ("BOOL", (), bytes([i % 2]))
+        src = self.path("many.safetensors")
+        write_safetensors(src, tensors, {"format": "pt"})
+        h5 = self.path("many.h5")
+        rc, j = run_json("convert", src, "--to", "hdf5", h5)
+        self.assertEqual(j["tensors"], len(tensors))
+        with h5py.File(h5, "r") as f:
+            group = f["tensors"]
+            self.assertEqual(len(group), len(tensors))
+            for key in group:
+                ds = group[key]
+                name = ds.attrs["lifeline_name"]
+                dt, shape, raw = tensors[name]
+                self.assertEqual(ds.shape, shape, name)
+                self.assertEqual(np.asarray(ds[()]).tobytes(), raw, name)
+        back = self.path("many-again.safetensors")
+        run("convert", h5, "--to", "safetensors", back)
+        again, _ = read_safetensors(back)
+        self.assertEqual(again, tensors)
+
     def test_round_trips_are_byte_exact(self):
         # safetensors -> lifeline (3 ranks, zstd) -> safetensors: the same files, byte for byte.
         d = self.path("from-st")

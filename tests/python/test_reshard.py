@@ -145,6 +145,9 @@ def role(args):
 def run_ranks(directory, world, tp, role_name, step, saved_world=None, saved_step=None, resave=None,
               objects_of=None):
     procs = []
+    # Ranks started by hand (no agent, no torchrun, no torch.distributed) need a launch id of their
+    # own, the same on every rank and new for every launch, as the README says.
+    env = dict(os.environ, LIFELINE_LAUNCH_ID=f"reshard-{role_name}-{step}-{os.urandom(4).hex()}")
     for r in range(world):
         cmd = [sys.executable, os.path.abspath(__file__), "--role", role_name, "--dir", directory, "--rank", str(r),
                "--world", str(world), "--tp", str(tp), "--step", str(step),
@@ -153,7 +156,7 @@ def run_ranks(directory, world, tp, role_name, step, saved_world=None, saved_ste
             cmd += ["--resave", str(resave)]
         if objects_of is not None:
             cmd += ["--objects-of", str(objects_of)]
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
     outputs = [p.communicate(timeout=300)[0] for p in procs]
     return [p.returncode for p in procs], outputs
 

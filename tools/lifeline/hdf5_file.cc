@@ -7,6 +7,7 @@
 #include <bit>
 #include <cerrno>
 #include <cstring>
+#include <exception>
 #include <limits>
 
 #include "formats/index_codec.h"
@@ -756,11 +757,6 @@ Hid MakeFileAccess() {
   return fapl;
 }
 
-// Files are written in the HDF5 1.10 format: a dataset of one chunk then needs no chunk B-tree
-// (the "single chunk" index), which is most of the cost of exporting many small tensors. h5py and
-// every HDF5 since 1.10 (2016) read it.
-bool SetUpForManyObjects(hid_t fapl) { return H5Pset_libver_bounds(fapl, H5F_LIBVER_V110, H5F_LIBVER_LATEST) >= 0; }
-
 }  // namespace
 
 Result<Hdf5File> Hdf5File::Create(const std::string& path) {
@@ -771,8 +767,7 @@ Result<Hdf5File> Hdf5File::Create(const std::string& path) {
   impl->path = path;
   impl->writable = true;
   Hid fapl = MakeFileAccess();
-  if (!fapl.valid() || !SetUpForManyObjects(fapl.get()))
-    return impl->Hdf5Error(StatusCode::kIOError, path, "cannot set up file access");
+  if (!fapl.valid()) return impl->Hdf5Error(StatusCode::kIOError, path, "cannot set up file access");
   impl->file = Hid(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose);
   if (!impl->file.valid()) return impl->Hdf5Error(StatusCode::kIOError, path, "cannot create HDF5 file");
   return Hdf5File(std::move(impl));
@@ -1015,7 +1010,22 @@ Result<std::string> Hdf5File::ReadBytes(const std::string& path) {
     return Status::InvalidArgument(impl_->Where("dataset", path), "holds " + std::string(DTypeName(info.dtype)) +
                                                                       " of shape " + JoinInts(info.shape) +
                                                                       ", not a 1-D u8 byte string");
-  std::string out(static_cast<size_t>(info.shape[0]), '\0');
+  // The extent comes from the file: a few damaged bytes can claim a terabyte (found by
+  // tests/fuzz/hdf5_read_fuzz). A byte string is written whole, so it cannot be longer than what
+  // the file stores for it, times deflate's largest ratio (1032:1) should another writer have
+  // compressed it; and what still cannot be allocated is refused, not thrown.
+  const uint64_t stored = impl_->current.has_value() ? H5Dget_storage_size(impl_->current->dataset.get()) : 0;
+  if (static_cast<uint64_t>(info.shape[0]) / 1032 > stored)
+    return Status::Corruption(impl_->Where("dataset", path), "byte string of " + std::to_string(info.shape[0]) +
+                                                                 " bytes, but only " + std::to_string(stored) +
+                                                                 " bytes stored for it");
+  std::string out;
+  try {
+    out.resize(static_cast<size_t>(info.shape[0]));
+  } catch (const std::exception&) {
+    return Status::ResourceExhausted(impl_->Where("dataset", path),
+                                     "cannot allocate " + std::to_string(info.shape[0]) + " bytes for the byte string");
+  }
   LL_RETURN_IF_ERROR(ReadAll(path, out.data(), out.size()));
   return out;
 }

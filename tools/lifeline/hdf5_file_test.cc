@@ -389,6 +389,23 @@ TEST_F(Hdf5FileTest, ByteBlobs) {
   EXPECT_TRUE(Contains(wrong.status(), "'t'")) << wrong.status().ToString();
 }
 
+// Found by tests/fuzz/hdf5_read_fuzz: a file of a few KiB whose byte string claims a PiB made
+// ReadBytes throw std::bad_alloc, and `lifeline convert` die in std::terminate.
+TEST_F(Hdf5FileTest, AByteStringLongerThanItsStorageIsCorruptionNotAnException) {
+  const std::string path = Path("huge.h5");
+  {
+    auto f = Hdf5File::Create(path);
+    ASSERT_TRUE(f.ok());
+    ASSERT_TRUE(f->CreateDataset("objects/rank0/huge", DType::kU8, {int64_t{1} << 50}).ok());  // never written
+    ASSERT_TRUE(f->Close().ok());
+  }
+  auto f = Hdf5File::OpenReadOnly(path);
+  ASSERT_TRUE(f.ok());
+  auto got = f->ReadBytes("objects/rank0/huge");
+  EXPECT_EQ(got.status().code(), StatusCode::kCorruption) << got.status().ToString();
+  EXPECT_TRUE(Contains(got.status(), "objects/rank0/huge")) << got.status().ToString();
+}
+
 TEST_F(Hdf5FileTest, ListDatasetsIsRecursiveAndSorted) {
   const std::string path = Path("list.h5");
   auto f = Hdf5File::Create(path);

@@ -113,6 +113,7 @@ nlohmann::json StepsJson(const std::vector<CheckpointInfo>& steps) {
   for (const CheckpointInfo& c : steps) {
     nlohmann::json j = {{"step", c.step},
                         {"complete", c.complete},
+                        {"invalid", c.invalid},
                         {"world_size", c.world_size},
                         {"ranks_present", c.ranks_present},
                         {"bytes", c.bytes},
@@ -185,7 +186,7 @@ void PrintSteps(const std::string& dir, const std::vector<CheckpointInfo>& steps
   std::cout << "Checkpoints in " << dir << " (newest first):\n";
   std::vector<std::vector<std::string>> rows;
   for (const CheckpointInfo& c : steps) {
-    rows.push_back({std::to_string(c.step), c.complete ? "complete" : "partial",
+    rows.push_back({std::to_string(c.step), c.complete ? "complete" : c.invalid ? "invalid" : "partial",
                     std::to_string(c.ranks_present) + "/" + std::to_string(c.world_size), FormatByteSize(c.bytes),
                     FormatUnixNanos(c.created_unix_ns), c.complete ? "" : c.problem});
   }

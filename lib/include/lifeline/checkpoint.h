@@ -216,7 +216,9 @@ struct CheckpointerOptions {
   bool memory_tier = false;
   // Empty: /dev/shm/lifeline-<uid>/<hash of the checkpoint directory's real path and identity>.
   // The identity is a random id kept in <directory>/lifeline.id (written by the first rank), so a
-  // directory that is deleted and created again never loads the old directory's snapshots.
+  // directory that is deleted and created again never loads the old directory's snapshots. A
+  // directory where it cannot be created (read-only) gets no memory tier, with one warning: loads
+  // from it read the disk.
   std::string memory_tier_directory;
   // On orderly destruction, remove this rank's snapshots from the memory tier once they are durable
   // on disk (false keeps them, e.g. for a process that is about to be restarted on purpose).
