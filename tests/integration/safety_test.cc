@@ -2,7 +2,15 @@
 // complete means loadable; retention and gc never leave the job without a loadable checkpoint; a
 // full disk does not leave it stuck; a load that falls back says so; a launch's ranks resume from
 // the step fixed for it.
+#include <fcntl.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+
 #include <cstdlib>
+#include <cstring>
 #include <thread>
 
 #include <gmock/gmock.h>
@@ -12,6 +20,7 @@
 #include "lib/src/checkpoint_layout.h"
 #include "lib/src/checkpoint_reader.h"
 #include "lib/src/commit.h"
+#include "tests/fuzz/index_reseal.h"
 #include "tests/integration/test_util.h"
 
 namespace lifeline::testing {
@@ -213,6 +222,26 @@ TEST_F(SafetyTest, AnOverlappingManifestIsNotTrusted) {
   EXPECT_EQ(diff, "");
 }
 
+// Finding 9: a manifest of a format version this reader does not know, beside rank indexes it
+// does, no longer makes the checkpoint unreadable: the rank indexes are merged instead.
+TEST_F(SafetyTest, AManifestOfANewerVersionBesideGoodRankIndexesStillLoads) {
+  SaveStep(6, 2, "v");
+  const std::string path = JoinPath(JoinPath(dir_, StepDirName(6)), ManifestFileName(RunHash("v"), 2));
+  std::string bytes = ReadWholeFile(path);
+  const uint32_t version = 2;
+  std::memcpy(bytes.data() + 8, &version, 4);  // magic (8), then the format version
+  ASSERT_TRUE(fuzz::ResealIndex(&bytes));
+  ASSERT_TRUE(WriteWholeFile(path, bytes));
+  ASSERT_TRUE(format::DecodeIndex(bytes, path).status().IsNotSupported());
+  auto c = Checkpointer::Open(Options("v"));
+  ASSERT_TRUE(c.ok());
+  std::string diff;
+  auto got = LoadWholeAndCompare(c->get(), std::nullopt, Tensors(6), &diff);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, 6u);
+  EXPECT_EQ(diff, "");
+}
+
 // Finding 4: damage in the newest step must not cost the older good one.
 TEST_F(SafetyTest, RetentionNeverCountsAnUnloadableStep) {
   SaveStep(1, 2, "r");
@@ -289,6 +318,71 @@ TEST_F(SafetyTest, AfterAFullDiskTheNextSaveSucceeds) {
   ASSERT_EQ(all.size(), 1u);
   EXPECT_EQ(all[0].step, 3u);
   EXPECT_TRUE(all[0].complete);
+}
+
+// The same on a real file system that fills up: a 16 MiB tmpfs (root only; skipped elsewhere).
+TEST_F(SafetyTest, ARealFullFileSystemRecoversWithoutAManualStep) {
+  const std::string mnt = tmp_.Sub("small-fs");
+  ASSERT_EQ(::mkdir(mnt.c_str(), 0700), 0);
+  if (::geteuid() != 0 || ::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=16m") != 0)
+    GTEST_SKIP() << "cannot mount a small tmpfs here (needs root): " << std::strerror(errno);
+  struct Unmount {
+    std::string path;
+    ~Unmount() { ::umount2(path.c_str(), MNT_DETACH); }
+  } unmount{mnt};
+  const std::vector<GlobalTensor> step1 = {MakeTensor("w", DType::kF32, {512, 1024}, 1)};  // 2 MiB
+  const std::vector<GlobalTensor> step2 = {MakeTensor("w", DType::kF32, {512, 1024}, 2)};
+  const std::vector<GlobalTensor> step3 = {MakeTensor("w", DType::kF32, {512, 1024}, 3)};
+  CheckpointerOptions o = Options("fs");
+  o.directory = mnt + "/ckpt";
+  o.keep_last = 1;
+  std::vector<Status> st = SaveAllRanks(o, step1, DimLayout(2, 0), 1, 1, false);
+  ASSERT_TRUE(AllOk(st)) << Describe(st);
+  // Something else fills the file system to the brim, then leaves 1 MiB.
+  const std::string filler = mnt + "/filler";
+  {
+    const int fd = ::open(filler.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ASSERT_GE(fd, 0);
+    std::vector<char> block(1 << 16, 'x');
+    off_t size = 0;
+    for (ssize_t n; (n = ::write(fd, block.data(), block.size())) > 0;) size += n;
+    ASSERT_EQ(errno, ENOSPC);
+    ASSERT_EQ(::ftruncate(fd, std::max<off_t>(0, size - (1 << 20))), 0);
+    ::close(fd);
+  }
+  st = SaveAllRanks(o, step2, DimLayout(2, 0), 2, 2, false);
+  ASSERT_FALSE(AllOk(st)) << "step 2 fit on a full file system";
+  bool full = false;
+  for (uint32_t r = 0; r < st.size(); ++r) {
+    if (st[r].ok()) continue;
+    full |= st[r].ToString().find("No space left") != std::string::npos;
+    // A failed save takes its bytes with it.
+    EXPECT_FALSE(Env::Default()->FileExists(
+        JoinPath(JoinPath(o.directory, StepDirName(2)), DataFileName(RunHash("fs"), r, 2))))
+        << "rank " << r << "'s failed save left its data file";
+  }
+  EXPECT_TRUE(full) << Describe(st);
+  auto c = Checkpointer::Open(o);
+  ASSERT_TRUE(c.ok());
+  std::string diff;
+  auto got = LoadWholeAndCompare(c->get(), std::nullopt, step1, &diff);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, 1u);
+  // Some space comes back (1.5 MiB of the 2 MiB step 3 needs: the rest is what the failed save
+  // gave back); the next save succeeds with nothing done by hand, and what step 2 left goes.
+  struct stat fst;
+  ASSERT_EQ(::stat(filler.c_str(), &fst), 0);
+  ASSERT_EQ(::truncate(filler.c_str(), std::max<off_t>(0, fst.st_size - (3 << 19))), 0);
+  st = SaveAllRanks(o, step3, DimLayout(2, 0), 3, 3, false);
+  ASSERT_TRUE(AllOk(st)) << Describe(st);
+  got = LoadWholeAndCompare(c->get(), std::nullopt, step3, &diff);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, 3u);
+  EXPECT_EQ(diff, "");
+  auto all = ScanCheckpoints(Env::Default(), o.directory);
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(all->size(), 1u);
+  EXPECT_EQ((*all)[0].step, 3u);
 }
 
 // A partial step of a launch that has ended can never complete: a later launch collects it even
