@@ -202,6 +202,7 @@ Status Agent::Launch() {
     Result<ResumePoint> point = FindResumePoint(Env::Default(), checkpoint_dir);
     if (!point.ok()) return point.status().Annotate("choosing the resume step");
     env["LIFELINE_RESUME_STEP"] = point->EnvValue();
+    env["LIFELINE_RESUME_DIR"] = std::filesystem::absolute(checkpoint_dir).lexically_normal().string();
     resume = {{"directory", checkpoint_dir}, {"step", point->step ? nlohmann::json(*point->step) : nlohmann::json(nullptr)},
               {"location", point->location}};
   }

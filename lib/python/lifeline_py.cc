@@ -378,6 +378,8 @@ class PyCheckpointer {
   bool closed() const { return impl_ == nullptr; }
 
   std::string MemoryTierDirectory() { return impl().memory_tier_directory(); }
+  // The launch's resume step as Open resolved it ("" when Load(latest) is not pinned).
+  std::string ResumeStep() { return impl().options().resume_step; }
 
   void InjectFaults(int64_t fail_writes_after_bytes, bool fail_syncs, bool fail_renames, const std::string& paths) {
     if (!faults_) {
@@ -436,6 +438,7 @@ PYBIND11_MODULE(_lifeline, m) {
       .def("close", &PyCheckpointer::Close)
       .def_property_readonly("closed", &PyCheckpointer::closed)
       .def_property_readonly("memory_tier_directory", &PyCheckpointer::MemoryTierDirectory)
+      .def_property_readonly("resume_step", &PyCheckpointer::ResumeStep)
       .def("inject_faults", &PyCheckpointer::InjectFaults);
 
   m.def("dtype_size", [](const std::string& name) -> size_t {

@@ -1,4 +1,7 @@
 #include <algorithm>
+#include <limits.h>
+#include <stdlib.h>
+
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -65,6 +68,12 @@ void ReportFallbacks(const LoadResult& result) {
     e.aux = s.location == "memory" ? 1 : 0;
     trace::Record(e);
   }
+}
+
+bool SameDirectory(const std::string& a, const std::string& b) {
+  char ra[PATH_MAX], rb[PATH_MAX];
+  if (::realpath(a.c_str(), ra) != nullptr && ::realpath(b.c_str(), rb) != nullptr) return std::strcmp(ra, rb) == 0;
+  return a == b;
 }
 
 std::string RandomHex64() {
@@ -231,8 +240,12 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::Open(CheckpointerOptions opt
   if (options.run_id.empty()) options.run_id = RunIdFromEnvironment();
   // One process is its own launch: any id unique to it will do.
   if (options.run_id.empty() && options.world_size == 1) options.run_id = "solo:" + RandomHex64();
-  if (options.resume_step.empty())
-    if (const char* v = std::getenv("LIFELINE_RESUME_STEP"); v != nullptr) options.resume_step = v;
+  if (options.resume_step.empty()) {
+    // The agent's pin is for the directory it was computed from, not for every Checkpointer.
+    const char* v = std::getenv("LIFELINE_RESUME_STEP");
+    const char* dir = std::getenv("LIFELINE_RESUME_DIR");
+    if (v != nullptr && (dir == nullptr || SameDirectory(dir, options.directory))) options.resume_step = v;
+  }
   std::optional<uint64_t> resume_step;
   if (!options.resume_step.empty() && options.resume_step != "none") {
     const std::string& v = options.resume_step;

@@ -52,7 +52,7 @@ class ScopedLaunchEnvironment {
  private:
   static constexpr const char* kNames[] = {"LIFELINE_LAUNCH_ID", "LIFELINE_JOB", "LIFELINE_RESTART",
                                            "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
-                                           "LIFELINE_RESUME_STEP"};
+                                           "LIFELINE_RESUME_STEP", "LIFELINE_RESUME_DIR"};
   std::vector<std::pair<const char*, std::optional<std::string>>> saved_;
 };
 
@@ -431,6 +431,20 @@ TEST_F(SafetyTest, TheLaunchsResumeStepPinsLoadLatest) {
   Status s = LoadWholeAndCompare(fresh->get(), std::nullopt, Tensors(3), &diff).status();
   EXPECT_TRUE(s.IsNotFound()) << s.ToString();
   EXPECT_THAT(s.ToString(), HasSubstr("starts fresh"));
+
+  // The pin is for the directory the agent computed it from; another Checkpointer is not pinned.
+  ::setenv("LIFELINE_RESUME_STEP", "1", 1);
+  ::setenv("LIFELINE_RESUME_DIR", tmp_.Sub("elsewhere").c_str(), 1);
+  auto other = Checkpointer::Open(Options("p5"));
+  ASSERT_TRUE(other.ok());
+  got = LoadWholeAndCompare(other->get(), std::nullopt, Tensors(3), &diff);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, 3u);
+  ::setenv("LIFELINE_RESUME_DIR", (dir_ + "/").c_str(), 1);
+  auto same = Checkpointer::Open(Options("p6"));
+  ASSERT_TRUE(same.ok());
+  EXPECT_EQ((*same)->options().resume_step, "1");
+  ::unsetenv("LIFELINE_RESUME_DIR");
 
   ::setenv("LIFELINE_RESUME_STEP", "12x", 1);
   EXPECT_EQ(Checkpointer::Open(Options("p4")).status().code(), StatusCode::kInvalidArgument);

@@ -178,7 +178,8 @@ struct CheckpointerOptions {
 
   // The step Load(latest) resumes from, fixed for the launch so that every rank loads the same one:
   // a step number, or "none" for a fresh start (Load(latest) is then NotFound). Empty: taken from
-  // LIFELINE_RESUME_STEP, which lifeline-agent sets at every launch; unset there, no pin. The pin
+  // LIFELINE_RESUME_STEP, which lifeline-agent sets at every launch, when LIFELINE_RESUME_DIR (the
+  // directory the agent computed it from) is unset or names `directory`; else no pin. The pin
   // holds until this Checkpointer saves a step; Load(step) is never affected.
   std::string resume_step;
 

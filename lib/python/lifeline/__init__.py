@@ -156,9 +156,9 @@ class Checkpointer:
         self._dist = _process_group(self.world_size)
         if "run_id" not in options and not _os.environ.get("LIFELINE_LAUNCH_ID") and self._dist is not None:
             options["run_id"] = _agreed_launch_id(self._dist)
-        # Load(latest) agrees on the step collectively unless the agent fixed it for the launch.
-        self._pinned = bool(options.get("resume_step") or _os.environ.get("LIFELINE_RESUME_STEP"))
         self._impl = _lifeline.Checkpointer(self.directory, self.rank, self.world_size, options)
+        # Load(latest) agrees on the step collectively unless the agent fixed it for the launch.
+        self._pinned = bool(self._impl.resume_step)
         self._pending = []        # (ticket, device_only) whose snapshot may still read the caller's tensors
         self._fenced = []         # device-only tickets a stream was fenced on, kept until copied
         self._last = None

@@ -90,7 +90,7 @@ Result<std::vector<std::string>> ListDirFd(int fd, const std::string& path) {
   std::vector<std::string> names;
   int err;
   for (;;) {
-    errno = 0;
+    errno = 0;  // readdir tells the end from an error only through errno
     const struct dirent* e = ::readdir(d);
     err = errno;
     if (e == nullptr) break;
@@ -306,20 +306,13 @@ class PosixEnv final : public Env {
   }
 
   Result<std::vector<std::string>> GetChildren(const std::string& dir) override {
-    DIR* d = ::opendir(dir.c_str());
-    if (d == nullptr) return Status::FromErrno(errno, dir);
-    std::vector<std::string> names;
-    int err;
-    for (;;) {
-      errno = 0;  // readdir tells the end from an error only through errno
-      const struct dirent* e = ::readdir(d);
-      err = errno;
-      if (e == nullptr) break;
-      const char* n = e->d_name;
-      if (!(n[0] == '.' && (n[1] == '\0' || (n[1] == '.' && n[2] == '\0')))) names.emplace_back(n);
-    }
-    ::closedir(d);
-    if (err != 0) return Status::FromErrno(err, dir);
+    int fd;
+    do {
+      fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    } while (fd < 0 && errno == EINTR);
+    if (fd < 0) return Status::FromErrno(errno, dir);
+    Result<std::vector<std::string>> names = ListDirFd(fd, dir);
+    ::close(fd);
     return names;
   }
 
