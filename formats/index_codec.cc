@@ -904,8 +904,9 @@ Status ValidateCoverage(const CheckpointIndex& m, std::string_view source, bool 
                     " elements stored twice" + (same ? ", the same piece" : "") +
                     "), so the checkpoint cannot be loaded. " +
                     (same ? "If these ranks hold data-parallel copies of it, mark them as replicas "
-                            "(TensorShard::Replica(i, n); in Python, save through lifeline's replica-aware "
-                            "state handling) so that one copy is written"
+                            "so that one copy is written: TensorShard::Replica(i, n); in Python, "
+                            "lifeline.torch.state_dict(model, optimizer) for a DistributedDataParallel model, or "
+                            "lifeline.Shard(t, replica=(i, n))"
                           : "Each element must be saved by exactly one rank: check how the ranks describe "
                             "their pieces (offsets, shapes, flat ranges)"));
       }

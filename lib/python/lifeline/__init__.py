@@ -12,8 +12,9 @@
                 ckpt.save(step, state) # returns at once; the state is copied while training goes on
 
 `state` is a tree of dicts and lists whose tensors (or lifeline.Shard pieces of global tensors) are
-saved zero-copy in Lifeline's universal format and whose other leaves are kept per rank. See the
-README, section "Python".
+saved zero-copy in Lifeline's universal format and whose other leaves are kept per rank;
+lifeline.torch.state_dict(model, optimizer) makes one of a PyTorch model (plain or DDP) and
+lifeline.torch.load(ckpt, model, optimizer) loads it. See the README, section "Python".
 """
 
 import json as _json
@@ -28,6 +29,14 @@ from . import _state
 Error = _lifeline.Error
 
 __all__ = ["Checkpointer", "Ticket", "Shard", "Error", "trace", "guard_optimizer"]
+
+
+def __getattr__(name):
+    # lifeline.torch is imported on first use: `import lifeline` does not need torch.
+    if name == "torch":
+        import importlib
+        return importlib.import_module(".torch", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class Ticket:
@@ -75,7 +84,7 @@ class Ticket:
 
     def wait(self, timeout=600.0):
         """Persisted and committed; raises lifeline.Error on failure (naming the file, rank or step)."""
-        self._impl.wait_committed(float(timeout))
+        self.wait_committed(timeout)
 
     def progress(self):
         """A dict, without blocking: step, phase (copying/persisting/persisted/committed/failed/skipped),
@@ -230,13 +239,15 @@ class Checkpointer:
 
     # ---- loading ----
 
-    def load(self, state, step=None, objects_of_rank=None, strict_objects=False):
+    def load(self, state, step=None, objects_of_rank=None, strict_objects=False, required=False):
         """Fills the tensors of `state` in place from step `step` (default: the newest complete
         checkpoint, from the memory tier when it is at least as new as the disk's) and puts the
         saved non-tensor leaves back into their containers. Returns the step, or None when there is
-        no complete checkpoint. The checkpoint may have been saved with any world size and layout:
-        each tensor or Shard gets its region of the stored global tensor. `last_load` then holds
-        step, from_memory_tier, saved_world_size, bytes_read, metadata and missing_objects."""
+        no complete checkpoint (required=True raises lifeline.Error NotFound instead, naming the
+        directory: a mistyped path must not start training from scratch). The checkpoint may have
+        been saved with any world size and layout: each tensor or Shard gets its region of the
+        stored global tensor. `last_load` then holds step, from_memory_tier, saved_world_size,
+        bytes_read, metadata and missing_objects."""
         specs, targets, contiguous = [], {}, {}
         for path, leaf in _state.walk(state):
             if not (isinstance(leaf, Shard) or _state.is_tensor(leaf)):
@@ -252,12 +263,7 @@ class Checkpointer:
         else:
             result = self._impl.load(None if step is None else int(step), specs, objects_of_rank)
         if result is None:  # no complete checkpoint anywhere: a fresh start
-            self.last_load = None
-            self._announce(None)
-            return None
-        for s in result["skipped"]:
-            _warnings.warn(f"lifeline: step {s['step']} ({s['location']}) could not be loaded, loaded step "
-                           f"{result['step']} instead: {s['reason']}", RuntimeWarning, stacklevel=2)
+            return self._loaded(None, [], required)
 
         def tensor_done(path):
             if path in contiguous:
@@ -268,6 +274,21 @@ class Checkpointer:
         _state.restore(state, tensor_done, objects, missing)
         if strict_objects and missing:
             raise Error(f"NotFound: step {result['step']} holds no per-rank object for {', '.join(missing)}")
+        return self._loaded(result, missing, required)
+
+    def _loaded(self, result, missing_objects, required):
+        """Records a finished load (None: there was no checkpoint) in last_load and returns its step."""
+        if result is None:
+            if required:
+                e = Error(f"NotFound: no checkpoint in {self.directory} (required=True): is the path right?")
+                e.code = "NotFound"
+                raise e
+            self.last_load = None
+            self._announce(None)
+            return None
+        for s in result["skipped"]:
+            _warnings.warn(f"lifeline: step {s['step']} ({s['location']}) could not be loaded, loaded step "
+                           f"{result['step']} instead: {s['reason']}", RuntimeWarning, stacklevel=3)
         meta = result["metadata_json"]
         self.last_load = {
             "step": result["step"],
@@ -275,30 +296,39 @@ class Checkpointer:
             "saved_world_size": result["saved_world_size"],
             "bytes_read": result["bytes_read"],
             "metadata": _json.loads(meta) if meta else None,
-            "missing_objects": missing,
+            "missing_objects": missing_objects,
             "skipped": result["skipped"],
         }
         self._announce(result["step"])
         return result["step"]
 
-    def _load_agreed(self, specs, objects_of_rank):
+    def _load_agreed(self, specs, objects_of_rank, attempt=None):
         """Load(latest) on every rank of a torch.distributed job from one step: the newest that every
         rank sees complete (on disk or in its memory tier) and every rank loads; a step some rank
-        cannot load is passed over by all, and reported in `skipped`."""
+        cannot load is passed over by all, and reported in `skipped`. `attempt(step)` loads one
+        candidate (default: `specs`), raising lifeline.Error on failure; without a process group the
+        candidates are this rank's own (lifeline.torch loads in two phases this way)."""
         dist = self._dist
+        if attempt is None:
+            def attempt(candidate):
+                return self._impl.load(candidate, specs, objects_of_rank)
         mine = sorted({c["step"] for tier in (False, True) for c in self._impl.list(tier) if c["complete"]},
                       reverse=True)[:64]
-        views = [None] * self.world_size
-        dist.all_gather_object(views, mine)
+        views = [mine]
+        if dist is not None:
+            views = [None] * self.world_size
+            dist.all_gather_object(views, mine)
         common = sorted(set(views[0]).intersection(*views[1:]), reverse=True)
         skipped = []
         for candidate in common:
             try:
-                result, error = self._impl.load(candidate, specs, objects_of_rank), None
+                result, error = attempt(candidate), None
             except Error as e:
                 result, error = None, str(e)
-            errors = [None] * self.world_size
-            dist.all_gather_object(errors, error)
+            errors = [error]
+            if dist is not None:
+                errors = [None] * self.world_size
+                dist.all_gather_object(errors, error)
             failed = [(r, e) for r, e in enumerate(errors) if e is not None]
             if not failed:
                 result["skipped"] = skipped + result["skipped"]
