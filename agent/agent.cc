@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -193,6 +194,15 @@ Status Agent::Launch() {
       {"LIFELINE_AGENT", ring_dir_},
       {"LIFELINE_CONTROL", config_.run_dir + "/control.sock"},
   };
+  // As torchrun: ranks sharing a machine's cores must not each start a thread per core.
+  if (world > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) {
+    env["OMP_NUM_THREADS"] = "1";
+    if (restarts_ == 0)
+      std::cerr << "lifeline-agent: OMP_NUM_THREADS=1 for each rank (unset, and " << world
+                << " ranks share this machine); set it to tune" << std::endl;
+  }
+  // Python ranks write through to the agent, so nothing they printed is lost when they are stopped.
+  if (std::getenv("PYTHONUNBUFFERED") == nullptr) env["PYTHONUNBUFFERED"] = "1";
   // Every rank of this launch resumes from one step, fixed here: the ranks' own views (memory
   // tiers, a commit landing meanwhile) may differ.
   nlohmann::json resume = nullptr;
@@ -305,6 +315,27 @@ std::optional<Anomaly> Agent::Act(std::vector<Anomaly>& anomalies, uint64_t now)
   return restart;
 }
 
+std::string Agent::StartupFailure(const Anomaly& reason) const {
+  if (reason.kind != "dead") return "";
+  // Before the first step: no rank began one, and (for ranks that are not traced) the failure came
+  // within a minute of the launch.
+  for (const RankView& v : views_)
+    if (v.began_step) return "";
+  if (trace::MonotonicNanos() - launched_ns_ > 60'000'000'000ull) return "";
+  // Which ranks the detector named first varies between launches; how they failed does not.
+  std::set<std::string> ways;
+  for (int r : reason.ranks) {
+    if (r < 0 || static_cast<size_t>(r) >= launcher_->ranks().size()) return "";
+    const RankProcess& p = launcher_->ranks()[r];
+    // A rank killed by a signal may have been killed from outside: not a failure of the command.
+    if (!WIFEXITED(p.wait_status)) return "";
+    ways.insert(DescribeWaitStatus(p.wait_status) + (p.last_line.empty() ? "" : ", last line: " + p.last_line));
+  }
+  std::string out;
+  for (const std::string& w : ways) out += (out.empty() ? "" : "; ") + w;
+  return out;
+}
+
 bool Agent::Restart(const Anomaly& reason, uint64_t detected_ns) {
   if (reason.kind == "hang") {
     // The hung ranks' last events say where they stopped: ask for them before they are killed.
@@ -313,6 +344,16 @@ bool Agent::Restart(const Anomaly& reason, uint64_t detected_ns) {
   }
   const int killed = launcher_->StopAll(config_.restart.grace_seconds);
   Log({{"action", "stop"}, {"reason", reason.kind}, {"killed_after_grace", killed}});
+  // A command that fails the same way before its first step at two launches in a row (an import
+  // error, a bad argument, a missing file) would only burn the budget with back-off.
+  const std::string failure = StartupFailure(reason);
+  if (!failure.empty() && failure == startup_failure_) {
+    give_up_reason_ = "the command failed before its first step the same way at two launches in a row (" + failure +
+                      "); relaunching will not help";
+    Log({{"action", "give_up"}, {"reason", give_up_reason_}});
+    return false;
+  }
+  startup_failure_ = failure;
   if (restarts_ >= config_.restart.max_restarts) {
     give_up_reason_ = "restart budget spent (" + std::to_string(config_.restart.max_restarts) +
                       " restarts); last anomaly: " + reason.kind + ": " + reason.message;

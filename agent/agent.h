@@ -59,6 +59,7 @@ class Agent {
   // Stops the ranks and relaunches them after the back-off; false when the budget is spent.
   bool Restart(const Anomaly& reason, uint64_t detected_ns);
   void CheckResumed(uint64_t now);
+  std::string StartupFailure(const Anomaly& reason) const;
   void Log(nlohmann::json line);
   void Cleanup();
 
@@ -79,6 +80,9 @@ class Agent {
   std::optional<uint64_t> restart_detected_ns_;  // set until the relaunched job resumes
   uint64_t anomalies_ = 0;
   std::string give_up_reason_;
+  // How the previous launch failed when it failed before any step: the exit codes and last lines
+  // of the ranks that died ("" otherwise). The same again means a relaunch cannot help.
+  std::string startup_failure_;
 };
 
 // ISO 8601 UTC with milliseconds, e.g. "2026-11-22T21:47:03.512Z".

@@ -120,6 +120,7 @@ std::vector<int> Launcher::OutputFds() const {
 }
 
 void Launcher::FlushLine(int rank, bool is_err, std::string_view line) {
+  if (line.find_first_not_of(" \t\r") != std::string_view::npos) ranks_[rank].last_line.assign(line.substr(0, 500));
   std::string text = "[rank " + std::to_string(rank) + "] ";
   text.append(line);
   text.push_back('\n');
@@ -179,6 +180,16 @@ bool Launcher::AllExited() const {
 }
 
 int Launcher::StopAll(double grace_seconds) {
+  // A rank that is still writing (a traceback after its peer died) finishes first: wait while
+  // output flows, up to a second, and stop as soon as 100 ms pass without any.
+  const auto settle_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  while (std::chrono::steady_clock::now() < settle_deadline) {
+    std::vector<pollfd> pfds;
+    for (int fd : OutputFds()) pfds.push_back({fd, POLLIN, 0});
+    if (pfds.empty() || poll(pfds.data(), pfds.size(), 100) <= 0) break;
+    for (const pollfd& p : pfds)
+      if (p.revents != 0) PumpOutput(p.fd);
+  }
   for (RankProcess& r : ranks_)
     if (r.running) kill(-r.pid, SIGTERM);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(grace_seconds);

@@ -24,6 +24,7 @@ struct RankProcess {
   int err_fd = -1;
   std::string out_partial; // an unfinished last line
   std::string err_partial;
+  std::string last_line;   // the last non-empty line it wrote (stdout or stderr)
 };
 
 class Launcher {

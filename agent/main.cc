@@ -34,6 +34,7 @@ int main(int argc, char** argv) {
   CLI::App app{"lifeline-agent: launches and supervises the local ranks of a training job, detects dead ranks, "
                "hangs, stragglers and slow collectives, names the culprit rank and restarts the job"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", "lifeline-agent " LIFELINE_VERSION);
 
   CLI::App* run = app.add_subcommand("run", "Launch N local ranks of CMD and supervise them");
   uint32_t nproc = 0;

@@ -1,8 +1,13 @@
 #include "agent/metrics.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <exception>
 
 #include <prometheus/counter.h>
@@ -159,7 +164,49 @@ AgentMetrics::AgentMetrics(const std::string& job, int world) : registry_(std::m
 
 AgentMetrics::~AgentMetrics() = default;
 
+namespace {
+
+// The HTTP library says only "null context when constructing CivetServer" when it cannot listen:
+// try the address first, so the error says what is wrong with it.
+Status CheckListenAddress(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos) return Status::InvalidArgument("metrics address " + address, "expected HOST:PORT");
+  std::string host = address.substr(0, colon);
+  const std::string port = address.substr(colon + 1);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  if (int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(), &hints, &found); rc != 0)
+    return Status::InvalidArgument("metrics address " + address, std::string("cannot resolve it: ") + gai_strerror(rc));
+  Status result;
+  const int fd = socket(found->ai_family, found->ai_socktype | SOCK_CLOEXEC, found->ai_protocol);
+  if (fd >= 0) {
+    const int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd, found->ai_addr, found->ai_addrlen) != 0) {
+      const int err = errno;
+      if (err == EADDRINUSE) {
+        result = Status::Unavailable("address " + address + " is in use", "choose another --metrics-addr");
+      } else if (err == EADDRNOTAVAIL) {
+        result = Status::InvalidArgument("address " + address, "is not an address of this machine");
+      } else if (err == EACCES) {
+        result = Status::FailedPrecondition("address " + address, "binding this port needs privileges");
+      } else {
+        result = Status::FromErrno(err, "metrics address " + address);
+      }
+    }
+    close(fd);
+  }
+  freeaddrinfo(found);
+  return result;
+}
+
+}  // namespace
+
 Status AgentMetrics::Serve(const std::string& address) {
+  LL_RETURN_IF_ERROR(CheckListenAddress(address));
   try {
     exposer_ = std::make_unique<prometheus::Exposer>(address);
   } catch (const std::exception& e) {

@@ -550,6 +550,7 @@ int main(int argc, char** argv) {
 
   Flags flags;
   CLI::App app{"lifeline-drill: a synthetic data-parallel training job for fault drills of lifeline-agent"};
+  app.set_version_flag("--version", "lifeline-drill " LIFELINE_VERSION);
   app.add_option("--dir", flags.dir, "Checkpoint directory")->required();
   app.add_option("--steps", flags.steps, "Total steps, numbered 1..S")
       ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 40));

@@ -10,6 +10,7 @@
 int main(int argc, char** argv) {
   CLI::App app{"lifeline: inspect, verify, convert, reshard and benchmark Lifeline checkpoints"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", "lifeline " LIFELINE_VERSION);
   bool verbose = false;
   app.add_flag("-v,--verbose", verbose, "Also print the library's informational messages");
 
