@@ -529,7 +529,7 @@ void AddConvertCommands(CLI::App& root, std::vector<Command>* commands) {
   c->add_option("--to", conv->to, "hdf5 | safetensors | lifeline")->required();
   c->add_option("out", conv->out, "Output: .h5 file; .safetensors file or directory; checkpoint directory")->required();
   AddConvertOptions(c, conv.get());
-  c->add_option("--deflate", conv->deflate, "hdf5: gzip level 1-9 (default 0, off)")->check(CLI::Range(0, 9));
+  c->add_option("--deflate", conv->deflate, "hdf5: gzip level, 1 (fast) to 9 (small); 0, the default, stores uncompressed")->check(CLI::Range(0, 9));
   c->add_option("--max-shard-size", conv->max_shard_size,
                 "safetensors: split into files of at most this size, with model.safetensors.index.json");
   AddLifelineTargetOptions(c, conv.get());
@@ -542,7 +542,6 @@ void AddConvertCommands(CLI::App& root, std::vector<Command>* commands) {
   r->add_option("--to", resh->out, "Target checkpoint directory")->required();
   AddConvertOptions(r, resh.get());
   AddLifelineTargetOptions(r, resh.get());
-  r->get_option("--ranks")->required();
   commands->push_back({r, [resh] { return RunConvert(*resh, "reshard", "lifeline"); }});
 
   auto ls = std::make_shared<LsArgs>();

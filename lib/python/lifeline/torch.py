@@ -54,6 +54,9 @@ class LoadedStep(int):
         self.unexpected_keys = list(unexpected_keys)
         return self
 
+    def __str__(self):
+        return str(int(self))
+
     def __repr__(self):
         return (f"LoadedStep({int(self)}, missing_keys={self.missing_keys}, "
                 f"unexpected_keys={self.unexpected_keys})")
