@@ -1,0 +1,65 @@
+"""The tutorial DDP job (gloo, torchvision resnet18, SGD) with Lifeline added: five lines.
+
+    lifeline-agent run --nproc 2 --checkpoint-dir D -- python3 ddp_resnet.py --dir D --steps N
+
+Every step's batch depends only on the step, so a run that was killed and resumed prints the same
+losses as one that never stopped. `--kill-at K` SIGKILLs rank 1 at step K on the first launch (a
+fault, as a user's job would meet one). Rank 0 prints `step K loss X` (X exact, as hex), and each
+rank prints timestamps of its start-up phases (`phase NAME T`, T in seconds since the epoch) for
+the restart-time breakdown (tools/bench-restart).
+"""
+import argparse
+import os
+import signal
+import sys
+import time
+
+print(f"phase process_start {time.time():.6f}", flush=True)
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torchvision  # noqa: E402
+
+import lifeline  # noqa: E402
+import lifeline.torch  # noqa: E402
+
+print(f"phase imports_done {time.time():.6f}", flush=True)
+
+p = argparse.ArgumentParser()
+p.add_argument("--dir", required=True)
+p.add_argument("--steps", type=int, default=8)
+p.add_argument("--ckpt-every", type=int, default=2)
+p.add_argument("--kill-at", type=int, default=0)
+p.add_argument("--batch", type=int, default=4)
+args = p.parse_args()
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+print(f"phase process_group_ready {time.time():.6f}", flush=True)
+torch.manual_seed(0)
+model = torch.nn.parallel.DistributedDataParallel(torchvision.models.resnet18(num_classes=10))
+opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+ckpt = lifeline.Checkpointer(args.dir, keep_last=2, memory_tier=True)
+start = lifeline.torch.load(ckpt, model, opt) or 0
+print(f"phase loaded {time.time():.6f} step {start}", flush=True)
+lifeline.guard_optimizer(opt, ckpt)
+loss_fn = torch.nn.CrossEntropyLoss()
+for step in range(start + 1, args.steps + 1):
+    if args.kill_at == step and rank == 1 and os.environ.get("LIFELINE_RESTART", "0") == "0":
+        os.kill(os.getpid(), signal.SIGKILL)
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    x = torch.randn(args.batch, 3, 32, 32, generator=g)
+    y = torch.randint(0, 10, (args.batch,), generator=g)
+    with lifeline.trace.step(step):
+        loss = loss_fn(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    if step == start + 1:
+        print(f"phase first_step_done {time.time():.6f}", flush=True)
+    if rank == 0:
+        print(f"step {step} loss {loss.item().hex()}", flush=True)
+    if step % args.ckpt_every == 0:
+        ckpt.save(step, lifeline.torch.state_dict(model, opt))
+ckpt.close()
+dist.destroy_process_group()
+sys.exit(0)
