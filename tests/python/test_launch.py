@@ -9,8 +9,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import unittest
@@ -18,19 +16,10 @@ import warnings
 
 import torch
 
+import gloo_ranks
 import lifeline
 
 ROWS, COLS = 8, 16
-LAUNCH_VARS = ("LIFELINE_LAUNCH_ID", "LIFELINE_JOB", "LIFELINE_RESTART", "TORCHELASTIC_RUN_ID",
-               "TORCHELASTIC_RESTART_COUNT", "LIFELINE_RESUME_STEP", "LIFELINE_AGENT")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def rows_of(rank, world):
     per = ROWS // world
     return rank * per, per
@@ -71,23 +60,11 @@ def worker(args):
 
 
 def run_ranks(directory, role, world=2, steps=(), tiers=None):
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
-    procs = []
-    for r in range(world):
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--role", role, "--dir", directory,
-               "--rank", str(r), "--world", str(world), "--port", str(port)]
-        cmd += ["--steps"] + [str(s) for s in steps] if steps else []
-        if tiers and tiers[r]:
-            cmd += ["--tier", tiers[r]]
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
-    results, outputs = [], []
-    for p in procs:
-        text = p.communicate(timeout=300)[0]
-        outputs.append(text)
-        line = [l for l in text.splitlines() if l.startswith("RESULT ")]
-        results.append(json.loads(line[-1][7:]) if p.returncode == 0 and line else None)
-    return results, "".join(outputs)
+    def args(r):
+        a = ["--role", role, "--dir", directory]
+        a += ["--steps"] + [str(x) for x in steps] if steps else []
+        return a + (["--tier", tiers[r]] if tiers and tiers[r] else [])
+    return gloo_ranks.run_ranks(__file__, world, args)
 
 
 class Launch(unittest.TestCase):

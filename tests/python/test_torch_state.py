@@ -10,19 +10,16 @@ import argparse
 import json
 import os
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import unittest
 
 import torch
 
+import gloo_ranks
 import lifeline
 import lifeline.torch
 
-LAUNCH_VARS = ("LIFELINE_LAUNCH_ID", "LIFELINE_JOB", "LIFELINE_RESTART", "TORCHELASTIC_RUN_ID",
-               "TORCHELASTIC_RESTART_COUNT", "LIFELINE_RESUME_STEP", "LIFELINE_AGENT")
 STEPS = 3
 LR = 0.01
 
@@ -72,12 +69,6 @@ def differences(model, optimizer, ref):
     return out
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def worker(args):
     import torch.distributed as dist
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=args.rank,
@@ -113,20 +104,7 @@ def worker(args):
 
 
 def run_ranks(directory, role, ref, world=2):
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
-    procs = []
-    for r in range(world):
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--role", role, "--dir", directory,
-               "--ref", ref, "--rank", str(r), "--world", str(world), "--port", str(port)]
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
-    results, outputs = [], []
-    for p in procs:
-        text = p.communicate(timeout=300)[0]
-        outputs.append(text)
-        line = [l for l in text.splitlines() if l.startswith("RESULT ")]
-        results.append(json.loads(line[-1][7:]) if p.returncode == 0 and line else None)
-    return results, "".join(outputs)
+    return gloo_ranks.run_ranks(__file__, world, lambda r: ["--role", role, "--dir", directory, "--ref", ref])
 
 
 def complete_steps(directory):

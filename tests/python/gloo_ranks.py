@@ -1,0 +1,36 @@
+"""Ranks of a torch.distributed (gloo) job started as plain processes, with no agent and no torchrun:
+what tests/python/test_launch.py and test_torch_state.py share."""
+import json
+import os
+import socket
+import subprocess
+import sys
+
+# The launchers' variables: stripped, so the ranks rely on torch.distributed alone.
+LAUNCH_VARS = ("LIFELINE_LAUNCH_ID", "LIFELINE_JOB", "LIFELINE_RESTART", "TORCHELASTIC_RUN_ID",
+               "TORCHELASTIC_RESTART_COUNT", "LIFELINE_RESUME_STEP", "LIFELINE_RESUME_DIR", "LIFELINE_AGENT")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(script, world, args_of_rank):
+    """Runs `script --worker --rank R --world W --port P <args_of_rank(R)>` for every rank; returns
+    each rank's last `RESULT {json}` line (None when it failed) and the output of all of them."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
+    procs = []
+    for r in range(world):
+        cmd = [sys.executable, os.path.abspath(script), "--worker", "--rank", str(r), "--world", str(world),
+               "--port", str(port)] + args_of_rank(r)
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
+    results, outputs = [], []
+    for p in procs:
+        text = p.communicate(timeout=300)[0]
+        outputs.append(text)
+        line = [l for l in text.splitlines() if l.startswith("RESULT ")]
+        results.append(json.loads(line[-1][7:]) if p.returncode == 0 and line else None)
+    return results, "".join(outputs)
