@@ -93,6 +93,30 @@ Status PrepareRunDir(std::string dir) {
   return Status::OK();  // a directory others can write to is refused by ControlSocket::Listen, before any use
 }
 
+// The directory holding the Python ranks' startup hook (lifeline_startup/sitecustomize.py) beside
+// the lifeline package: LIFELINE_PYTHONPATH, else found from the agent's own binary, built
+// (build/bin -> build/python) or installed (PREFIX/bin -> PREFIX/lib/python3/dist-packages).
+// Empty, with the places looked at in `looked`, when there is none.
+std::string FindPythonStartupDir(std::string* looked) {
+  std::vector<std::string> candidates;
+  if (const char* dir = std::getenv("LIFELINE_PYTHONPATH"); dir != nullptr && *dir != '\0') {
+    candidates.push_back(std::string(dir) + "/lifeline_startup");
+  } else {
+    std::error_code ec;
+    const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+    if (!ec) {
+      const std::filesystem::path prefix = exe.parent_path().parent_path();
+      candidates.push_back((prefix / "python" / "lifeline_startup").string());
+      candidates.push_back((prefix / "lib" / "python3" / "dist-packages" / "lifeline_startup").string());
+    }
+  }
+  for (const std::string& c : candidates) {
+    if (Env::Default()->FileExists(c + "/sitecustomize.py")) return c;
+    *looked += (looked->empty() ? "" : ", ") + c;
+  }
+  return "";
+}
+
 // SIGTERM/SIGINT to the agent: stop the ranks, then exit. Only a flag here.
 volatile sig_atomic_t g_stop_signal = 0;
 void OnStopSignal(int sig) { g_stop_signal = sig; }
@@ -203,6 +227,21 @@ Status Agent::Launch() {
   }
   // Python ranks write through to the agent, so nothing they printed is lost when they are stopped.
   if (std::getenv("PYTHONUNBUFFERED") == nullptr) env["PYTHONUNBUFFERED"] = "1";
+  // Python ranks trace their steps and collectives through a startup hook placed first on their
+  // path; it runs the user's own sitecustomize after it.
+  if (config_.python_tracing) {
+    std::string looked;
+    const std::string startup = FindPythonStartupDir(&looked);
+    if (!startup.empty()) {
+      const char* path = std::getenv("PYTHONPATH");
+      env["PYTHONPATH"] = path != nullptr && *path != '\0' ? startup + ":" + path : startup;
+      if (!config_.python_step_from.empty()) env["LIFELINE_STEP_FROM"] = config_.python_step_from;
+    } else if (restarts_ == 0) {
+      std::cerr << "lifeline-agent: Python ranks are not traced: no lifeline_startup/sitecustomize.py in "
+                << looked << " (set LIFELINE_PYTHONPATH to the directory holding lifeline/ and lifeline_startup/)"
+                << std::endl;
+    }
+  }
   // Every rank of this launch resumes from one step, fixed here: the ranks' own views (memory
   // tiers, a commit landing meanwhile) may differ.
   nlohmann::json resume = nullptr;

@@ -161,6 +161,16 @@ class YamlReader {
     return Unsigned(k, v, key, std::numeric_limits<uint64_t>::max(), out);
   }
 
+  // YAML 1.1's booleans, as yaml-cpp reads them: true/false, yes/no, on/off (any case).
+  Status Bool(const YAML::Node& k, const YAML::Node& v, const std::string& key, bool* out) const {
+    bool b = false;
+    if (!v.IsScalar() || !YAML::convert<bool>::decode(v, b)) {
+      return Error(MarkOf(v, k), key, "expected true or false, got " + Describe(v));
+    }
+    *out = b;
+    return Status::OK();
+  }
+
   // "key:" with no value means the empty string: the natural way to write "none" for an address
   // or a file.
   Status String(const YAML::Node& k, const YAML::Node& v, const std::string& key, std::string* out) const {
@@ -220,6 +230,8 @@ Status ReadDocument(const YamlReader& r, const YAML::Node& root, AgentConfig* c)
     if (name == "ring_events") return r.U64(k, v, name, &c->ring_events);
     if (name == "poll_interval_seconds") return r.Double(k, v, name, &c->poll_interval_seconds);
     if (name == "dump_events") return r.U32(k, v, name, &c->dump_events);
+    if (name == "python_tracing") return r.Bool(k, v, name, &c->python_tracing);
+    if (name == "python_step_from") return r.String(k, v, name, &c->python_step_from);
 
     if (name == "hang") {
       HangConfig& h = c->hang;
@@ -386,6 +398,7 @@ Status LoadAgentConfig(const std::string& path, AgentConfig* config) {
 //   poll_interval_seconds      (0, 1]: slower polling would make the rings overflow and the
 //                              detectors late
 //   dump_events                >= 1
+//   python_step_from           empty, "optimizer" or "none"
 //   hang                       0 < floor <= cap, multiplier >= 1, window >= 1
 //   straggler                  window >= 3 (a "share of the window" needs a few samples),
 //                              min_lateness >= 0, mad_threshold > 0, min_fraction in (0, 1],
@@ -471,6 +484,9 @@ Status ValidateAgentConfig(const AgentConfig& c) {
     return Bad("poll_interval_seconds", "> 0 and <= 1", FormatDouble(c.poll_interval_seconds));
   }
   LL_RETURN_IF_ERROR(CheckCountAtLeast("dump_events", c.dump_events, 1));
+  if (!c.python_step_from.empty() && c.python_step_from != "optimizer" && c.python_step_from != "none") {
+    return Bad("python_step_from", "\"optimizer\" or \"none\"", "'" + c.python_step_from + "'");
+  }
 
   const HangConfig& h = c.hang;
   LL_RETURN_IF_ERROR(CheckSeconds("hang.floor_seconds", h.floor_seconds, /*allow_zero=*/false));

@@ -74,6 +74,11 @@ struct AgentConfig {
   uint64_t ring_events = 65536;          // per rank
   double poll_interval_seconds = 0.01;   // how often the rings are drained
   uint32_t dump_events = 1000;           // events per rank in a diagnostic dump
+  // Python ranks trace their steps and collectives with no code change (a startup hook on their
+  // PYTHONPATH; see lib/python/lifeline/_autotrace.py). --no-python-tracing turns it off.
+  bool python_tracing = true;
+  std::string python_step_from;          // LIFELINE_STEP_FROM for the ranks: "optimizer" (steps end at
+                                         // optimizer.step()) or "none"; empty: theirs, else "optimizer"
   HangConfig hang;
   StragglerConfig straggler;
   SlowCollectiveConfig slow_collective;

@@ -1,7 +1,8 @@
 // lifeline-agent: the per-node sidecar.
 //
 //   lifeline-agent run --nproc N [--config agent.yaml] [--hang-timeout S] [--max-restarts R]
-//                      [--events-log FILE] [--run-dir DIR] [--metrics-addr HOST:PORT] -- CMD ARGS...
+//                      [--events-log FILE] [--run-dir DIR] [--metrics-addr HOST:PORT]
+//                      [--no-python-tracing] -- CMD ARGS...
 //   lifeline-agent ctl SOCKET [status|dump|metrics|help]
 //
 // Flags override the YAML file, which overrides the defaults (agent/config.h).
@@ -64,6 +65,10 @@ int main(int argc, char** argv) {
   CLI::Option* dir_opt = run->add_option("--run-dir", run_dir,
                                          "Directory for the trace rings, dumps and the control socket (default: a "
                                          "private one under $XDG_RUNTIME_DIR or /tmp, removed at exit)");
+  bool no_python_tracing = false;
+  run->add_flag("--no-python-tracing", no_python_tracing,
+                "Do not trace Python ranks' steps (optimizer.step) and torch.distributed collectives "
+                "automatically (python_tracing: false in the YAML file)");
   run->add_option("command", command, "The rank's command, after --")->required();
 
   CLI::App* ctl = app.add_subcommand("ctl", "Ask a running agent over its control socket");
@@ -102,6 +107,7 @@ int main(int argc, char** argv) {
   if (dir_opt->count() > 0) config.run_dir = run_dir;
   if (ckpt_opt->count() > 0) config.checkpoint_dir = checkpoint_dir;
   if (metrics_opt->count() > 0) config.metrics_addr = metrics_addr;
+  if (no_python_tracing) config.python_tracing = false;
   config.command = command;
   return RunCommand(std::move(config));
 }

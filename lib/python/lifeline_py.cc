@@ -451,9 +451,10 @@ PYBIND11_MODULE(_lifeline, m) {
   m.def("trace_active", [] { return trace::Active(); });
   m.def("trace_step_begin", [](uint64_t step) { trace::StepBegin(step); });
   m.def("trace_step_end", [](uint64_t step) { trace::StepEnd(step); });
-  m.def("trace_collective_begin", [](const std::string& op, uint64_t bytes, uint32_t comm) {
-    return trace::CollectiveBegin(ParseOp(op), bytes, comm);
-  });
+  // seq 0: the library numbers the collective (communicators 0..255); others are numbered by the caller.
+  m.def("trace_collective_begin", [](const std::string& op, uint64_t bytes, uint32_t comm, uint64_t seq) {
+    return trace::CollectiveBegin(ParseOp(op), bytes, comm, seq);
+  }, py::arg("op"), py::arg("nbytes"), py::arg("comm"), py::arg("seq") = 0);
   m.def("trace_collective_posted", [](uint64_t seq, uint32_t comm) { trace::CollectivePosted(seq, comm); });
   m.def("trace_collective_end", [](uint64_t seq, uint32_t comm) { trace::CollectiveEnd(seq, comm); });
   m.def("trace_heartbeat", [] { trace::Heartbeat(); });

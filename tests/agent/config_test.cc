@@ -170,6 +170,30 @@ TEST_F(ConfigTest, PartialFileKeepsEverythingElse) {
   EXPECT_EQ(c.policy, defaults.policy);
 }
 
+// Python tracing is on unless the file (or --no-python-tracing) turns it off.
+TEST_F(ConfigTest, PythonTracingKeys) {
+  AgentConfig c;
+  EXPECT_TRUE(c.python_tracing);
+  EXPECT_EQ(c.python_step_from, "");
+  ASSERT_TRUE(Load("python_tracing: false\npython_step_from: none\n", &c).ok());
+  EXPECT_FALSE(c.python_tracing);
+  EXPECT_EQ(c.python_step_from, "none");
+  ASSERT_TRUE(Load("python_tracing: yes\n", &c).ok());
+  EXPECT_TRUE(c.python_tracing);
+
+  const Status s = Load("python_tracing: maybe\n", &c);
+  ASSERT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("agent.yaml:1: python_tracing: expected true or false, got 'maybe'"), std::string::npos)
+      << s.message();
+  EXPECT_TRUE(c.python_tracing);  // untouched by the failed load
+
+  AgentConfig v = ValidConfig();
+  for (const char* ok : {"", "optimizer", "none"}) {
+    v.python_step_from = ok;
+    EXPECT_TRUE(ValidateAgentConfig(v).ok()) << ok;
+  }
+}
+
 TEST_F(ConfigTest, EmptyFileChangesNothing) {
   AgentConfig c;
   c.nproc = 3;
@@ -346,6 +370,7 @@ TEST(ValidateTest, OtherBoundsNameTheField) {
       {"metrics_addr", [](AgentConfig* c) { c->metrics_addr = "localhost:http"; }},
       {"master_port", [](AgentConfig* c) { c->master_port = 65536; }},
       {"policy.hang", [](AgentConfig* c) { c->policy.erase("hang"); }},
+      {"python_step_from", [](AgentConfig* c) { c->python_step_from = "epoch"; }},
   };
   for (const Case& tc : cases) {
     AgentConfig c = ValidConfig();

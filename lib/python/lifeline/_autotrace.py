@@ -1,0 +1,587 @@
+"""Tracing of an unchanged PyTorch training script for lifeline-agent.
+
+lifeline-agent puts lifeline_startup/sitecustomize.py on its ranks' Python path; that hook calls
+install(module) here as soon as torch.distributed, torch.optim.optimizer or
+torch.nn.parallel.distributed has been imported (a script that never imports torch never loads
+this module). What is recorded, through lifeline.trace's ring API:
+
+- collectives: every torch.distributed collective and point-to-point call, and DDP's gradient
+  all-reduce (a comm hook doing what DDP's builtin one does: divide by the group size, all-reduce
+  the bucket). An async call is posted when issued and ends when its work completes. The
+  communicator is 0 for the world group, a stable id for any other group (a hash of its ranks),
+  and the pair of ranks for point-to-point calls; every member numbers a communicator's calls alike.
+- steps (LIFELINE_STEP_FROM=optimizer, the default; "none" records none): step k ends when
+  optimizer.step() returns; it began at the first training forward of DDP or collective issued with
+  autograd enabled after step k-1 ended, else at the optimizer.step() call. Step 0 is the first
+  optimizer.step() call itself (before it, nothing tells training from set-up). Steps count from 0
+  in each process. Time outside steps (evaluation under torch.no_grad(), set-up, shut-down) is
+  never a step, so a long evaluation is not taken for a hang; collectives are traced throughout. Only the first optimizer that steps is the clock. A
+  script that marks its own steps with lifeline.trace.step turns this off at its first step, and
+  collectives inside its own lifeline.trace.collective scopes are not recorded twice.
+
+No patch changes what the patched call does or returns (async calls return the same work object,
+except where a backend's work has no future; then a proxy ends the record on wait()). A failure in
+the tracing itself is written once to stderr and tracing stops; the script goes on.
+"""
+
+import functools
+import itertools
+import os
+import sys
+import threading
+import weakref
+import zlib
+
+from . import _lifeline
+from . import trace as _trace
+
+_begin = _lifeline.trace_collective_begin
+_posted = _lifeline.trace_collective_posted
+_end = _lifeline.trace_collective_end
+
+_local = threading.local()  # .depth: traced calls open on this thread; .in_step: inside optimizer.step
+_failed = False
+_report_lock = threading.Lock()
+
+
+def report(what, err):
+    """Says once on stderr that tracing stopped, and stops it; never raises."""
+    global _failed
+    with _report_lock:
+        if _failed:
+            return
+        _failed = True
+    try:
+        sys.stderr.write(f"lifeline: Python tracing stopped ({what}: {type(err).__name__}: {err}); "
+                         "the script goes on untraced\n")
+    except Exception:
+        pass
+
+
+# ---- steps ------------------------------------------------------------------------------------
+
+class _StepClock:
+    """Step boundaries from optimizer.step(). Thread-compatible: used from the training thread."""
+
+    def __init__(self, mode):
+        self.enabled = mode == "optimizer"
+        self.next = 0          # the number of the step to begin next
+        self.open = False
+        self.training = False  # an optimizer has stepped: forwards and collectives now begin steps
+        self.owner = None      # () -> the optimizer whose steps count (the first to step)
+
+    def begin(self):
+        """Training work started (a forward, a collective): the next step begins, if none is open."""
+        if self.training and self.enabled and not self.open and not _failed:
+            self.open = True
+            _lifeline.trace_step_begin(self.next)
+
+    def _is_owner(self, optimizer):
+        owner = self.owner() if self.owner is not None else None
+        if owner is None:
+            try:
+                self.owner = weakref.ref(optimizer)
+            except TypeError:
+                self.owner = lambda o=optimizer: o
+            return True
+        return owner is optimizer
+
+    def before_step(self, optimizer):
+        if self.enabled and self._is_owner(optimizer):
+            self.training = True
+            self.begin()
+
+    def after_step(self, optimizer):
+        if self.enabled and self.open and self._is_owner(optimizer):
+            self.open = False
+            _lifeline.trace_step_end(self.next)
+            self.next += 1
+
+    def user_marks_steps(self):
+        if self.enabled:
+            if self.open:
+                self.open = False
+                _lifeline.trace_step_end(self.next)
+            self.enabled = False
+
+
+_mode = os.environ.get("LIFELINE_STEP_FROM", "optimizer").strip().lower() or "optimizer"
+if _mode not in ("optimizer", "none"):
+    sys.stderr.write(f"lifeline: LIFELINE_STEP_FROM={_mode!r} is not 'optimizer' or 'none'; using 'optimizer'\n")
+    _mode = "optimizer"
+_clock = _StepClock(_mode)
+_torch = None  # the torch module, once install() saw it
+
+
+def _grad_enabled():
+    return _torch is not None and _torch.is_grad_enabled()
+
+
+# ---- communicators ----------------------------------------------------------------------------
+
+_c10d = None             # torch.distributed.distributed_c10d
+_all_reduce = None       # its all_reduce, untraced (DDP's comm hook records its own)
+_groups = {}             # id(group) -> (group, comm id, sequence counter); the group is held so its id stays its own
+_pairs = {}              # pair comm id -> sequence counter
+
+
+def _stable_id(text):
+    # Above 255: the library numbers communicators 0..255 itself; these are numbered here.
+    return 256 + zlib.crc32(text.encode()) % (2**32 - 256)
+
+
+def _group_ranks(group):
+    get = getattr(_c10d, "get_process_group_ranks", None)
+    if get is not None:
+        return sorted(get(group))
+    return sorted(_c10d._pg_group_ranks[group].keys())
+
+
+def _group_registry():
+    registry = getattr(_c10d, "_pg_group_ranks", None)
+    if registry is None:
+        registry = getattr(getattr(_c10d, "_world", None), "pg_group_ranks", {})
+    return registry
+
+
+def _is_world(group):
+    return group is None or group is _c10d.GroupMember.WORLD
+
+
+def _group_entry(group):
+    entry = _groups.get(id(group))
+    if entry is None:
+        ranks = _group_ranks(group)
+        # Groups over the same ranks are told apart by their order of creation, which every
+        # member shares (new_group is called by all ranks in the same order).
+        ordinal = 0
+        for g in _group_registry():
+            if g is group:
+                break
+            try:
+                if _group_ranks(g) == ranks:
+                    ordinal += 1
+            except Exception:
+                pass
+        comm = _stable_id(f"group:{ordinal}:{','.join(map(str, ranks))}")
+        entry = (group, comm, itertools.count(1))
+        _groups[id(group)] = entry
+    return entry
+
+
+def _comm_seq(group):
+    """(comm, seq) for a collective on `group`; seq 0: the library numbers it (the world)."""
+    if _is_world(group):
+        return 0, 0
+    _, comm, counter = _group_entry(group)
+    return comm, next(counter)
+
+
+def _pair_comm_seq(group, peer):
+    me = _c10d.get_rank()
+    base = 0 if _is_world(group) else _group_entry(group)[1]
+    lo, hi = min(me, int(peer)), max(me, int(peer))
+    comm = _stable_id(f"p2p:{base}:{lo}:{hi}")
+    counter = _pairs.get(comm)
+    if counter is None:
+        counter = _pairs.setdefault(comm, itertools.count(1))
+    return comm, next(counter)
+
+
+def _nbytes(x):
+    if x is None:
+        return 0
+    if isinstance(x, (list, tuple)):
+        return sum(_nbytes(t) for t in x)
+    try:
+        return x.numel() * x.element_size()
+    except Exception:
+        return 0
+
+
+# ---- collectives ------------------------------------------------------------------------------
+
+class _TracedWork:
+    """A work whose backend gives no future: the record ends on wait(), on is_completed() being
+    true, or when the work is dropped."""
+
+    def __init__(self, work, seq, comm):
+        self._work, self._seq, self._comm, self._open = work, seq, comm, True
+
+    def _close(self):
+        if self._open:
+            self._open = False
+            _end(self._seq, self._comm)
+
+    def wait(self, *args, **kwargs):
+        try:
+            return self._work.wait(*args, **kwargs)
+        finally:
+            self._close()
+
+    def is_completed(self):
+        done = self._work.is_completed()
+        if done:
+            self._close()
+        return done
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
+
+    def __del__(self):
+        try:
+            self._close()
+        except Exception:
+            pass
+
+
+def _track(work, seq, comm):
+    _posted(seq, comm)
+    try:
+        future = work.get_future()
+        future.add_done_callback(lambda _f: _end(seq, comm))
+        return work
+    except Exception:
+        return _TracedWork(work, seq, comm)
+
+
+def _param_index(fn, name, fallback):
+    import inspect
+    try:
+        params = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return fallback
+    return params.index(name) if name in params else fallback
+
+
+def _arg(args, kwargs, name, index, default=None):
+    if name in kwargs:
+        return kwargs[name]
+    if index is not None and index < len(args):
+        return args[index]
+    return default
+
+
+def _wrap(fn, op, payload, always_async=False, peer=None, group_name="group"):
+    """`fn` recording one collective `op` on its group; `payload`: the argument holding this
+    rank's data; `peer`: "dst"/"src" for point-to-point calls."""
+    payload_i = _param_index(fn, payload, 0) if payload else None
+    group_i = _param_index(fn, group_name, None)
+    async_i = _param_index(fn, "async_op", None)
+    peer_i = _param_index(fn, peer, None) if peer else None
+
+    @functools.wraps(fn)
+    def traced(*args, **kwargs):
+        depth = getattr(_local, "depth", 0)
+        if depth or _failed:
+            return fn(*args, **kwargs)
+        try:
+            group = _arg(args, kwargs, group_name, group_i)
+            if group is not None and _c10d._rank_not_in_group(group):
+                return fn(*args, **kwargs)  # returns at once, nothing exchanged
+            if peer:
+                other = _arg(args, kwargs, peer, peer_i)
+                if other is None:
+                    return fn(*args, **kwargs)  # recv from any source: no pair to number it on
+                comm, seq = _pair_comm_seq(group, other)
+            else:
+                comm, seq = _comm_seq(group)
+            nbytes = _nbytes(_arg(args, kwargs, payload, payload_i)) if payload else 0
+            if _grad_enabled():
+                _clock.begin()
+            seq = _begin(op, nbytes, comm, seq)
+        except Exception as err:
+            report(f"recording {fn.__name__}", err)
+            return fn(*args, **kwargs)
+        _local.depth = depth + 1
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException:
+            _end(seq, comm)  # the call is over for this rank (a timeout, a peer gone)
+            raise
+        finally:
+            _local.depth = depth
+        if result is not None and (always_async or _arg(args, kwargs, "async_op", async_i, False)):
+            return _track(result, seq, comm)
+        _end(seq, comm)
+        return result
+
+    traced._lifeline_traced = True
+    return traced
+
+
+# name in torch.distributed -> (op, payload argument, extra _wrap arguments)
+_COLLECTIVES = {
+    "all_reduce": ("allreduce", "tensor", {}),
+    "all_reduce_coalesced": ("allreduce", "tensors", {}),
+    "all_gather": ("allgather", "tensor", {}),
+    "all_gather_into_tensor": ("allgather", "input_tensor", {}),
+    "_all_gather_base": ("allgather", "input_tensor", {}),
+    "all_gather_coalesced": ("allgather", "input_tensor_list", {}),
+    "reduce_scatter": ("reducescatter", "input_list", {}),
+    "reduce_scatter_tensor": ("reducescatter", "input", {}),
+    "_reduce_scatter_base": ("reducescatter", "input", {}),
+    "broadcast": ("broadcast", "tensor", {}),
+    "reduce": ("reduce", "tensor", {}),
+    "barrier": ("barrier", None, {}),
+    "monitored_barrier": ("barrier", None, {}),
+    "all_to_all": ("alltoall", "input_tensor_list", {}),
+    "all_to_all_single": ("alltoall", "input", {}),
+    "gather": ("other", "tensor", {}),
+    "scatter": ("other", "tensor", {}),
+    "send": ("send", "tensor", {"peer": "dst"}),
+    "recv": ("recv", "tensor", {"peer": "src"}),
+    "isend": ("send", "tensor", {"peer": "dst", "always_async": True}),
+    "irecv": ("recv", "tensor", {"peer": "src", "always_async": True}),
+}
+
+
+def _wrap_broadcast_coalesced(fn):
+    # A builtin (no signature): (process_group, tensors, buffer_size, src). DDP syncs its module
+    # state with it at construction and its buffers before every forward.
+    @functools.wraps(fn)
+    def traced(process_group, tensors, *args, **kwargs):
+        if getattr(_local, "depth", 0) or _failed:
+            return fn(process_group, tensors, *args, **kwargs)
+        try:
+            comm, seq = _comm_seq(process_group)
+            seq = _begin("broadcast", _nbytes(list(tensors)), comm, seq)
+        except Exception as err:
+            report("recording _broadcast_coalesced", err)
+            return fn(process_group, tensors, *args, **kwargs)
+        _local.depth = 1
+        try:
+            return fn(process_group, tensors, *args, **kwargs)
+        finally:
+            _local.depth = 0
+            _end(seq, comm)
+
+    traced._lifeline_traced = True
+    return traced
+
+
+def install_distributed(dist):
+    """Wraps torch.distributed's collectives, in the package and in distributed_c10d (whose own
+    helpers, such as all_gather_object, call them by module-global name)."""
+    global _c10d
+    _c10d = dist.distributed_c10d
+    for name, (op, payload, extra) in _COLLECTIVES.items():
+        fn = getattr(_c10d, name, None)
+        if fn is None or getattr(fn, "_lifeline_traced", False):
+            continue
+        traced = _wrap(fn, op, payload, **extra)
+        setattr(_c10d, name, traced)
+        if getattr(dist, name, None) is fn:
+            setattr(dist, name, traced)
+    global _all_reduce
+    _all_reduce = getattr(_c10d.all_reduce, "__wrapped__", _c10d.all_reduce)
+    fn = getattr(dist, "_broadcast_coalesced", None)
+    if fn is not None and not getattr(fn, "_lifeline_traced", False):
+        dist._broadcast_coalesced = _wrap_broadcast_coalesced(fn)
+    _install_user_scopes()
+
+
+def _install_user_scopes():
+    # The script's own lifeline.trace scopes take over from the automatic ones.
+    step_enter = _trace.step.__enter__
+    coll_enter, coll_exit = _trace.collective.__enter__, _trace.collective.__exit__
+    if getattr(step_enter, "_lifeline_traced", False):
+        return
+
+    def step_enter_(self):
+        _clock.user_marks_steps()
+        return step_enter(self)
+
+    def coll_enter_(self):
+        _local.depth = getattr(_local, "depth", 0) + 1
+        return coll_enter(self)
+
+    def coll_exit_(self, *exc):
+        _local.depth = max(getattr(_local, "depth", 1) - 1, 0)
+        return coll_exit(self, *exc)
+
+    step_enter_._lifeline_traced = True
+    _trace.step.__enter__ = step_enter_
+    _trace.collective.__enter__ = coll_enter_
+    _trace.collective.__exit__ = coll_exit_
+
+
+# ---- optimizer steps --------------------------------------------------------------------------
+
+def _wrap_step(cls):
+    step = cls.step
+    if getattr(step, "_lifeline_traced", False):
+        return
+
+    @functools.wraps(step)
+    def traced_step(self, *args, **kwargs):
+        if getattr(_local, "in_step", False) or not _clock.enabled:
+            return step(self, *args, **kwargs)  # an optimizer stepping another inside its step
+        _clock.before_step(self)
+        _local.in_step = True
+        try:
+            return step(self, *args, **kwargs)
+        finally:
+            _local.in_step = False
+            _clock.after_step(self)
+
+    traced_step._lifeline_traced = True
+    cls.step = traced_step
+
+
+def install_optimizer(module):
+    """Step boundaries from optimizer.step(): torch's global step hooks where they exist (2.x),
+    else each Optimizer subclass's step wrapped when its first instance is made (1.13)."""
+    pre = getattr(module, "register_optimizer_step_pre_hook", None)
+    post = getattr(module, "register_optimizer_step_post_hook", None)
+    if pre is not None and post is not None:
+        pre(lambda opt, args, kwargs: _clock.before_step(opt))
+        post(lambda opt, args, kwargs: _clock.after_step(opt))
+        return
+    Optimizer = module.Optimizer
+    init = Optimizer.__init__
+    if getattr(init, "_lifeline_traced", False):
+        return
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        if not _failed:
+            try:
+                _wrap_step(type(self))
+            except Exception as err:
+                report(f"wrapping {type(self).__name__}.step", err)
+
+    __init__._lifeline_traced = True
+    Optimizer.__init__ = __init__
+
+
+# ---- DistributedDataParallel ------------------------------------------------------------------
+
+_ONCE = "register_comm_hook or register_builtin_comm_hook can only be called once."
+
+
+class _CommHookState:
+    """Our hook's state: the DDP's process group, and the hook the script registered later."""
+
+    def __init__(self, process_group):
+        self.process_group = process_group
+        self.user = None  # (hook, state) once the script registered its own
+
+    def __reduce__(self):  # DDP may be pickled; the hook state is rebuilt, not saved
+        return (_CommHookState, (None,))
+
+
+def _comm_hook(state, bucket):
+    # Runs in backward, so a step is under way. Without a hook of the script's, the bucket is
+    # averaged as DDP's builtin reduction does it (times 1/size, then summed: the same numbers)
+    # and recorded with one callback, which also ends the record.
+    _clock.begin()
+    if state.user is not None:
+        hook, user_state = state.user
+        return hook(user_state, bucket)
+    group = state.process_group if state.process_group is not None else _c10d.GroupMember.WORLD
+    tensor = bucket.buffer()
+    tensor.mul_(1.0 / group.size())
+    comm, seq = _comm_seq(group)
+    seq = _begin("allreduce", tensor.numel() * tensor.element_size(), comm, seq)
+    _local.depth = getattr(_local, "depth", 0) + 1
+    try:
+        future = _all_reduce(tensor, group=group, async_op=True).get_future()
+    except BaseException:
+        _end(seq, comm)
+        raise
+    finally:
+        _local.depth -= 1
+    _posted(seq, comm)
+
+    def done(f):
+        _end(seq, comm)
+        return f.value()[0]
+
+    return future.then(done)
+
+
+def install_ddp(module):
+    """DDP's gradient all-reduce traced through a comm hook registered at construction; a later
+    register_comm_hook (or register_builtin_comm_hook) by the script replaces it, once, as the
+    original would allow; a training forward begins the step."""
+    DDP = module.DistributedDataParallel
+    init = DDP.__init__
+    if getattr(init, "_lifeline_traced", False):
+        return
+    register, register_builtin, forward = DDP.register_comm_hook, DDP._register_builtin_comm_hook, DDP.forward
+    import torch.distributed as dist
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        if _failed or getattr(self, "reducer", None) is None:
+            return
+        try:
+            state = _CommHookState(self.process_group)
+            dist._register_comm_hook(self.reducer, state, _comm_hook)
+            self.__dict__["_lifeline_comm_hook"] = state
+        except Exception as err:
+            report("registering the DDP comm hook", err)
+
+    @functools.wraps(register)
+    def register_comm_hook(self, state, hook):
+        ours = self.__dict__.get("_lifeline_comm_hook")
+        if ours is None:
+            return register(self, state, hook)
+        if ours.user is not None:
+            raise RuntimeError(_ONCE)
+        self._check_comm_hook(hook)
+        self.logger._set_comm_hook_name(hook.__qualname__)
+        ours.user = (hook, state)
+
+    @functools.wraps(register_builtin)
+    def _register_builtin_comm_hook(self, comm_hook_type):
+        ours = self.__dict__.get("_lifeline_comm_hook")
+        if ours is None:
+            return register_builtin(self, comm_hook_type)
+        if ours.user is not None:
+            raise RuntimeError(_ONCE)
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        kinds = {dist.BuiltinCommHookType.ALLREDUCE: default_hooks.allreduce_hook,
+                 dist.BuiltinCommHookType.FP16_COMPRESS: default_hooks.fp16_compress_hook}
+        if comm_hook_type not in kinds:
+            raise ValueError(f"lifeline tracing: unknown builtin comm hook {comm_hook_type}")
+        self.logger._set_comm_hook_name(str(comm_hook_type))
+        ours.user = (kinds[comm_hook_type], self.process_group)
+
+    @functools.wraps(forward)
+    def traced_forward(self, *args, **kwargs):
+        if _grad_enabled():
+            _clock.begin()
+        return forward(self, *args, **kwargs)
+
+    __init__._lifeline_traced = True
+    DDP.__init__ = __init__
+    DDP.register_comm_hook = register_comm_hook
+    DDP._register_builtin_comm_hook = _register_builtin_comm_hook
+    DDP.forward = traced_forward
+
+
+# ---- entry ------------------------------------------------------------------------------------
+
+_INSTALLERS = {
+    "torch.distributed": install_distributed,
+    "torch.optim.optimizer": install_optimizer,
+    "torch.nn.parallel.distributed": install_ddp,
+}
+MODULES = tuple(_INSTALLERS)
+
+
+def install(name, module):
+    """Patches `module` (one of MODULES), just imported. Never raises."""
+    global _torch
+    if _failed or not _lifeline.trace_active():
+        return
+    try:
+        if _torch is None:
+            _torch = sys.modules.get("torch")
+        _INSTALLERS[name](module)
+    except Exception as err:
+        report(f"patching {name}", err)

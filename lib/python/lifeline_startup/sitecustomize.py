@@ -1,0 +1,129 @@
+"""lifeline-agent's startup hook for Python ranks (on their PYTHONPATH, put there by the agent).
+
+Under the agent (LIFELINE_AGENT set) it arranges for lifeline._autotrace to patch torch.distributed,
+torch.optim and DistributedDataParallel right after each is imported, so an unchanged training
+script reports its steps and collectives. Nothing is imported until the script imports torch, so a
+Python command that never does pays nothing. Outside the agent it does nothing. Either way it then
+runs the next `sitecustomize` on sys.path, so the user's own still runs. An error in the hook is
+said once on stderr and never stops the script.
+"""
+
+import os
+import sys
+
+
+def _say(what, err):
+    try:
+        sys.stderr.write(f"lifeline: Python tracing is off ({what}: {type(err).__name__}: {err}); "
+                         "the script runs untraced\n")
+    except Exception:
+        pass
+
+
+class _AfterImport:
+    """A meta path finder that lets the usual finders find the modules lifeline patches, and
+    patches each right after it has executed."""
+
+    def __init__(self, package_root):
+        self._root = package_root
+        self._busy = False
+        self._autotrace = None
+        self._broken = False
+        self._names = {"torch.distributed", "torch.optim.optimizer", "torch.nn.parallel.distributed"}
+
+    def find_spec(self, name, path, target=None):
+        if name not in self._names or self._busy or self._broken:
+            return None
+        self._busy = True
+        try:
+            spec = None
+            for finder in sys.meta_path:
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(name, path, target)
+                if spec is not None:
+                    break
+        finally:
+            self._busy = False
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        loader = spec.loader
+        run = loader.exec_module
+
+        def exec_module(module):
+            loader.__dict__.pop("exec_module", None)  # the loader is this module's alone
+            run(module)
+            self._patch(name, module)
+
+        try:
+            loader.exec_module = exec_module
+        except Exception:
+            pass  # a loader that takes no attributes: the module is left untraced
+        return spec
+
+    def _patch(self, name, module):
+        try:
+            if self._autotrace is None:
+                self._autotrace = _import_autotrace(self._root)
+            self._autotrace.install(name, module)
+        except Exception as err:
+            self._broken = True
+            _say(f"patching {name}", err)
+
+
+def _import_autotrace(root):
+    import importlib
+    try:
+        return importlib.import_module("lifeline._autotrace")
+    except ImportError:
+        if "lifeline" in sys.modules:
+            raise
+    # The agent's own package, after anything the script's path holds.
+    if root not in sys.path:
+        sys.path.append(root)
+    return importlib.import_module("lifeline._autotrace")
+
+
+def _install(here):
+    tracing = os.environ.get("LIFELINE_PYTHON_TRACING", "1").strip().lower()
+    if not os.environ.get("LIFELINE_AGENT") or tracing in ("0", "false", "no", "off"):
+        return
+    try:
+        sys.meta_path.insert(0, _AfterImport(os.path.dirname(here)))
+    except Exception as err:
+        _say("installing the import hook", err)
+
+
+def _chain(here):
+    """Runs the next sitecustomize on sys.path as Python's site module would have."""
+    import importlib.machinery
+    import importlib.util
+    path = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    try:
+        spec = importlib.machinery.PathFinder.find_spec("sitecustomize", path)
+    except Exception:
+        spec = None
+    if spec is None or spec.loader is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["sitecustomize"] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as err:
+        if sys.flags.verbose:
+            sys.excepthook(*sys.exc_info())
+        else:
+            sys.stderr.write(f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n"
+                             f"{type(err).__name__}: {err}\n")
+
+
+def _main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        _install(here)
+    except Exception as err:
+        _say("startup hook", err)
+    _chain(here)
+
+
+_main()
