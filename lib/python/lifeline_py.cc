@@ -261,7 +261,10 @@ class PyCheckpointer {
     impl_ = std::move(*c);
   }
 
+  // Destroyed without close() (garbage, or the interpreter ending on an exception): not an orderly
+  // end, so the memory tier keeps this rank's snapshots for the relaunch.
   ~PyCheckpointer() {
+    if (impl_) impl_->KeepMemoryTierOnClose();
     py::gil_scoped_release release;
     impl_.reset();
   }
@@ -370,7 +373,8 @@ class PyCheckpointer {
   }
 
   // Waits for every save to be persisted, then releases everything. Idempotent.
-  void Close() {
+  void Close(bool keep_memory_tier) {
+    if (impl_ && keep_memory_tier) impl_->KeepMemoryTierOnClose();
     std::unique_ptr<Checkpointer> c = std::move(impl_);
     py::gil_scoped_release release;
     c.reset();
@@ -435,7 +439,7 @@ PYBIND11_MODULE(_lifeline, m) {
       .def("flush", &PyCheckpointer::Flush)
       .def("collect_garbage", &PyCheckpointer::CollectGarbage)
       .def("wait_for_commit", &PyCheckpointer::WaitForCommit)
-      .def("close", &PyCheckpointer::Close)
+      .def("close", &PyCheckpointer::Close, py::arg("keep_memory_tier") = false)
       .def_property_readonly("closed", &PyCheckpointer::closed)
       .def_property_readonly("memory_tier_directory", &PyCheckpointer::MemoryTierDirectory)
       .def_property_readonly("resume_step", &PyCheckpointer::ResumeStep)

@@ -6,6 +6,7 @@ Run by ctest with Debian's /usr/bin/python3 and PYTHONPATH=build/python.
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import unittest
 
@@ -296,6 +297,40 @@ class Failures(unittest.TestCase):
         finally:
             subprocess.run(["umount", mnt])
 
+
+class MemoryTierOnExit(unittest.TestCase):
+    """A process that ends on an exception is not the end of the job: its memory-tier snapshots stay
+    for the relaunch, as after a crash. An orderly close() removes those already on disk."""
+
+    def setUp(self):
+        self.dir = scratch_dir()
+
+    def tearDown(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def tier_steps(self):
+        c = lifeline.Checkpointer(self.dir, rank=0, world_size=1, memory_tier=True)
+        steps = [i["step"] for i in c.list(memory_tier=True) if i["complete"]]
+        c.close(keep_memory_tier=True)
+        return steps
+
+    def run_child(self, step, ending):
+        code = ("import sys, torch, lifeline\n"
+                f"c = lifeline.Checkpointer({self.dir!r}, rank=0, world_size=1, memory_tier=True)\n"
+                f"c.save({step}, {{'w': torch.ones(64)}}).wait()\n" + ending)
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              env=dict(os.environ, LIFELINE_LAUNCH_ID=""))
+
+    def test_an_exception_keeps_the_snapshots_and_close_removes_them(self):
+        r = self.run_child(1, "raise RuntimeError('peer died')\n")
+        self.assertIn("peer died", r.stderr)
+        self.assertIn(1, self.tier_steps(), r.stderr)
+        r = self.run_child(2, "with c:\n    raise RuntimeError('peer died')\n")
+        self.assertIn("peer died", r.stderr)
+        self.assertIn(2, self.tier_steps(), r.stderr)
+        r = self.run_child(3, "c.close()\n")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertNotIn(3, self.tier_steps(), r.stderr)
 
 if __name__ == "__main__":
     unittest.main()

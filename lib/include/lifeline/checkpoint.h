@@ -363,6 +363,11 @@ class Checkpointer {
   Status Flush();
 
   const CheckpointerOptions& options() const { return options_; }
+  // Leaves this rank's memory-tier snapshots in place at destruction, as a crash would, whatever
+  // memory_tier_cleanup_on_close says: for a process ending on an error, whose relaunch should
+  // resume from memory. (The Python bindings call it when a Checkpointer is destroyed without an
+  // orderly close.)
+  void KeepMemoryTierOnClose() { options_.memory_tier_cleanup_on_close = false; }
   // Where the memory tier lives ("" when off).
   const std::string& memory_tier_directory() const;
 

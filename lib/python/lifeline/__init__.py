@@ -381,10 +381,14 @@ class Checkpointer:
         self._impl.inject_faults(int(fail_writes_after_bytes), bool(fail_syncs), bool(fail_renames),
                                  str(paths_containing))
 
-    def close(self):
-        """Waits for every save to be persisted, then releases the staging memory. Idempotent."""
+    def close(self, keep_memory_tier=False):
+        """Waits for every save to be persisted, then releases the staging memory. Idempotent.
+        An orderly close removes this rank's memory-tier snapshots that are on disk (unless
+        memory_tier_cleanup_on_close=False); keep_memory_tier=True leaves them, as a crash would.
+        A Checkpointer that is never closed (a process ending on an exception) keeps them too, so
+        that its relaunch resumes from memory."""
         if not self._impl.closed:
-            self._impl.close()
+            self._impl.close(bool(keep_memory_tier))
         self._pending = []
         self._fenced = []
 
@@ -395,8 +399,9 @@ class Checkpointer:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, exc_type, exc, tb):
+        # Leaving on an exception is not the end of the job: the relaunch wants the snapshots.
+        self.close(keep_memory_tier=exc_type is not None)
         return False
 
     def __repr__(self):
