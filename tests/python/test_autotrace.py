@@ -270,6 +270,33 @@ class AutoTrace(unittest.TestCase):
         self.assertNotIn("step_begin", types)
         self.assertIn("collective_begin", types)
 
+    # A relaunch that loads step S goes on at S + 1: the agent's step metrics never run backwards.
+    def test_steps_go_on_from_the_loaded_checkpoint(self):
+        script = self.script("""
+            import os, sys, torch, torch.distributed as dist
+            import lifeline, lifeline.torch
+            rank = int(os.environ["RANK"])
+            dist.init_process_group("gloo")
+            model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            ckpt = lifeline.Checkpointer(sys.argv[1] + "/ckpt", rank=rank, world_size=2)
+            start = lifeline.torch.load(ckpt, model, opt)
+            first = 0 if start is None else start + 1
+            for step in range(first, first + 2):
+                opt.zero_grad()
+                model(torch.ones(3, 4)).sum().backward()
+                opt.step()
+                ckpt.save(step, lifeline.torch.state_dict(model, opt))
+            ckpt.close()
+            lifeline.trace.dump(sys.argv[1] + f"/events.{rank}.{first}.jsonl")
+        """)
+        for first in (0, 2):
+            rc, out, _, _ = self.agent([PYTHON, script, self.dir])
+            self.assertEqual(rc, 0, out)
+            with open(os.path.join(self.dir, f"events.0.{first}.jsonl")) as f:
+                evs = [json.loads(l) for l in f if l.strip()]
+            self.assertEqual([e["step"] for e in evs if e["type"] == "step_end"], [first, first + 1], evs)
+
     def test_user_sitecustomize_still_runs_and_plain_python_pays_nothing(self):
         user = os.path.join(self.dir, "user_site")
         os.makedirs(user)

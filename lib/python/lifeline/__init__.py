@@ -19,6 +19,7 @@ lifeline.torch.load(ckpt, model, optimizer) loads it. See the README, section "P
 
 import json as _json
 import os as _os
+import sys as _sys
 import warnings as _warnings
 
 from . import _lifeline
@@ -300,6 +301,9 @@ class Checkpointer:
             "skipped": result["skipped"],
         }
         self._announce(result["step"])
+        autotrace = _sys.modules.get("lifeline._autotrace")  # loaded only under lifeline-agent
+        if autotrace is not None:
+            autotrace.resumed_at(result["step"])
         return result["step"]
 
     def _load_agreed(self, specs, objects_of_rank, attempt=None):

@@ -13,10 +13,12 @@ this module). What is recorded, through lifeline.trace's ring API:
 - steps (LIFELINE_STEP_FROM=optimizer, the default; "none" records none): step k ends when
   optimizer.step() returns; it began at the first training forward of DDP or collective issued with
   autograd enabled after step k-1 ended, else at the optimizer.step() call. Step 0 is the first
-  optimizer.step() call itself (before it, nothing tells training from set-up). Steps count from 0
-  in each process. Time outside steps (evaluation under torch.no_grad(), set-up, shut-down) is
-  never a step, so a long evaluation is not taken for a hang; collectives are traced throughout. Only the first optimizer that steps is the clock. A
-  script that marks its own steps with lifeline.trace.step turns this off at its first step, and
+  optimizer.step() call itself (before it, nothing tells training from set-up). Steps count from 0,
+  or from the step after the checkpoint that lifeline loaded (so a relaunch goes on numbering).
+  Time outside steps (evaluation under torch.no_grad(), set-up, shut-down) is never a step, so a
+  long evaluation is not taken for a hang; collectives are traced throughout. Only the first
+  optimizer that steps is the clock. A script that marks its own steps with lifeline.trace.step
+  turns this off at its first step, and
   collectives inside its own lifeline.trace.collective scopes are not recorded twice.
 
 No patch changes what the patched call does or returns (async calls return the same work object,
@@ -69,6 +71,7 @@ class _StepClock:
         self.open = False
         self.training = False  # an optimizer has stepped: forwards and collectives now begin steps
         self.owner = None      # () -> the optimizer whose steps count (the first to step)
+        self.pending = None    # the next step's number, set by a load during a step
 
     def begin(self):
         """Training work started (a forward, a collective): the next step begins, if none is open."""
@@ -96,6 +99,16 @@ class _StepClock:
             self.open = False
             _lifeline.trace_step_end(self.next)
             self.next += 1
+            if self.pending is not None:
+                self.next, self.pending = self.pending, None
+
+    def resume(self, step):
+        """A checkpoint of step `step` was loaded: the step after it comes next (applied once the
+        open step, if any, has ended)."""
+        if self.open:
+            self.pending = step + 1
+        else:
+            self.next = step + 1
 
     def user_marks_steps(self):
         if self.enabled:
@@ -115,6 +128,13 @@ _torch = None  # the torch module, once install() saw it
 
 def _grad_enabled():
     return _torch is not None and _torch.is_grad_enabled()
+
+
+def resumed_at(step):
+    """Called by lifeline's loads: steps go on from the loaded checkpoint's, so that a relaunched
+    job's steps continue the numbering of the one before it."""
+    if step is not None and not _failed:
+        _clock.resume(int(step))
 
 
 # ---- communicators ----------------------------------------------------------------------------
@@ -502,6 +522,13 @@ def _comm_hook(state, bucket):
     return future.then(done)
 
 
+def _name_comm_hook(ddp, name):
+    # DDP's usage logging records the hook's name; not every version has the setter.
+    setter = getattr(getattr(ddp, "logger", None), "_set_comm_hook_name", None)
+    if setter is not None:
+        setter(name)
+
+
 def install_ddp(module):
     """DDP's gradient all-reduce traced through a comm hook registered at construction; a later
     register_comm_hook (or register_builtin_comm_hook) by the script replaces it, once, as the
@@ -532,8 +559,10 @@ def install_ddp(module):
             return register(self, state, hook)
         if ours.user is not None:
             raise RuntimeError(_ONCE)
-        self._check_comm_hook(hook)
-        self.logger._set_comm_hook_name(hook.__qualname__)
+        check = getattr(self, "_check_comm_hook", None)  # DDP's own validation, where it has one
+        if check is not None:
+            check(hook)
+        _name_comm_hook(self, getattr(hook, "__qualname__", repr(hook)))
         ours.user = (hook, state)
 
     @functools.wraps(register_builtin)
@@ -548,7 +577,7 @@ def install_ddp(module):
                  dist.BuiltinCommHookType.FP16_COMPRESS: default_hooks.fp16_compress_hook}
         if comm_hook_type not in kinds:
             raise ValueError(f"lifeline tracing: unknown builtin comm hook {comm_hook_type}")
-        self.logger._set_comm_hook_name(str(comm_hook_type))
+        _name_comm_hook(self, str(comm_hook_type))
         ours.user = (kinds[comm_hook_type], self.process_group)
 
     @functools.wraps(forward)
