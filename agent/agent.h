@@ -17,7 +17,7 @@
 #include "agent/detector.h"
 #include "agent/launcher.h"
 #include "agent/resume.h"
-#include "lib/src/trace_ring.h"
+#include "lifeline/internal/trace_ring.h"
 
 namespace lifeline::agent {
 

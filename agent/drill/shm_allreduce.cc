@@ -4,7 +4,7 @@
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <signal.h>
-#include <sys/mman.h>
+#include <sys/mman.h>  // shm_open, shm_unlink (the mappings: lifeline/internal/shared_memory.h)
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -105,20 +105,12 @@ std::string RankList(const std::vector<uint32_t>& ranks) {
 
 // A mapping owned during the join; released to the ShmAllReduce on success.
 struct Mapping {
-  void* base = nullptr;
-  uint64_t bytes = 0;
+  MappedRegion region;
   dev_t dev = 0;
   ino_t ino = 0;
-  Mapping() = default;
-  Mapping(const Mapping&) = delete;
-  Mapping& operator=(const Mapping&) = delete;
-  ~Mapping() { Reset(); }
-  void Reset() {
-    if (base != nullptr) munmap(base, bytes);
-    base = nullptr;
-  }
-  SegmentHeader* header() const { return static_cast<SegmentHeader*>(base); }
-  int32_t* claims() const { return reinterpret_cast<int32_t*>(static_cast<char*>(base) + kHeaderBytes); }
+  void Reset() { region.Reset(); }
+  SegmentHeader* header() const { return reinterpret_cast<SegmentHeader*>(region.data()); }
+  int32_t* claims() const { return reinterpret_cast<int32_t*>(region.data() + kHeaderBytes); }
 };
 
 class FdCloser {
@@ -164,11 +156,11 @@ std::string ShmNameComponent(std::string_view text) {
   return out.empty() ? "_" : out;
 }
 
-ShmAllReduce::ShmAllReduce(std::string name, uint32_t rank, uint32_t world_size, uint64_t count, void* base,
-                           uint64_t bytes)
-    : name_(std::move(name)), rank_(rank), world_size_(world_size), count_(count), base_(base), bytes_(bytes) {}
+ShmAllReduce::ShmAllReduce(std::string name, uint32_t rank, uint32_t world_size, uint64_t count,
+                           MappedRegion region)
+    : name_(std::move(name)), rank_(rank), world_size_(world_size), count_(count), region_(std::move(region)) {}
 
-ShmAllReduce::~ShmAllReduce() { munmap(base_, bytes_); }
+ShmAllReduce::~ShmAllReduce() = default;
 
 Result<std::unique_ptr<ShmAllReduce>> ShmAllReduce::Join(const ShmAllReduceOptions& o) {
   if (!ValidName(o.name))
@@ -202,14 +194,12 @@ Result<std::unique_ptr<ShmAllReduce>> ShmAllReduce::Join(const ShmAllReduceOptio
       shm_unlink(shm.c_str());
       return Status::FromErrno(err, "sizing " + where + " to " + std::to_string(layout.total) + " bytes");
     }
-    void* base = mmap(nullptr, layout.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (base == MAP_FAILED) {
-      const int err = errno;
+    Result<MappedRegion> region = MappedRegion::MapFile(fd, layout.total, /*writable=*/true, where);
+    if (!region.ok()) {
       shm_unlink(shm.c_str());
-      return Status::FromErrno(err, "mapping " + where);
+      return region.status();
     }
-    m.base = base;
-    m.bytes = layout.total;
+    m.region = std::move(*region);
     m.dev = st.st_dev;
     m.ino = st.st_ino;
     SegmentHeader* h = m.header();
@@ -250,16 +240,15 @@ Result<std::unique_ptr<ShmAllReduce>> ShmAllReduce::Join(const ShmAllReduceOptio
         SleepNanos(kPollNanos);
         continue;
       }
-      void* head = mmap(nullptr, kHeaderBytes, PROT_READ, MAP_SHARED, fd, 0);
-      if (head == MAP_FAILED) return Status::FromErrno(errno, "mapping " + where);
-      const SegmentHeader* h = static_cast<const SegmentHeader*>(head);
+      LL_ASSIGN_OR_RETURN(MappedRegion head, MappedRegion::MapFile(fd, kHeaderBytes, /*writable=*/false, where));
+      const auto* h = reinterpret_cast<const SegmentHeader*>(head.data());
       const bool ready = std::atomic_ref<const uint64_t>(h->magic).load(std::memory_order_acquire) == kMagic;
       const bool same_shape = h->version == kVersion && h->world_size == o.world_size && h->count == o.count &&
                               static_cast<uint64_t>(st.st_size) >= layout.total;
       const uint32_t their_world = h->world_size;
       const uint64_t their_count = h->count;
       const int32_t creator = h->creator_pid;
-      munmap(head, kHeaderBytes);
+      head.Reset();
       if (!ready) {
         SleepNanos(kPollNanos);
         continue;
@@ -276,10 +265,7 @@ Result<std::unique_ptr<ShmAllReduce>> ShmAllReduce::Join(const ShmAllReduceOptio
                        " floats per rank, but " + rank_text + " expects " + std::to_string(o.count) +
                        " floats: do all ranks get the same WORLD_SIZE and --params?");
       }
-      void* base = mmap(nullptr, layout.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-      if (base == MAP_FAILED) return Status::FromErrno(errno, "mapping " + where);
-      m.base = base;
-      m.bytes = layout.total;
+      LL_ASSIGN_OR_RETURN(m.region, MappedRegion::MapFile(fd, layout.total, /*writable=*/true, where));
       m.dev = st.st_dev;
       m.ino = st.st_ino;
     }
@@ -354,25 +340,23 @@ Result<std::unique_ptr<ShmAllReduce>> ShmAllReduce::Join(const ShmAllReduceOptio
 
   // Everyone has mapped it: the name is no longer needed, and without it nothing outlives a kill.
   if (o.rank == 0) shm_unlink(shm.c_str());
-  void* base = m.base;
-  m.base = nullptr;
-  return std::unique_ptr<ShmAllReduce>(new ShmAllReduce(o.name, o.rank, o.world_size, o.count, base, layout.total));
+  return std::unique_ptr<ShmAllReduce>(new ShmAllReduce(o.name, o.rank, o.world_size, o.count, std::move(m.region)));
 }
 
 float* ShmAllReduce::Slot(uint32_t set, uint32_t rank) const {
   const Layout l = Layout::For(world_size_, count_);
-  return reinterpret_cast<float*>(static_cast<char*>(base_) + l.slots_offset +
+  return reinterpret_cast<float*>(reinterpret_cast<char*>(region_.data()) + l.slots_offset +
                                   (uint64_t{set} * world_size_ + rank) * l.slot_stride);
 }
 
 uint64_t* ShmAllReduce::Word(uint32_t set, uint32_t rank) const {
   const Layout l = Layout::For(world_size_, count_);
-  return reinterpret_cast<uint64_t*>(static_cast<char*>(base_) + l.words_offset) +
+  return reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(region_.data()) + l.words_offset) +
          (uint64_t{set} * world_size_ + rank);
 }
 
 void ShmAllReduce::Arrive() {
-  SegmentHeader* h = static_cast<SegmentHeader*>(base_);
+  SegmentHeader* h = reinterpret_cast<SegmentHeader*>(region_.data());
   std::atomic_ref<uint32_t> arrived(h->arrived);
   std::atomic_ref<uint32_t> generation(h->generation);
   const uint32_t target = static_cast<uint32_t>(completed_ + 1);

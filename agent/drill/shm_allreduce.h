@@ -31,6 +31,7 @@
 #include <string_view>
 #include <vector>
 
+#include "lifeline/internal/shared_memory.h"
 #include "lifeline/status.h"
 
 namespace lifeline::drill {
@@ -84,7 +85,7 @@ class ShmAllReduce {
 
  private:
   struct Layout;
-  ShmAllReduce(std::string name, uint32_t rank, uint32_t world_size, uint64_t count, void* base, uint64_t bytes);
+  ShmAllReduce(std::string name, uint32_t rank, uint32_t world_size, uint64_t count, MappedRegion region);
   // The barrier of collective number completed_ + 1.
   void Arrive();
   float* Slot(uint32_t set, uint32_t rank) const;
@@ -94,8 +95,7 @@ class ShmAllReduce {
   uint32_t rank_;
   uint32_t world_size_;
   uint64_t count_;
-  void* base_;
-  uint64_t bytes_;
+  MappedRegion region_;
   uint64_t completed_ = 0;
   bool posted_ = false;
 };

@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "agent/nccl/nccl_profiler.h"
-#include "lib/src/trace_ring.h"
+#include "lifeline/internal/trace_ring.h"
 #include "lifeline/trace.h"
 
 namespace {

@@ -28,7 +28,7 @@
 
 #include "agent/nccl/nccl_profiler.h"
 #include "agent/nccl/nccl_profiler_abi.h"
-#include "lib/src/trace_ring.h"
+#include "lifeline/internal/trace_ring.h"
 #include "lifeline/trace.h"
 
 extern char** environ;

@@ -1,7 +1,5 @@
 #include "lib/src/staging_arena.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -15,59 +13,34 @@ constexpr uint64_t kSlotGranule = 2ull << 20;  // a huge page: the kernel may ba
 StagingSlot::~StagingSlot() { Release(/*unlink_file=*/false); }
 
 void StagingSlot::Release(bool unlink_file) {
-  if (data_ != nullptr) munmap(data_, capacity_);
-  data_ = nullptr;
-  capacity_ = 0;
-  if (fd_ >= 0) close(fd_);
-  fd_ = -1;
+  region_.Reset();
+  fd_ = OwnedFd();
   if (unlink_file && !shm_path_.empty()) unlink(shm_path_.c_str());
 }
 
 Status StagingSlot::Reserve(uint64_t bytes) {
-  if (bytes <= capacity_ && data_ != nullptr) return Status::OK();
+  if (bytes <= capacity() && region_.mapped()) return Status::OK();
   const uint64_t want = (std::max<uint64_t>(bytes, 1) + kSlotGranule - 1) / kSlotGranule * kSlotGranule;
-  if (data_ != nullptr) munmap(data_, capacity_);
-  data_ = nullptr;
-  capacity_ = 0;
-  void* p = MAP_FAILED;
+  region_.Reset();
   if (shm_path_.empty()) {
-    p = mmap(nullptr, want, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) return Status::FromErrno(errno, "staging arena: mmap of " + std::to_string(want) + " bytes");
-    madvise(p, want, MADV_HUGEPAGE);
-  } else {
-    if (fd_ < 0) {
-      fd_ = open(shm_path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-      if (fd_ < 0) return Status::FromErrno(errno, shm_path_);
-    }
-    if (ftruncate(fd_, static_cast<off_t>(want)) != 0) return Status::FromErrno(errno, shm_path_);
-    const int rc = posix_fallocate(fd_, 0, static_cast<off_t>(want));
-    if (rc == ENOSPC)
-      return Status::ResourceExhausted(shm_path_, "shared memory is full (" + std::to_string(want) +
-                                                      " bytes needed for a snapshot slot)");
-    if (rc != 0 && rc != EOPNOTSUPP) return Status::FromErrno(rc, shm_path_);
-    p = mmap(nullptr, want, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
-    if (p == MAP_FAILED) return Status::FromErrno(errno, shm_path_ + ": mmap");
+    LL_ASSIGN_OR_RETURN(region_, MappedRegion::Anonymous(want, /*huge_pages=*/true));
+    return Status::OK();
   }
-  data_ = static_cast<uint8_t*>(p);
-  capacity_ = want;
+  if (fd_.get() < 0) {
+    LL_ASSIGN_OR_RETURN(fd_, OpenSharedFile(shm_path_, CreateMode::kOpenOrCreate));
+  }
+  Status sized = SizeSharedFile(fd_.get(), want, /*reserve=*/true, shm_path_);
+  if (sized.code() == StatusCode::kResourceExhausted)
+    return Status::ResourceExhausted(shm_path_, "shared memory is full (" + std::to_string(want) +
+                                                    " bytes needed for a snapshot slot)");
+  LL_RETURN_IF_ERROR(sized);
+  LL_ASSIGN_OR_RETURN(region_, MappedRegion::MapFile(fd_.get(), want, /*writable=*/true, shm_path_));
   return Status::OK();
 }
 
-void StagingSlot::Prefault() {
-  if (data_ == nullptr) return;
-#ifdef MADV_POPULATE_WRITE
-  if (madvise(data_, capacity_, MADV_POPULATE_WRITE) == 0) return;
-#else
-  // Linux 5.14's value, for headers older than the kernel we run on.
-  if (madvise(data_, capacity_, 23) == 0) return;
-#endif
-  // Older kernels: touch each page. The slot holds no snapshot the caller still needs, except a
-  // memory-tier file whose bytes are kept by writing back what is read.
-  for (uint64_t off = 0; off < capacity_; off += 4096) {
-    volatile uint8_t* p = data_ + off;
-    *p = *p;
-  }
-}
+// The slot holds no snapshot the caller still needs, except a memory-tier file whose bytes the
+// region keeps when it faults pages in.
+void StagingSlot::Prefault() { region_.Prefault(); }
 
 StagingArena::StagingArena(unsigned slots, uint64_t budget_bytes, std::vector<std::string> shm_paths)
     : slot_limit_(budget_bytes / std::max(1u, slots) / 4096 * 4096) {

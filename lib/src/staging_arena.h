@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "lifeline/internal/shared_memory.h"
 #include "lifeline/status.h"
 
 namespace lifeline {
@@ -39,15 +40,14 @@ class StagingSlot {
   // Unmaps and, for a shared-memory slot, unlinks the file.
   void Release(bool unlink_file);
 
-  uint8_t* data() const { return data_; }
-  uint64_t capacity() const { return capacity_; }
+  uint8_t* data() const { return region_.data(); }
+  uint64_t capacity() const { return region_.size(); }
   const std::string& shm_path() const { return shm_path_; }
 
  private:
   std::string shm_path_;
-  int fd_ = -1;
-  uint8_t* data_ = nullptr;
-  uint64_t capacity_ = 0;
+  OwnedFd fd_;
+  MappedRegion region_;
 };
 
 // A fixed set of slots shared by the saves of one Checkpointer. Safe for concurrent use.

@@ -1,5 +1,5 @@
 // The producer side of tracing: finds the agent's ring from the environment once, then records
-// events with a few stores. See lifeline/trace.h and lib/src/trace_ring.h.
+// events with a few stores. See lifeline/trace.h and lifeline/internal/trace_ring.h (layout: formats/SPEC.md §15).
 #include "lifeline/trace.h"
 
 #include <fcntl.h>
@@ -15,7 +15,7 @@
 #include <memory>
 #include <mutex>
 
-#include "lib/src/trace_ring.h"
+#include "lifeline/internal/trace_ring.h"
 #include "lifeline/env.h"
 #include "lifeline/log.h"
 

@@ -1,8 +1,6 @@
-#include "lib/src/trace_ring.h"
+#include "lifeline/internal/trace_ring.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -41,65 +39,46 @@ uint64_t MonotonicNanos() {
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
 }
 
-TraceRing::TraceRing(std::string path, void* base, uint64_t bytes)
+TraceRing::TraceRing(std::string path, MappedRegion region)
     : path_(std::move(path)),
-      base_(base),
-      bytes_(bytes),
-      header_(static_cast<RingHeader*>(base)),
-      slots_(reinterpret_cast<Event*>(static_cast<uint8_t*>(base) + kRingHeaderBytes)),
+      region_(std::move(region)),
+      header_(reinterpret_cast<RingHeader*>(region_.data())),
+      slots_(reinterpret_cast<Event*>(region_.data() + kRingHeaderBytes)),
       capacity_(header_->capacity) {}
 
-TraceRing::~TraceRing() { munmap(base_, bytes_); }
+TraceRing::~TraceRing() = default;
 
 Result<std::unique_ptr<TraceRing>> TraceRing::Create(const std::string& path, int rank, uint64_t capacity) {
   capacity = RoundUpPow2(capacity);
   const uint64_t bytes = kRingHeaderBytes + capacity * sizeof(Event);
   // A new inode each time: a process of an earlier launch that still maps the old file keeps
   // writing there, never into the new ring.
-  if (unlink(path.c_str()) != 0 && errno != ENOENT) return Status::FromErrno(errno, path);
-  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0) return Status::FromErrno(errno, path);
-  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-    Status s = Status::FromErrno(errno, path);
-    close(fd);
-    return s;
-  }
-  void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  const int err = errno;
-  close(fd);
-  if (base == MAP_FAILED) return Status::FromErrno(err, path + ": mmap");
-  auto* h = new (base) RingHeader{};
+  LL_ASSIGN_OR_RETURN(OwnedFd fd, OpenSharedFile(path, CreateMode::kFresh));
+  LL_RETURN_IF_ERROR(SizeSharedFile(fd.get(), bytes, /*reserve=*/false, path));
+  LL_ASSIGN_OR_RETURN(MappedRegion region, MappedRegion::MapFile(fd.get(), bytes, /*writable=*/true, path));
+  auto* h = new (region.data()) RingHeader{};
   h->magic = kRingMagic;
   h->version = kRingVersion;
   h->event_bytes = sizeof(Event);
   h->capacity = capacity;
   h->rank = rank;
   h->created_ns = MonotonicNanos();
-  auto* slots = reinterpret_cast<Event*>(static_cast<uint8_t*>(base) + kRingHeaderBytes);
+  auto* slots = reinterpret_cast<Event*>(region.data() + kRingHeaderBytes);
   for (uint64_t i = 0; i < capacity; ++i) StampOf(slots[i]).store(i, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);
-  return std::unique_ptr<TraceRing>(new TraceRing(path, base, bytes));
+  return std::unique_ptr<TraceRing>(new TraceRing(path, std::move(region)));
 }
 
 Result<std::unique_ptr<TraceRing>> TraceRing::Open(const std::string& path) {
-  const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
-  if (fd < 0) return Status::FromErrno(errno, path);
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    Status s = Status::FromErrno(errno, path);
-    close(fd);
-    return s;
-  }
-  const auto size = static_cast<uint64_t>(st.st_size);
-  if (size < kRingHeaderBytes) {
-    close(fd);
+  const int raw = open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+  if (raw < 0) return Status::FromErrno(errno, path);
+  OwnedFd fd(raw);
+  LL_ASSIGN_OR_RETURN(FileIdentity id, IdentifyFile(fd.get(), path));
+  const uint64_t size = id.size;
+  if (size < kRingHeaderBytes)
     return Status::Corruption(path, "trace ring shorter than its header (" + std::to_string(size) + " bytes)");
-  }
-  void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  const int err = errno;
-  close(fd);
-  if (base == MAP_FAILED) return Status::FromErrno(err, path + ": mmap");
-  const auto* h = static_cast<const RingHeader*>(base);
+  LL_ASSIGN_OR_RETURN(MappedRegion region, MappedRegion::MapFile(fd.get(), size, /*writable=*/true, path));
+  const auto* h = reinterpret_cast<const RingHeader*>(region.data());
   std::string bad;
   if (h->magic != kRingMagic) {
     bad = "not a trace ring (bad magic)";
@@ -111,11 +90,8 @@ Result<std::unique_ptr<TraceRing>> TraceRing::Open(const std::string& path) {
              kRingHeaderBytes + h->capacity * sizeof(Event) > size) {
     bad = "capacity " + std::to_string(h->capacity) + " does not fit the file of " + std::to_string(size) + " bytes";
   }
-  if (!bad.empty()) {
-    munmap(base, size);
-    return Status::Corruption(path, bad);
-  }
-  return std::unique_ptr<TraceRing>(new TraceRing(path, base, size));
+  if (!bad.empty()) return Status::Corruption(path, bad);
+  return std::unique_ptr<TraceRing>(new TraceRing(path, std::move(region)));
 }
 
 bool TraceRing::Push(const Event& event) {

@@ -1,7 +1,7 @@
 // The trace ring: order, bounded memory (drops counted, never a wait), several producers, a
 // consumer that survives a hostile header; and the tracing API end to end in a child process
 // that finds the agent's ring through its environment.
-#include "lib/src/trace_ring.h"
+#include "lifeline/internal/trace_ring.h"
 
 #include <signal.h>
 #include <sys/wait.h>

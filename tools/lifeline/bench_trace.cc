@@ -28,7 +28,7 @@
 #include <thread>
 #include <vector>
 
-#include "lib/src/trace_ring.h"
+#include "lifeline/internal/trace_ring.h"
 #include "lifeline/trace.h"
 #include "tools/lifeline/commands.h"
 

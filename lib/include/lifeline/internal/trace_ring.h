@@ -1,3 +1,4 @@
+// Part of the declared internal interface (lifeline/internal/): for Lifeline's own binaries, not users.
 // The shared-memory ring between a rank (producers: any of its threads) and the node agent (the
 // single consumer). The agent creates the file before it launches the rank; the rank maps it.
 //
@@ -11,15 +12,17 @@
 //
 // Nothing in the header is trusted by the other side beyond its bounds: the consumer checks the
 // magic, version, event size and capacity against the file's size before reading an event.
-#ifndef LIFELINE_SRC_TRACE_RING_H_
-#define LIFELINE_SRC_TRACE_RING_H_
+#ifndef LIFELINE_INTERNAL_TRACE_RING_H_
+#define LIFELINE_INTERNAL_TRACE_RING_H_
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "lifeline/internal/shared_memory.h"
 #include "lifeline/status.h"
 #include "lifeline/trace.h"
 
@@ -44,6 +47,17 @@ struct RingHeader {
   alignas(64) std::atomic<uint64_t> dropped;  // events refused because the ring was full
 };
 static_assert(sizeof(RingHeader) <= kRingHeaderBytes, "header fits its page");
+// The layout is a format between processes of possibly different builds (formats/SPEC.md §15).
+static_assert(offsetof(RingHeader, version) == 8 && offsetof(RingHeader, event_bytes) == 12 &&
+              offsetof(RingHeader, capacity) == 16 && offsetof(RingHeader, rank) == 24 &&
+              offsetof(RingHeader, producer_pid) == 28 && offsetof(RingHeader, dump_signal) == 32 &&
+              offsetof(RingHeader, created_ns) == 40 && offsetof(RingHeader, head) == 64 &&
+              offsetof(RingHeader, tail) == 128 && offsetof(RingHeader, dropped) == 192,
+              "ring header as in SPEC.md §15");
+static_assert(offsetof(Event, type) == 8 && offsetof(Event, op) == 10 && offsetof(Event, comm) == 12 &&
+              offsetof(Event, step) == 16 && offsetof(Event, seq) == 24 && offsetof(Event, bytes) == 32 &&
+              offsetof(Event, duration_ns) == 40 && offsetof(Event, aux) == 48 && offsetof(Event, stamp) == 56,
+              "event as in SPEC.md §15");
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "the ring needs lock-free 64-bit atomics");
 
 // The ring's file for `rank` in the agent directory `dir`.
@@ -76,11 +90,10 @@ class TraceRing {
   const std::string& path() const { return path_; }
 
  private:
-  TraceRing(std::string path, void* base, uint64_t bytes);
+  TraceRing(std::string path, MappedRegion region);
 
   std::string path_;
-  void* base_;
-  uint64_t bytes_;
+  MappedRegion region_;
   RingHeader* header_;
   Event* slots_;
   uint64_t capacity_;
@@ -96,4 +109,4 @@ size_t FormatEventJson(const Event& e, int rank, char* buf, size_t size);
 
 }  // namespace lifeline::trace
 
-#endif  // LIFELINE_SRC_TRACE_RING_H_
+#endif  // LIFELINE_INTERNAL_TRACE_RING_H_
