@@ -196,7 +196,7 @@ Status Agent::Launch() {
     if (!ring.ok()) return ring.status().Annotate("trace ring of rank " + std::to_string(r));
     rings_.push_back(std::move(*ring));
   }
-  views_.assign(world, RankView{});
+  timeline_.Reset(world);
   for (auto& d : detectors_) d->Reset(world);
   const std::string n = std::to_string(world);
   std::map<std::string, std::string> env = {
@@ -269,27 +269,11 @@ void Agent::DrainRings(uint64_t now) {
   for (size_t r = 0; r < rings_.size(); ++r) {
     scratch_.clear();
     rings_[r]->Drain(&scratch_);
-    RankView& v = views_[r];
     for (const trace::Event& e : scratch_) {
-      v.last_event_ns = std::max(v.last_event_ns, e.time_ns);
-      ++v.events;
-      switch (e.type) {
-        case trace::EventType::kProcessStart:
-          v.started = true;
-          v.resumed_from = e.step;
-          break;
-        case trace::EventType::kStepBegin:
-          v.step = e.step;
-          v.began_step = true;
-          break;
-        case trace::EventType::kCheckpointCommitted:
-          if (v.committed_step == trace::kNoStep || e.step > v.committed_step) v.committed_step = e.step;
-          break;
-        default:
-          break;
-      }
-      for (auto& d : detectors_) d->Observe(static_cast<int>(r), e);
-      metrics_->Observe(static_cast<int>(r), e);
+      const TimelineChange change = timeline_.Apply(static_cast<int>(r), e);
+      if (change.rank < 0) continue;
+      for (auto& d : detectors_) d->Observe(timeline_, change);
+      metrics_->Observe(timeline_, change);
     }
     metrics_->RingDropped(static_cast<int>(r), rings_[r]->header()->dropped.load(std::memory_order_relaxed));
   }
@@ -300,7 +284,7 @@ void Agent::CheckResumed(uint64_t now) {
   if (!restart_detected_ns_) return;
   uint64_t resumed_at = 0;
   uint64_t first_step = trace::kNoStep, from = trace::kNoStep;
-  for (const RankView& v : views_) {
+  for (const RankTimeline& v : timeline_.ranks()) {
     if (!v.began_step) return;
     resumed_at = std::max(resumed_at, v.last_event_ns);
     first_step = std::min(first_step, v.step);
@@ -339,7 +323,7 @@ std::optional<Anomaly> Agent::Act(std::vector<Anomaly>& anomalies, uint64_t now)
     // How long the culprits had been silent when the verdict came: the detection latency.
     uint64_t last = 0;
     for (int r : a.ranks)
-      if (r >= 0 && static_cast<size_t>(r) < views_.size()) last = std::max(last, views_[r].last_event_ns);
+      if (r >= 0 && r < timeline_.world()) last = std::max(last, timeline_.rank(r).last_event_ns);
     if (last > 0 && a.detected_ns >= last) line["culprit_silent_seconds"] = Seconds(a.detected_ns - last);
     const auto it = config_.policy.find(a.kind);
     const Action action = it != config_.policy.end() ? it->second : Action::kLog;
@@ -358,7 +342,7 @@ std::string Agent::StartupFailure(const Anomaly& reason) const {
   if (reason.kind != "dead") return "";
   // Before the first step: no rank began one, and (for ranks that are not traced) the failure came
   // within a minute of the launch.
-  for (const RankView& v : views_)
+  for (const RankTimeline& v : timeline_.ranks())
     if (v.began_step) return "";
   if (trace::MonotonicNanos() - launched_ns_ > 60'000'000'000ull) return "";
   // Which ranks the detector named first varies between launches; how they failed does not.
@@ -435,7 +419,7 @@ std::string Agent::HandleControl(const std::string& request) {
     nlohmann::json ranks = nlohmann::json::array();
     if (launcher_ != nullptr)
       for (const RankProcess& p : launcher_->ranks()) {
-        const RankView& v = views_[p.rank];
+        const RankTimeline& v = timeline_.rank(p.rank);
         nlohmann::json j = {{"rank", p.rank}, {"pid", p.pid}, {"running", p.running}, {"events", v.events}};
         j["step"] = v.step == trace::kNoStep ? nlohmann::json(nullptr) : nlohmann::json(v.step);
         j["last_event_age_seconds"] = v.last_event_ns == 0 ? nlohmann::json(nullptr)
@@ -507,11 +491,12 @@ int Agent::Run() {
     DrainRings(now);
     std::vector<Anomaly> anomalies;
     for (int rank : launcher_->Reap()) {
-      metrics_->RankExited(rank);
+      timeline_.RankExited(rank);
+      metrics_->RankExited(timeline_);
       for (auto& d : detectors_)
-        d->RankExited(rank, launcher_->ranks()[rank].wait_status, /*expected=*/false, now, &anomalies);
+        d->RankExited(timeline_, rank, launcher_->ranks()[rank].wait_status, /*expected=*/false, now, &anomalies);
     }
-    for (auto& d : detectors_) d->Poll(now, &anomalies);
+    for (auto& d : detectors_) d->Poll(timeline_, now, &anomalies);
     CheckResumed(now);
     std::optional<Anomaly> restart = Act(anomalies, now);
     if (restart) {

@@ -1,9 +1,11 @@
-// lifeline-agent's supervisor: launches the local ranks, drains their trace rings, runs the
-// detectors, writes the events log, acts on anomalies by policy (log, dump, restart) and serves
-// its control socket. One thread; every wait is bounded by the poll interval.
+// lifeline-agent's supervisor: launches the local ranks, drains their trace rings into the job's
+// Timeline (each event applied once), runs the detectors and metrics over it, writes the events
+// log, acts on anomalies by policy (log, dump, restart) and serves its control socket. One
+// thread; every wait is bounded by the poll interval. See agent/README.md.
 #ifndef LIFELINE_AGENT_AGENT_H_
 #define LIFELINE_AGENT_AGENT_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -17,23 +19,13 @@
 #include "agent/detector.h"
 #include "agent/launcher.h"
 #include "agent/resume.h"
+#include "agent/timeline.h"
 #include "lifeline/internal/trace_ring.h"
 
 namespace lifeline::agent {
 
 class ControlSocket;
 class AgentMetrics;
-
-// What the agent knows of one rank in the current launch, from its events.
-struct RankView {
-  uint64_t last_event_ns = 0;  // 0: none yet
-  uint64_t step = trace::kNoStep;  // last step begun
-  uint64_t resumed_from = trace::kNoStep;
-  bool started = false;        // ProcessStart seen
-  bool began_step = false;     // a step begun in this launch
-  uint64_t committed_step = trace::kNoStep;
-  uint64_t events = 0;
-};
 
 class Agent {
  public:
@@ -73,7 +65,9 @@ class Agent {
   std::unique_ptr<Launcher> launcher_;
   std::vector<std::unique_ptr<trace::TraceRing>> rings_;
   std::vector<std::unique_ptr<Detector>> detectors_;
-  std::vector<RankView> views_;
+  // What the ranks of the current launch did: read by the detectors, the metrics and `status`. It
+  // keeps enough saves per rank for the checkpoint detector's lag_count.
+  Timeline timeline_{std::max<size_t>(Timeline::kDefaultSavesKept, config_.checkpoint.lag_count + size_t{8})};
   std::vector<trace::Event> scratch_;
   uint32_t restarts_ = 0;
   uint64_t launched_ns_ = 0;

@@ -1,6 +1,10 @@
-// Detectors: each watches the ranks' trace events (and their exits) and reports anomalies. A
-// detector is a small class with no I/O and no clock of its own: the agent feeds it events and
-// the current CLOCK_MONOTONIC time, so tests drive it with recorded or synthetic streams.
+// Detectors: each reads the job's Timeline (agent/timeline.h) and reports anomalies. A detector is
+// a small class with no I/O and no clock of its own: the agent applies each event to the timeline,
+// hands the detectors the resulting change, and polls them with the current CLOCK_MONOTONIC time,
+// so tests drive them with recorded or synthetic streams. A detector keeps only state of its own
+// (baselines, windows, what it has reported); what the ranks did it reads from the timeline.
+//
+// Thread safety: none; one thread (the agent's poll loop) drives each instance and its timeline.
 #ifndef LIFELINE_AGENT_DETECTOR_H_
 #define LIFELINE_AGENT_DETECTOR_H_
 
@@ -13,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "agent/config.h"
+#include "agent/timeline.h"
 #include "lifeline/trace.h"
 
 namespace lifeline::agent {
@@ -33,17 +38,21 @@ class Detector {
  public:
   virtual ~Detector() = default;
   virtual const char* kind() const = 0;
-  // A new launch of `world` ranks: forget everything about the previous one.
+  // A new launch of `world` ranks (the timeline is reset with it): forget the previous one.
   virtual void Reset(int world) = 0;
-  // An event from `rank`, in the order that rank recorded them (ranks interleave arbitrarily).
-  virtual void Observe(int rank, const trace::Event& event) {}
-  // `rank`'s process ended (waitpid status). `expected`: the agent is stopping the ranks itself.
-  virtual void RankExited(int rank, int wait_status, bool expected, uint64_t now_ns, std::vector<Anomaly>* out) {}
-  // Time-based checks; called every poll interval after the events seen so far were observed.
-  virtual void Poll(uint64_t now_ns, std::vector<Anomaly>* out) {}
+  // `change` was just applied to `timeline` (an event, in the order its rank recorded them; ranks
+  // interleave arbitrarily). Ignored changes (rank -1) are not passed on.
+  virtual void Observe(const Timeline& timeline, const TimelineChange& change) {}
+  // `rank`'s process ended (waitpid status), already marked exited in `timeline`. `expected`: the
+  // agent is stopping the ranks itself.
+  virtual void RankExited(const Timeline& timeline, int rank, int wait_status, bool expected, uint64_t now_ns,
+                          std::vector<Anomaly>* out) {}
+  // Time-based checks; called every poll interval after the events seen so far were applied.
+  virtual void Poll(const Timeline& timeline, uint64_t now_ns, std::vector<Anomaly>* out) {}
 };
 
-// One of each kind, configured from `config`.
+// One of each kind, configured from `config` and Reset for config.nproc ranks: dead, hang,
+// straggler, slow_collective, checkpoint (agent/detectors/).
 std::vector<std::unique_ptr<Detector>> MakeDetectors(const AgentConfig& config);
 
 }  // namespace lifeline::agent

@@ -104,8 +104,6 @@ const std::vector<MetricFamilyInfo>& MetricFamilies() {
 }
 
 struct AgentMetrics::RankState {
-  uint64_t step_begin_ns = 0;
-  std::map<std::pair<uint32_t, uint64_t>, std::pair<uint64_t, trace::Op>> open;  // (comm, seq) -> begin
   double lateness = 0;
   bool lateness_seen = false;
   uint64_t dropped = 0;
@@ -227,15 +225,10 @@ void AgentMetrics::Launched(int world) {
   }
   ranks_.clear();
   for (int r = 0; r < world; ++r) ranks_.push_back(std::make_unique<RankState>());
-  begins_.clear();
-  alive_count_ = world;
   alive_->Add({}).Set(world);
 }
 
-void AgentMetrics::RankExited(int rank) {
-  alive_count_ = std::max(0, alive_count_ - 1);
-  alive_->Add({}).Set(alive_count_);
-}
+void AgentMetrics::RankExited(const Timeline& timeline) { alive_->Add({}).Set(timeline.alive_count()); }
 
 void AgentMetrics::RingDropped(int rank, uint64_t total) {
   if (rank < 0 || static_cast<size_t>(rank) >= ranks_.size()) return;
@@ -251,55 +244,45 @@ void AgentMetrics::Anomaly(const std::string& kind, const std::vector<int>& rank
   for (int r : ranks) anomalies_->Add({{"kind", kind}, {"rank", std::to_string(r)}}).Increment();
 }
 
-void AgentMetrics::Observe(int rank, const trace::Event& e) {
+void AgentMetrics::Observe(const Timeline& timeline, const TimelineChange& c) {
+  const int rank = c.rank;
   if (rank < 0 || static_cast<size_t>(rank) >= ranks_.size()) return;
-  RankState& s = *ranks_[rank];
+  const trace::Event& e = *c.event;
   const std::string r = std::to_string(rank);
   const double seconds = static_cast<double>(e.duration_ns) * 1e-9;
   switch (e.type) {
     case trace::EventType::kStepBegin:
-      s.step_begin_ns = e.time_ns;
       step_->Add({{"rank", r}}).Set(static_cast<double>(e.step));
       break;
     case trace::EventType::kStepEnd:
-      if (s.step_begin_ns != 0 && e.time_ns >= s.step_begin_ns) {
-        step_duration_->Add({{"rank", r}}, StepBuckets()).Observe(static_cast<double>(e.time_ns - s.step_begin_ns) * 1e-9);
+      if (c.step_closed_ns) {
+        step_duration_->Add({{"rank", r}}, StepBuckets()).Observe(static_cast<double>(*c.step_closed_ns) * 1e-9);
         steps_->Add({{"rank", r}}).Increment();
       }
-      s.step_begin_ns = 0;
       break;
     case trace::EventType::kCollectiveBegin: {
-      s.open[{e.comm, e.seq}] = {e.time_ns, e.op};
-      if (s.open.size() > 4096) s.open.erase(s.open.begin());  // never ended: forget the oldest
-      auto& begins = begins_[{e.comm, e.seq}];
-      begins.resize(ranks_.size(), 0);
-      begins[rank] = e.time_ns;
-      if (std::count(begins.begin(), begins.end(), 0) == 0) {
-        std::vector<uint64_t> sorted = begins;
+      // Every rank of the job has entered it (the last one just did): each rank's lateness.
+      const int world = std::min(static_cast<int>(ranks_.size()), timeline.world());
+      if (c.first_begin && c.record != nullptr && c.record->begun == world) {
+        const std::vector<uint64_t>& begins = c.record->begin_ns;
+        std::vector<uint64_t> sorted(begins.begin(), begins.begin() + world);
         std::sort(sorted.begin(), sorted.end());
         const uint64_t median = sorted[sorted.size() / 2];
-        for (size_t i = 0; i < begins.size(); ++i) {
+        for (int i = 0; i < world; ++i) {
           RankState& rs = *ranks_[i];
           const double late = (static_cast<double>(begins[i]) - static_cast<double>(median)) * 1e-9;
           rs.lateness = rs.lateness_seen ? 0.9 * rs.lateness + 0.1 * late : late;
           rs.lateness_seen = true;
           lateness_->Add({{"rank", std::to_string(i)}}).Set(rs.lateness);
         }
-        begins_.erase({e.comm, e.seq});
-      }
-      if (begins_.size() > 4096) begins_.erase(begins_.begin());
-      break;
-    }
-    case trace::EventType::kCollectiveEnd: {
-      auto it = s.open.find({e.comm, e.seq});
-      if (it != s.open.end()) {
-        if (e.time_ns >= it->second.first)
-          collective_duration_->Add({{"op", trace::OpName(it->second.second)}}, CollectiveBuckets())
-              .Observe(static_cast<double>(e.time_ns - it->second.first) * 1e-9);
-        s.open.erase(it);
       }
       break;
     }
+    case trace::EventType::kCollectiveEnd:
+      if (c.collective_closed && e.time_ns >= c.collective_closed->begin_ns)
+        collective_duration_->Add({{"op", trace::OpName(c.collective_closed->op)}}, CollectiveBuckets())
+            .Observe(static_cast<double>(e.time_ns - c.collective_closed->begin_ns) * 1e-9);
+      break;
     case trace::EventType::kCheckpointCopied:
       stall_->Add({}, StallBuckets()).Observe(static_cast<double>(e.aux) * 1e-9);
       break;

@@ -1,4 +1,5 @@
-// The agent's Prometheus metrics, fed by the ranks' trace events and the agent's own actions,
+// The agent's Prometheus metrics, fed by the job's Timeline (agent/timeline.h: the ranks' trace
+// events, applied once) and the agent's own actions,
 // served over HTTP on --metrics-addr (the only port on the node that Lifeline opens: the library
 // never does). Names follow Prometheus' conventions: lifeline_ prefix, base units (seconds,
 // bytes), _total for counters; labels are bounded (rank, kind, op), never a step or tensor name.
@@ -11,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "agent/timeline.h"
 #include "lifeline/status.h"
 #include "lifeline/trace.h"
 
@@ -48,8 +50,10 @@ class AgentMetrics {
   // A new launch of `world` ranks (per-launch state such as open steps is forgotten; counters
   // go on).
   void Launched(int world);
-  void Observe(int rank, const trace::Event& e);
-  void RankExited(int rank);
+  // `change` was just applied to `timeline` (see Detector::Observe).
+  void Observe(const Timeline& timeline, const TimelineChange& change);
+  // A rank's exit was applied to `timeline`: the live-rank gauge follows it.
+  void RankExited(const Timeline& timeline);
   // The ring's drop counter of `rank` (cumulative for the current launch).
   void RingDropped(int rank, uint64_t total);
   void Restarted();
@@ -81,9 +85,7 @@ class AgentMetrics {
   prometheus::Family<prometheus::Gauge>* alive_;
   prometheus::Family<prometheus::Counter>* dropped_;
   prometheus::Family<prometheus::Gauge>* build_info_;
-  std::map<std::pair<uint32_t, uint64_t>, std::vector<uint64_t>> begins_;  // (comm, seq) -> begin ns per rank
   uint64_t last_committed_step_ = trace::kNoStep;
-  int alive_count_ = 0;
 };
 
 }  // namespace lifeline::agent

@@ -1,9 +1,5 @@
 #include "formats/safetensors.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <array>
 #include <cerrno>
@@ -641,39 +637,6 @@ class IndexSax final : public StrictSax {
   SafetensorsIndex index_;
 };
 
-// ---- file reading ----
-
-class FdCloser {
- public:
-  explicit FdCloser(int fd) : fd_(fd) {}
-  ~FdCloser() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  FdCloser(const FdCloser&) = delete;
-  FdCloser& operator=(const FdCloser&) = delete;
-
- private:
-  int fd_;
-};
-
-// Reads exactly n bytes at `offset`; Corruption if the file ends first.
-Status PreadFully(int fd, uint64_t offset, char* dst, size_t n, const std::string& path) {
-  size_t done = 0;
-  while (done < n) {
-    const ssize_t r = ::pread(fd, dst + done, n - done, static_cast<off_t>(offset + done));
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      return Status::FromErrno(errno, path + ": read at byte offset " + std::to_string(offset + done));
-    }
-    if (r == 0)
-      return Status::Corruption(path, "file ended at byte offset " + std::to_string(offset + done) + " while reading " +
-                                          std::to_string(n) + " bytes at offset " + std::to_string(offset) +
-                                          " (was it truncated while being read?)");
-    done += static_cast<size_t>(r);
-  }
-  return Status::OK();
-}
-
 }  // namespace
 
 std::optional<DType> ParseSafetensorsDType(std::string_view name) {
@@ -738,19 +701,12 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(std::string_view header_json, u
   return header;
 }
 
-Result<SafetensorsHeader> ReadSafetensorsFile(const std::string& path) {
-  // O_NONBLOCK so that a FIFO cannot block the open; it is refused below.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-  if (fd < 0) return Status::FromErrno(errno, path);
-  FdCloser closer(fd);
-  struct stat st;
-  if (::fstat(fd, &st) != 0) return Status::FromErrno(errno, path + ": fstat");
-  if (!S_ISREG(st.st_mode)) return Status::InvalidArgument(path, "not a regular file");
-  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
-
+Result<SafetensorsHeader> ReadSafetensorsHeader(const RandomAccessFile& file) {
+  const std::string& path = file.path();
+  LL_ASSIGN_OR_RETURN(const uint64_t file_size, file.Size());
   char first[kSafetensorsLengthBytes];
   const size_t first_len = static_cast<size_t>(std::min<uint64_t>(file_size, sizeof(first)));
-  LL_RETURN_IF_ERROR(PreadFully(fd, 0, first, first_len, path));
+  LL_RETURN_IF_ERROR(file.ReadAt(0, first, first_len));
   LL_ASSIGN_OR_RETURN(const uint64_t n, DecodeSafetensorsHeaderLength(std::string_view(first, first_len), file_size, path));
 
   std::string header_json;
@@ -759,7 +715,7 @@ Result<SafetensorsHeader> ReadSafetensorsFile(const std::string& path) {
   } catch (const std::bad_alloc&) {
     return Status::ResourceExhausted(path, "cannot allocate " + std::to_string(n) + " bytes for the header");
   }
-  LL_RETURN_IF_ERROR(PreadFully(fd, kSafetensorsLengthBytes, header_json.data(), n, path));
+  LL_RETURN_IF_ERROR(file.ReadAt(kSafetensorsLengthBytes, header_json.data(), n));
   return ParseSafetensorsHeader(header_json, file_size - kSafetensorsLengthBytes - n, path);
 }
 

@@ -11,9 +11,12 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include "tests/kit/test_kit.h"
 
 namespace lifeline::format {
 namespace {
@@ -48,33 +51,17 @@ std::string OneEntry(std::string_view name, std::string_view dtype, std::string_
          ",\"data_offsets\":" + std::string(offsets) + "}}";
 }
 
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/safetensors_test.XXXXXX";
-    const char* d = ::mkdtemp(tmpl);
-    EXPECT_NE(d, nullptr);
-    path_ = d ? d : "/tmp";
-  }
-  ~TempDir() { std::system(("rm -rf '" + path_ + "'").c_str()); }
-  std::string Write(const std::string& name, const std::string& bytes) const {
-    const std::string p = path_ + "/" + name;
-    std::ofstream f(p, std::ios::binary | std::ios::trunc);
-    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    EXPECT_TRUE(f.good());
-    return p;
-  }
-  const std::string& path() const { return path_; }
+using test::ReadWholeFile;
+using test::TempDir;
 
- private:
-  std::string path_;
-};
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+// Opens `path` through the POSIX Env, following a link as for a file the user names, and reads its
+// header: what lib's sources do (which also refuse what is not a regular file before opening it;
+// that is tested in lib/src/convert/tensor_source_test.cc).
+Result<SafetensorsHeader> ReadHeaderOf(const std::string& path) {
+  FileOptions options;
+  options.follow_symlinks = true;
+  LL_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file, Env::Default()->NewRandomAccessFile(path, options));
+  return ReadSafetensorsHeader(*file);
 }
 
 const std::vector<DType>& AllDTypes() {
@@ -139,7 +126,7 @@ TEST(SafetensorsTest, PrefixRoundTripsEveryDTypeScalarAndEmptyTensor) {
   // Through a real file, with the data buffer behind the prefix.
   TempDir dir;
   const std::string path = dir.Write("model.safetensors", *prefix + std::string(data_bytes, '\x5a'));
-  auto read = ReadSafetensorsFile(path);
+  auto read = ReadHeaderOf(path);
   ASSERT_TRUE(read.ok()) << read.status().ToString();
   EXPECT_EQ(read->tensors, *laid);
   EXPECT_EQ(read->metadata, metadata);
@@ -450,22 +437,41 @@ TEST(SafetensorsTest, MutatedHeadersParseConsistentlyOrFail) {
 
 // ---- reading files ----
 
+
+// The reader does no I/O of its own: it reads whatever file the Env gives it, here one in memory.
+TEST(SafetensorsTest, ReadsTheHeaderThroughTheEnvsFile) {
+  std::unique_ptr<MemEnv> mem = NewMemEnv();
+  const std::string header = R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
+  std::string bytes(8, '\0');
+  bytes[0] = static_cast<char>(header.size());
+  ASSERT_TRUE(WriteFileAtomically(mem.get(), "/m.safetensors", bytes + header + "12345678").ok());
+  auto open = [&](const std::string& path) { return mem->NewRandomAccessFile(path, FileOptions{}).value(); };
+  auto read = ReadSafetensorsHeader(*open("/m.safetensors"));
+  ASSERT_TRUE(read.ok()) << read.status().ToString();
+  ASSERT_EQ(read->tensors.size(), 1u);
+  EXPECT_EQ(read->tensors[0].name, "w");
+  EXPECT_EQ(read->data_bytes, 8u);
+  // Cut inside the header: the length field promises more than the file holds, naming the file.
+  ASSERT_TRUE(WriteFileAtomically(mem.get(), "/cut.safetensors", bytes + header.substr(0, 10)).ok());
+  ExpectError(ReadSafetensorsHeader(*open("/cut.safetensors")), StatusCode::kCorruption, {"/cut.safetensors", "runs past the end"});
+}
+
 TEST(SafetensorsTest, ReadFileRejectsShortAndLyingFiles) {
   TempDir dir;
   const std::string valid_header = R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
 
   const std::string empty = dir.Write("empty.safetensors", "");
-  ExpectError(ReadSafetensorsFile(empty), StatusCode::kCorruption, {empty, "too short"});
+  ExpectError(ReadHeaderOf(empty), StatusCode::kCorruption, {empty, "too short"});
   const std::string five = dir.Write("five.safetensors", std::string("\x10\0\0\0\0", 5));
-  ExpectError(ReadSafetensorsFile(five), StatusCode::kCorruption, {five, "5 bytes", "too short"});
+  ExpectError(ReadHeaderOf(five), StatusCode::kCorruption, {five, "5 bytes", "too short"});
 
   // The header length points past the end of the file.
   const std::string past = dir.Write("past.safetensors", LengthField(1000) + valid_header);
-  ExpectError(ReadSafetensorsFile(past), StatusCode::kCorruption,
+  ExpectError(ReadHeaderOf(past), StatusCode::kCorruption,
               {past, "header length 1000 runs past the end of the file", "1008", std::to_string(8 + valid_header.size())});
   // Beyond the reference implementation's limit, in a file long enough to hold it.
   const std::string huge = dir.Write("huge.safetensors", LengthField(kMaxSafetensorsHeaderBytes + 1) + "{}");
-  ExpectError(ReadSafetensorsFile(huge), StatusCode::kCorruption, {huge, "100000001", "exceeds the limit"});
+  ExpectError(ReadHeaderOf(huge), StatusCode::kCorruption, {huge, "100000001", "exceeds the limit"});
   ExpectError(DecodeSafetensorsHeaderLength(LengthField(kMaxSafetensorsHeaderBytes + 1), uint64_t{1} << 40, kFile),
               StatusCode::kCorruption, {kFile, "exceeds the limit"});
   ExpectError(DecodeSafetensorsHeaderLength(LengthField(~uint64_t{0}), ~uint64_t{0}, kFile), StatusCode::kCorruption,
@@ -476,21 +482,22 @@ TEST(SafetensorsTest, ReadFileRejectsShortAndLyingFiles) {
 
   // Truncated in the data buffer: the header is intact, a tensor's bytes are not all there.
   const std::string cut = dir.Write("cut.safetensors", LengthField(valid_header.size()) + valid_header + "1234");
-  ExpectError(ReadSafetensorsFile(cut), StatusCode::kCorruption,
+  ExpectError(ReadHeaderOf(cut), StatusCode::kCorruption,
               {cut, "'w'", "[0, 8)", "past the end of the data buffer (4 bytes)"});
   // The same file, complete.
   const std::string whole = dir.Write("whole.safetensors", LengthField(valid_header.size()) + valid_header + "12345678");
-  auto ok = ReadSafetensorsFile(whole);
+  auto ok = ReadHeaderOf(whole);
   ASSERT_TRUE(ok.ok()) << ok.status().ToString();
   EXPECT_EQ(ok->data_offset, 8 + valid_header.size());  // no alignment required of other writers
   EXPECT_EQ(ok->data_bytes, 8u);
 
   // Header bytes that are not JSON, and errors from the header name the path.
   const std::string garbage = dir.Write("garbage.safetensors", LengthField(4) + "\x89PNG....");
-  ExpectError(ReadSafetensorsFile(garbage), StatusCode::kCorruption, {garbage, "invalid JSON"});
+  ExpectError(ReadHeaderOf(garbage), StatusCode::kCorruption, {garbage, "invalid JSON"});
 
-  ExpectError(ReadSafetensorsFile(dir.path() + "/missing.safetensors"), StatusCode::kNotFound, {"missing.safetensors"});
-  ExpectError(ReadSafetensorsFile(dir.path()), StatusCode::kInvalidArgument, {dir.path(), "not a regular file"});
+  ExpectError(ReadHeaderOf(dir.path() + "/missing.safetensors"), StatusCode::kNotFound, {"missing.safetensors"});
+  // A directory is refused as "not a regular file" by the opener, lib's OpenUserFile (moved to
+  // lib/src/convert/tensor_source_test.cc, TensorSourcePosixTest.WhatIsNotARegularFileIsRefused).
 }
 
 // ---- sharding ----
@@ -679,7 +686,7 @@ print(len(text), len(data))
   uint64_t n = 0, data_len = 0;
   ASSERT_EQ(std::sscanf(out.c_str(), "%lu %lu", &n, &data_len), 2) << out;
 
-  auto h = ReadSafetensorsFile(path);
+  auto h = ReadHeaderOf(path);
   ASSERT_TRUE(h.ok()) << h.status().ToString();
   EXPECT_EQ(h->data_offset, 8 + n);
   EXPECT_EQ(h->data_bytes, data_len);
@@ -690,7 +697,7 @@ print(len(text), len(data))
   EXPECT_EQ(h->tensors, expected);
 
   // The offsets are relative to the data buffer: the bytes they point at are the tensors' values.
-  const std::string file = ReadAll(path);
+  const std::string file = ReadWholeFile(path);
   float embed[6];
   std::memcpy(embed, file.data() + h->data_offset + h->tensors[0].begin, sizeof(embed));
   EXPECT_EQ(embed[0], 0.5f);

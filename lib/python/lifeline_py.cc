@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "lifeline/checkpoint.h"
+#include "lifeline/convert.h"
 #include "lifeline/dtype.h"
 #include "lifeline/env.h"
 #include "lifeline/status.h"
@@ -229,6 +230,79 @@ CheckpointerOptions ParseOptions(const std::string& directory, uint32_t rank, ui
     }
   }
   return o;
+}
+
+// lifeline.convert(): the keyword options of lifeline/convert.h's ConvertOptions and SourceOptions,
+// as the CLI names them. An unknown name is a TypeError, a bad value a ValueError naming it.
+void ParseConvertOptions(const py::dict& kwargs, SourceOptions* so, ConvertOptions* co) {
+  for (const auto& item : kwargs) {
+    const std::string key = py::cast<std::string>(item.first);
+    py::handle v = item.second;
+    try {
+      if (v.is_none()) continue;  // None leaves the default
+      if (key == "step") so->step = py::cast<uint64_t>(v);
+      else if (key == "memory_budget") so->memory_budget = co->memory_budget = py::cast<uint64_t>(v);
+      else if (key == "select") co->select = py::isinstance<py::str>(v) ? std::vector<std::string>{py::cast<std::string>(v)}
+                                                                       : py::cast<std::vector<std::string>>(v);
+      else if (key == "force") co->force = py::cast<bool>(v);
+      else if (key == "deflate") co->deflate_level = py::cast<int>(v);
+      else if (key == "max_shard_bytes") co->max_shard_bytes = py::cast<uint64_t>(v);
+      else if (key == "out_step") co->step = py::cast<uint64_t>(v);
+      else if (key == "ranks") co->ranks = py::cast<uint32_t>(v);
+      else if (key == "tp") co->tp = py::cast<uint32_t>(v);
+      else if (key == "dp") co->dp = py::cast<uint32_t>(v);
+      else if (key == "codec_level") co->codec_level = py::cast<int>(v);
+      else if (key == "direct_io") co->direct_io = py::cast<bool>(v);
+      else if (key == "codec") {
+        const std::string name = py::cast<std::string>(v);
+        std::optional<SaveCodec> codec = ParseCodec(name);
+        if (!codec) throw py::value_error("codec=" + name + ": expected None, 'zstd' or 'zstd-bytegroup'");
+        co->codec = *codec;
+      } else {
+        throw py::type_error("convert() got an unknown option '" + key + "'");
+      }
+    } catch (const py::cast_error&) {
+      throw py::type_error("convert() option '" + key + "' has the wrong type (" +
+                           py::cast<std::string>(py::str(py::type::of(v).attr("__name__"))) + ")");
+    }
+  }
+}
+
+std::unique_ptr<TensorSource> OpenSource(const std::string& path, const SourceOptions& options) {
+  std::unique_ptr<TensorSource> source;
+  Check(WithoutGil([&]() -> Status {
+    Result<std::unique_ptr<TensorSource>> opened = OpenTensorSource(path, options);
+    if (!opened.ok()) return opened.status();
+    source = std::move(opened).value();
+    return Status::OK();
+  }));
+  return source;
+}
+
+py::dict DescribeSource(const TensorSource& source) {
+  py::list tensors, objects;
+  for (const SourceTensor& t : source.tensors()) {
+    py::dict d;
+    d["name"] = t.name;
+    d["dtype"] = std::string(DTypeName(t.dtype));
+    d["shape"] = py::tuple(py::cast(t.shape));
+    tensors.append(d);
+  }
+  for (const SourceObject& o : source.objects()) {
+    py::dict d;
+    d["rank"] = o.rank;
+    d["name"] = o.name;
+    objects.append(d);
+  }
+  py::dict out;
+  out["format"] = std::string(SourceKindName(source.kind()));
+  out["description"] = source.description();
+  out["step"] = source.step() ? py::cast(*source.step()) : py::none();
+  out["saved_world_size"] = source.saved_world_size();
+  out["metadata"] = source.metadata_json();
+  out["tensors"] = tensors;
+  out["objects"] = objects;
+  return out;
 }
 
 // True when the directory or the memory tier holds a complete checkpoint (errors count as "yes",
@@ -444,6 +518,47 @@ PYBIND11_MODULE(_lifeline, m) {
       .def_property_readonly("memory_tier_directory", &PyCheckpointer::MemoryTierDirectory)
       .def_property_readonly("resume_step", &PyCheckpointer::ResumeStep)
       .def("inject_faults", &PyCheckpointer::InjectFaults);
+
+  // Conversion (lifeline/convert.h); lifeline.convert() and lifeline.describe_source() wrap these.
+  m.def("describe_source", [](const std::string& path, py::dict kwargs) {
+    SourceOptions so;
+    ConvertOptions unused;
+    ParseConvertOptions(kwargs, &so, &unused);
+    return DescribeSource(*OpenSource(path, so));
+  }, py::arg("path"), py::arg("options") = py::dict());
+  m.def("convert", [](const std::string& src, const std::string& dst, const std::string& to, py::dict kwargs) {
+    SourceOptions so;
+    ConvertOptions co;
+    ParseConvertOptions(kwargs, &so, &co);
+    Result<ConvertFormat> format = ParseConvertFormat(to);
+    if (!format.ok()) throw py::value_error("to=" + to + ": expected 'hdf5', 'safetensors' or 'lifeline'");
+    std::unique_ptr<TensorSource> source = OpenSource(src, so);
+    if (so.step && source->kind() != SourceKind::kCheckpoint)
+      Raise(Status::InvalidArgument("step", "applies to a checkpoint directory, not " + source->description()));
+    ConvertReport report;
+    Check(WithoutGil([&]() -> Status {
+      Result<ConvertReport> r = Convert(*source, *format, dst, co);
+      if (!r.ok()) return r.status();
+      report = std::move(r).value();
+      return Status::OK();
+    }));
+    py::dict out;
+    out["source"] = source->description();
+    out["source_format"] = std::string(SourceKindName(source->kind()));
+    out["format"] = to;
+    out["tensors"] = report.tensors;
+    out["objects"] = report.objects;
+    out["bytes"] = report.bytes;
+    out["outputs"] = report.outputs;
+    if (*format == ConvertFormat::kLifeline) {
+      out["step"] = report.step;
+      out["ranks"] = report.ranks;
+      out["tp"] = report.tp;
+      out["dp"] = report.dp;
+      out["placement"] = report.placement;
+    }
+    return out;
+  }, py::arg("src"), py::arg("dst"), py::arg("to"), py::arg("options") = py::dict());
 
   m.def("dtype_size", [](const std::string& name) -> size_t {
     std::optional<DType> t = ParseDType(name);

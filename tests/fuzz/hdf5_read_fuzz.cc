@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "lifeline/dtype.h"
-#include "tools/lifeline/tensor_source.h"
+#include "lifeline/convert.h"
 
 namespace {
 
@@ -46,14 +46,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string& path = TempPath();
   if (!WriteFile(path, data, size)) std::abort();
   {
-    Result<std::unique_ptr<cli::TensorSource>> source = cli::OpenTensorSource(path, cli::SourceOptions{});
+    Result<std::unique_ptr<TensorSource>> source = OpenTensorSource(path, SourceOptions{});
     if (source.ok()) {
-      cli::TensorSource& s = **source;
+      TensorSource& s = **source;
       std::vector<uint8_t> buffer;
       for (size_t i = 0; i < s.tensors().size(); ++i) {
-        const cli::SourceTensor& t = s.tensors()[i];
+        const SourceTensor& t = s.tensors()[i];
         const int64_t volume = t.num_elements();
-        format::Region region;
+        TensorRegion region;
         region.offsets.assign(t.shape.size(), 0);
         region.shape = t.shape;
         region.flat_end = t.num_bytes() <= (1u << 20) ? volume : std::min<int64_t>(volume, 1 << 16);

@@ -1,4 +1,4 @@
-// Shared helpers of the integration tests: temporary directories, deterministic tensor contents,
+// Shared helpers of the integration tests (beside tests/kit/test_kit.h's): deterministic tensor contents,
 // an independent (deliberately naive) reference for where a piece's elements lie, layouts that
 // cut a tensor into per-rank pieces, and multi-rank save/load drivers.
 //
@@ -25,48 +25,15 @@
 #include "formats/model.h"
 #include "lifeline/checkpoint.h"
 #include "lifeline/env.h"
+#include "tests/kit/test_kit.h"
 
 namespace lifeline::testing {
 
-// A fresh directory under /tmp, removed with everything in it when destroyed.
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/lifeline-it-XXXXXX";
-    const char* p = ::mkdtemp(tmpl);
-    path_ = p != nullptr ? p : "";
-  }
-  ~TempDir() {
-    if (!path_.empty()) RemoveTree(path_);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-
-  const std::string& path() const { return path_; }
-  std::string Sub(const std::string& name) const { return path_ + "/" + name; }
-
-  static void RemoveTree(const std::string& path) {
-    struct stat st;
-    if (::lstat(path.c_str(), &st) != 0) return;
-    if (S_ISDIR(st.st_mode)) {
-      if (DIR* d = ::opendir(path.c_str())) {
-        std::vector<std::string> names;
-        while (dirent* e = ::readdir(d)) {
-          const std::string n = e->d_name;
-          if (n != "." && n != "..") names.push_back(n);
-        }
-        ::closedir(d);
-        for (const std::string& n : names) RemoveTree(path + "/" + n);
-      }
-      ::rmdir(path.c_str());
-    } else {
-      ::unlink(path.c_str());
-    }
-  }
-
- private:
-  std::string path_;
-};
+// The kit's temporary directory and file helpers (tests/kit/test_kit.h), under this namespace's names.
+using test::ListDir;
+using test::ReadWholeFile;
+using test::TempDir;
+using test::WriteWholeFile;
 
 // Every regular file below `root` (relative path -> size and content hash), for "nothing changed"
 // checks.
@@ -90,49 +57,13 @@ inline std::map<std::string, std::pair<uint64_t, uint64_t>> SnapshotTree(const s
         out[rel + n + "/"] = {0, 0};
         walk(path, rel + n + "/");
       } else {
-        std::string bytes;
-        if (FILE* f = std::fopen(path.c_str(), "rb")) {
-          char buf[65536];
-          size_t got;
-          while ((got = std::fread(buf, 1, sizeof(buf), f)) > 0) bytes.append(buf, got);
-          std::fclose(f);
-        }
+        const std::string bytes = ReadWholeFile(path);
         out[rel + n] = {static_cast<uint64_t>(st.st_size), format::Checksum64(bytes)};
       }
     }
   };
   walk(root, "");
   return out;
-}
-
-inline std::string ReadWholeFile(const std::string& path) {
-  std::string bytes;
-  if (FILE* f = std::fopen(path.c_str(), "rb")) {
-    char buf[65536];
-    size_t got;
-    while ((got = std::fread(buf, 1, sizeof(buf), f)) > 0) bytes.append(buf, got);
-    std::fclose(f);
-  }
-  return bytes;
-}
-
-inline bool WriteWholeFile(const std::string& path, const std::string& bytes) {
-  FILE* f = std::fopen(path.c_str(), "wb");
-  if (f == nullptr) return false;
-  const bool ok = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
-  return std::fclose(f) == 0 && ok;
-}
-
-inline std::vector<std::string> ListDir(const std::string& dir) {
-  std::vector<std::string> names;
-  if (DIR* d = ::opendir(dir.c_str())) {
-    while (dirent* e = ::readdir(d)) {
-      const std::string n = e->d_name;
-      if (n != "." && n != "..") names.push_back(n);
-    }
-    ::closedir(d);
-  }
-  return names;
 }
 
 // ---- tensors ------------------------------------------------------------------------------

@@ -93,7 +93,7 @@
 #include "lifeline/env.h"
 #include "tools/lifeline/byte_size.h"
 #include "tools/lifeline/commands.h"
-#include "tools/lifeline/synthetic_model.h"
+#include "lib/src/convert/synthetic_model.h"
 
 namespace lifeline::cli {
 namespace {
@@ -125,7 +125,7 @@ struct SaveOptions : CommonOptions {
   BenchSaveTuning tuning;
 };
 
-Result<ParallelLayout> ResolveLayout(const CommonOptions& o) { return cli::ResolveLayout(o.ranks, o.tp, o.dp); }
+Result<ParallelLayout> ResolveLayout(const CommonOptions& o) { return lifeline::ResolveLayout(o.ranks, o.tp, o.dp); }
 
 Result<CheckpointerOptions> MakeCheckpointerOptions(const CommonOptions& o, uint32_t world_size,
                                                     const std::string& run_id) {

@@ -15,16 +15,14 @@
 #include <string>
 #include <vector>
 
-#include "formats/geometry.h"
 #include "lib/src/checkpoint_reader.h"
 #include "lib/src/commit.h"
 #include "lib/src/memory_tier.h"
+#include "lifeline/convert.h"
 #include "lifeline/env.h"
 #include "tools/lifeline/byte_size.h"
 #include "tools/lifeline/commands.h"
-#include "tools/lifeline/convert.h"
 #include "tools/lifeline/progress.h"
-#include "tools/lifeline/tensor_source.h"
 
 namespace lifeline::cli {
 namespace {
@@ -96,20 +94,17 @@ int RunConvert(const ConvertArgs& a, const char* command, const std::string& for
   uint64_t total = 0;
   for (size_t i : selected) total += src.tensors()[i].num_bytes();
   Progress progress(std::string(command), total, a.json);
+  options->progress = [&progress](const std::string& tensor, uint64_t bytes) {
+    progress.SetDetail(tensor);
+    progress.Add(bytes);
+  };
+  options->ranks = a.ranks;
+  options->tp = a.tp;
+  options->dp = a.dp;
 
-  Result<ConvertReport> report = Status::InvalidArgument("--to", "'" + format + "' is not hdf5, safetensors or lifeline");
-  ParallelLayout layout;
-  if (format == "hdf5") {
-    report = ExportHdf5(src, a.out, *options, &progress);
-  } else if (format == "safetensors") {
-    report = ExportSafetensors(src, a.out, *options, &progress);
-  } else if (format == "lifeline") {
-    const uint32_t ranks = a.ranks != 0 ? a.ranks : std::max<uint32_t>(1, src.saved_world_size());
-    Result<ParallelLayout> l = ResolveLayout(ranks, a.tp, a.dp);
-    if (!l.ok()) return ReportFailure(command, l.status(), a.json);
-    layout = *l;
-    report = ExportLifeline(src, a.out, layout, *options, &progress);
-  }
+  Result<ConvertFormat> to = ParseConvertFormat(format);
+  if (!to.ok()) return ReportFailure(command, to.status(), a.json);
+  Result<ConvertReport> report = Convert(src, *to, a.out, *options);
   if (!report.ok()) return ReportFailure(command, report.status(), a.json);
   const double seconds = NowSeconds() - t0;
   const double gbps = seconds > 0 ? static_cast<double>(report->bytes) / seconds / 1e9 : 0;
@@ -127,9 +122,9 @@ int RunConvert(const ConvertArgs& a, const char* command, const std::string& for
                         {"outputs", report->outputs}};
     if (format == "lifeline") {
       j["step"] = report->step;
-      j["ranks"] = layout.world_size();
-      j["tp"] = layout.tp;
-      j["dp"] = layout.dp;
+      j["ranks"] = report->ranks;
+      j["tp"] = report->tp;
+      j["dp"] = report->dp;
       j["placement"] = report->placement;
     }
     PrintJson(j);
@@ -138,8 +133,8 @@ int RunConvert(const ConvertArgs& a, const char* command, const std::string& for
               << report->objects << " per-rank objects from " << src.description() << " in " << seconds << " s ("
               << gbps << " GB/s)\n";
     if (format == "lifeline")
-      std::cout << "  step " << report->step << " for " << layout.world_size() << " ranks (tp " << layout.tp
-                << " x dp " << layout.dp << ", " << report->placement << " placement)\n";
+      std::cout << "  step " << report->step << " for " << report->ranks << " ranks (tp " << report->tp
+                << " x dp " << report->dp << ", " << report->placement << " placement)\n";
     for (const std::string& out : report->outputs) std::cout << "  wrote " << out << "\n";
   }
   return kExitOk;
@@ -429,14 +424,14 @@ int RunDiff(const DiffArgs& d) {
     TensorDiff td;
     td.name = t.name;
     td.elements = static_cast<uint64_t>(t.num_elements());
-    const format::Region whole = format::RegionOfBox(std::vector<int64_t>(t.shape.size(), 0), t.shape);
+    const TensorRegion whole = TensorRegion::Whole(t);
     const int64_t slab = std::max<int64_t>(1, static_cast<int64_t>(slab_bytes / elem));
     progress.SetDetail(t.name);
     for (int64_t at = 0; at < whole.num_elements();) {
       const int64_t n = std::min(slab, whole.num_elements() - at);
       ba.resize(static_cast<size_t>(n) * elem);
       bb.resize(static_cast<size_t>(n) * elem);
-      const format::Region sub = format::SubRegion(whole, at, at + n);
+      const TensorRegion sub{whole.offsets, whole.shape, at, at + n};
       Status s = A.Read(ia, sub, ba.data());
       if (s.ok()) s = B.Read(ib, sub, bb.data());
       if (!s.ok()) return ReportFailure(kCommand, s.Annotate("tensor '" + t.name + "'"), d.json);

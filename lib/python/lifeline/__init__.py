@@ -29,7 +29,7 @@ from . import _state
 
 Error = _lifeline.Error
 
-__all__ = ["Checkpointer", "Ticket", "Shard", "Error", "trace", "guard_optimizer"]
+__all__ = ["Checkpointer", "Ticket", "Shard", "Error", "trace", "guard_optimizer", "convert", "describe_source"]
 
 
 def __getattr__(name):
@@ -434,3 +434,24 @@ def guard_optimizer(optimizer, checkpointer):
             if optimizer.step is step:
                 optimizer.step = original
     return _Handle()
+
+
+def convert(src, dst, to, **options):
+    """Converts `src` (a checkpoint directory, an HDF5 file, a safetensors file or a directory of
+    safetensors shards) into `dst` as `to` = "hdf5", "safetensors" or "lifeline", streaming within
+    `memory_budget`; the same conversion as `lifeline convert` (README, section "CLI").
+
+    Options (None leaves the default): step (of a checkpoint source), memory_budget (bytes),
+    select (tensor name prefixes), force, deflate (hdf5, 0..9), max_shard_bytes (safetensors into a
+    directory), out_step, ranks, tp, dp, codec, codec_level, direct_io (lifeline).
+    Returns a dict: source, source_format, format, tensors, objects, bytes, outputs, and for
+    "lifeline" step, ranks, tp, dp, placement. Raises lifeline.Error; nothing is published then.
+    """
+    return _lifeline.convert(_os.fspath(src), _os.fspath(dst), to, options)
+
+
+def describe_source(path, step=None):
+    """What lifeline.convert() would read from `path`: a dict with format, description, step,
+    saved_world_size, metadata (JSON text), tensors (name, dtype, shape) and objects (rank, name).
+    Only metadata is read."""
+    return _lifeline.describe_source(_os.fspath(path), {"step": step})

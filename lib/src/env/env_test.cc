@@ -13,38 +13,17 @@
 
 #include <gtest/gtest.h>
 
+#include "lib/src/aligned_buffer.h"
 #include "lib/src/env/io_queue_internal.h"
 #include "lifeline/env.h"
+#include "tests/kit/test_kit.h"
 
 namespace lifeline {
 namespace {
 
 constexpr long kExt4Magic = 0xEF53;
 
-class TempDir {
- public:
-  explicit TempDir(const char* base = "/tmp") {
-    std::string tmpl = std::string(base) + "/lifeline-env-XXXXXX";
-    char* p = ::mkdtemp(tmpl.data());
-    if (p != nullptr) path_ = p;
-  }
-  ~TempDir() {
-    if (!path_.empty()) Env::Default()->RemoveTree(path_).IgnoreError();
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
-struct AlignedFree {
-  void operator()(void* p) const { std::free(p); }
-};
-using AlignedBuffer = std::unique_ptr<char[], AlignedFree>;
-
-AlignedBuffer Aligned(size_t n) {
-  return AlignedBuffer(static_cast<char*>(std::aligned_alloc(kDirectIoAlignment, n)));
-}
+using test::TempDir;
 
 bool HasODirect(int fd) { return (::fcntl(fd, F_GETFL) & O_DIRECT) != 0; }
 
@@ -194,12 +173,12 @@ TEST_F(PosixEnvTest, DirectIoOnLocalDisk) {
   }
 
   constexpr size_t kSize = 3 * kDirectIoAlignment;
-  AlignedBuffer out = Aligned(kSize);
-  for (size_t i = 0; i < kSize; ++i) out[i] = static_cast<char>(i * 7);
-  ASSERT_TRUE((*w)->WriteAt(0, out.get(), kSize).ok());
+  AlignedBuffer out(kSize);
+  for (size_t i = 0; i < kSize; ++i) out.data()[i] = static_cast<uint8_t>(i * 7);
+  ASSERT_TRUE((*w)->WriteAt(0, out.data(), kSize).ok());
   if ((*w)->direct() && fs.f_type == kExt4Magic) {
     // ext4 rejects a misaligned direct write; the error names the file and offset.
-    Status s = (*w)->WriteAt(1, out.get(), 100);
+    Status s = (*w)->WriteAt(1, out.data(), 100);
     EXPECT_FALSE(s.ok());
     EXPECT_TRUE(Contains(s, path + " at offset 1")) << s.ToString();
   }
@@ -212,9 +191,9 @@ TEST_F(PosixEnvTest, DirectIoOnLocalDisk) {
   Result<std::unique_ptr<RandomAccessFile>> r = env_->NewRandomAccessFile(path, direct);
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(HasODirect((*r)->fd()), (*r)->direct());
-  AlignedBuffer in = Aligned(kSize);
-  ASSERT_TRUE((*r)->ReadAt(kDirectIoAlignment, in.get(), kDirectIoAlignment).ok());
-  EXPECT_EQ(0, std::memcmp(out.get() + kDirectIoAlignment, in.get(), kDirectIoAlignment));
+  AlignedBuffer in(kSize);
+  ASSERT_TRUE((*r)->ReadAt(kDirectIoAlignment, in.data(), kDirectIoAlignment).ok());
+  EXPECT_EQ(0, std::memcmp(out.data() + kDirectIoAlignment, in.data(), kDirectIoAlignment));
 }
 
 TEST_F(PosixEnvTest, DirectIoOnSharedMemoryReportsTheModeInEffect) {
@@ -227,9 +206,9 @@ TEST_F(PosixEnvTest, DirectIoOnSharedMemoryReportsTheModeInEffect) {
   ASSERT_TRUE(w.ok()) << w.status().ToString();
   // tmpfs refused O_DIRECT before Linux 6.6 and accepts it since; either way direct() says which.
   EXPECT_EQ(HasODirect((*w)->fd()), (*w)->direct());
-  AlignedBuffer out = Aligned(kDirectIoAlignment);
-  std::memset(out.get(), 'q', kDirectIoAlignment);
-  ASSERT_TRUE((*w)->WriteAt(0, out.get(), kDirectIoAlignment).ok());
+  AlignedBuffer out(kDirectIoAlignment);
+  std::memset(out.data(), 'q', kDirectIoAlignment);
+  ASSERT_TRUE((*w)->WriteAt(0, out.data(), kDirectIoAlignment).ok());
   ASSERT_TRUE((*w)->Close().ok());
   Result<std::string> back = ReadFileToString(env_, path, kDirectIoAlignment);
   ASSERT_TRUE(back.ok());

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "lifeline/env.h"
+#include "tests/kit/test_kit.h"
 
 namespace lifeline {
 namespace {
@@ -137,9 +138,9 @@ TEST_F(FaultEnvTest, IoQueueWritesSeeTheFaults) {
 
 // Over real files, the io_uring-capable default queue must not bypass the wrapper either.
 TEST(FaultEnvPosix, NoSpaceNamesTheRealFile) {
-  char tmpl[] = "/tmp/lifeline-fault-XXXXXX";
-  ASSERT_NE(nullptr, ::mkdtemp(tmpl));
-  const std::string dir = tmpl;
+  test::TempDir tmp;
+  ASSERT_FALSE(tmp.path().empty());
+  const std::string dir = tmp.path();
   {
     FaultInjectionEnv env(Env::Default());
     const std::string path = JoinPath(dir, "shard-00001");

@@ -17,9 +17,11 @@
 
 #include <gtest/gtest.h>
 
+#include "lib/src/aligned_buffer.h"
 #include "lib/src/env/io_queue_internal.h"
 #include "lifeline/env.h"
 #include "lifeline/log.h"
+#include "tests/kit/test_kit.h"
 
 namespace lifeline {
 namespace internal {
@@ -33,31 +35,7 @@ uint64_t FixedBufferSqesForTesting(const IoQueue& queue);
 
 namespace {
 
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/lifeline-ioq-XXXXXX";
-    path_ = ::mkdtemp(tmpl);
-  }
-  ~TempDir() { Env::Default()->RemoveTree(path_).IgnoreError(); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
-struct AlignedFree {
-  void operator()(void* p) const { std::free(p); }
-};
-using AlignedBuffer = std::unique_ptr<char[], AlignedFree>;
-
-AlignedBuffer Aligned(size_t n) {
-  return AlignedBuffer(static_cast<char*>(std::aligned_alloc(kDirectIoAlignment, n)));
-}
-
-void Fill(char* p, size_t n, unsigned seed) {
-  for (size_t i = 0; i < n; ++i) p[i] = static_cast<char>((i * 131 + seed * 7919) >> 3);
-}
+using test::TempDir;
 
 // Restores an environment variable when the test ends.
 class ScopedEnvVar {
@@ -232,14 +210,14 @@ TEST_P(IoQueueTest, SixtyFourConcurrentDirectWritesThenReads) {
   Result<std::unique_ptr<WritableFile>> writer = env_->NewWritableFile(path, direct);
   ASSERT_TRUE(writer.ok()) << writer.status().ToString();
 
-  AlignedBuffer out = Aligned(kBlock * kCount);
-  Fill(out.get(), kBlock * kCount, 1);
+  AlignedBuffer out(kBlock * kCount);
+  test::FillPattern(out.data(), kBlock * kCount, 1);
   for (unsigned i = 0; i < kCount; ++i) {
     IoRequest r;
     r.kind = IoRequest::Kind::kWrite;
     r.writer = writer->get();
     r.offset = i * kBlock;
-    r.buffer = out.get() + i * kBlock;
+    r.buffer = out.data() + i * kBlock;
     r.length = kBlock;
     r.tag = 1000 + i;
     ASSERT_TRUE(queue->Submit(r).ok());
@@ -263,8 +241,8 @@ TEST_P(IoQueueTest, SixtyFourConcurrentDirectWritesThenReads) {
 
   Result<std::unique_ptr<RandomAccessFile>> reader = env_->NewRandomAccessFile(path, direct);
   ASSERT_TRUE(reader.ok()) << reader.status().ToString();
-  AlignedBuffer in = Aligned(kBlock * kCount);
-  std::memset(in.get(), 0, kBlock * kCount);
+  AlignedBuffer in(kBlock * kCount);
+  std::memset(in.data(), 0, kBlock * kCount);
   // Read back in reverse order, reaping as we go, to exercise partial reaps.
   done.clear();
   for (unsigned i = kCount; i-- > 0;) {
@@ -272,7 +250,7 @@ TEST_P(IoQueueTest, SixtyFourConcurrentDirectWritesThenReads) {
     r.kind = IoRequest::Kind::kRead;
     r.reader = reader->get();
     r.offset = i * kBlock;
-    r.buffer = in.get() + i * kBlock;
+    r.buffer = in.data() + i * kBlock;
     r.length = kBlock;
     r.tag = i;
     ASSERT_TRUE(queue->Submit(r).ok());
@@ -283,7 +261,7 @@ TEST_P(IoQueueTest, SixtyFourConcurrentDirectWritesThenReads) {
   ASSERT_TRUE(queue->Reap(kCount, &done).ok());
   ASSERT_EQ(kCount, done.size());
   for (const IoCompletion& c : done) EXPECT_TRUE(c.status.ok()) << c.status.ToString();
-  EXPECT_EQ(0, std::memcmp(out.get(), in.get(), kBlock * kCount));
+  EXPECT_EQ(0, std::memcmp(out.data(), in.data(), kBlock * kCount));
 }
 
 TEST_P(IoQueueTest, ReadPastEndIsShortReadNamingFileAndOffset) {
@@ -380,7 +358,7 @@ TEST_P(IoQueueTest, DestroyingTheQueueFinishesSubmittedWrites) {
   Result<std::unique_ptr<WritableFile>> writer = env_->NewWritableFile(path, FileOptions{});
   ASSERT_TRUE(writer.ok());
   std::string data(1 << 20, '\0');
-  Fill(data.data(), data.size(), 3);
+  test::FillPattern(data.data(), data.size(), 3);
   {
     QUEUE_OR_SKIP(queue, 16);
     for (unsigned i = 0; i < 16; ++i) {
@@ -447,7 +425,7 @@ Status RoundTripThroughRegisteredHalves(IoQueue* queue, Env* env, const std::str
   ScopedFixedBufferPieceBytes pieces(kFixedPieceBytes);
   char* out = memory.data();
   char* in = memory.data() + kFixedRegionBytes;
-  Fill(out, kFixedRegionBytes, 11);
+  test::FillPattern(out, kFixedRegionBytes, 11);
   const Status registered = queue->RegisterBuffers({{out, kFixedRegionBytes}, {in, kFixedRegionBytes}});
   WriteAndReadBack(queue, env, path, out, 0, in, 1, kFixedRegionBytes, kFixedBlockBytes);
   const uint64_t fixed = internal::FixedBufferSqesForTesting(*queue);
@@ -496,7 +474,7 @@ TEST_P(IoQueueTest, BufferIndexWithoutRegistrationIsAnOrdinaryTransfer) {
   ASSERT_NE(nullptr, memory.data());
   char* out = memory.data();
   char* in = memory.data() + kFixedRegionBytes;
-  Fill(out, kFixedRegionBytes, 5);
+  test::FillPattern(out, kFixedRegionBytes, 5);
   WriteAndReadBack(queue.get(), env_, JoinPath(dir_.path(), "plain"), out, 0, in, 3, kFixedRegionBytes,
                    kFixedBlockBytes);
   EXPECT_EQ(0u, internal::FixedBufferSqesForTesting(*queue));
@@ -517,7 +495,7 @@ TEST_P(IoQueueTest, RegistrationCanBeReplacedAndDropped) {
   ASSERT_TRUE(first.ok()) << first.ToString();
   // Replacing: the old region's index now names the other half.
   ASSERT_TRUE(queue->RegisterBuffers({{memory.data() + kFixedRegionBytes, kFixedRegionBytes}}).ok());
-  Fill(memory.data(), kFixedRegionBytes, 9);
+  test::FillPattern(memory.data(), kFixedRegionBytes, 9);
   // `out` is no longer registered, `in` is region 0: only the read uses fixed buffers.
   WriteAndReadBack(queue.get(), env_, JoinPath(dir_.path(), "replaced"), memory.data(), 0,
                    memory.data() + kFixedRegionBytes, 0, kFixedRegionBytes, kFixedRegionBytes);

@@ -1,6 +1,11 @@
 // Hdf5File: the small slice of HDF5 that `lifeline convert` needs to export a checkpoint to an
 // HDF5 file (readable by h5py out of the box) and to import one back.
 //
+// Why it lives here, beside conversion, and not in formats/ with the safetensors and index codecs:
+// libhdf5 opens, reads and writes its files itself, below the Env seam, while formats/ does no I/O
+// of its own (its readers take the Env's file types). So this is the one reader/writer that works
+// on the POSIX file system only; OpenTensorSource and Convert refuse HDF5 with any other Env.
+//
 // Layout written: one dataset per tensor at a '/'-separated path ("tensors/model.embed.weight"),
 // intermediate groups created on demand. Stored element types:
 //   f64, f32         IEEE little-endian floats
@@ -24,8 +29,8 @@
 // Thread safety: NOT thread-safe. The HDF5 library this links against is the serial build, which
 // has global state and no locks: no two threads may be inside any Hdf5File method (of the same or of
 // different objects) at the same time. Callers serialise all use of this class.
-#ifndef LIFELINE_TOOLS_LIFELINE_HDF5_FILE_H_
-#define LIFELINE_TOOLS_LIFELINE_HDF5_FILE_H_
+#ifndef LIFELINE_LIB_SRC_CONVERT_HDF5_FILE_H_
+#define LIFELINE_LIB_SRC_CONVERT_HDF5_FILE_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -39,7 +44,7 @@
 #include "lifeline/dtype.h"
 #include "lifeline/status.h"
 
-namespace lifeline::cli {
+namespace lifeline {
 
 // The name of the attribute that records a dataset's Lifeline dtype.
 inline constexpr char kHdf5DTypeAttribute[] = "lifeline_dtype";
@@ -177,6 +182,6 @@ struct FlatRangeBox {
 std::vector<FlatRangeBox> DecomposeFlatRange(const std::vector<int64_t>& box_shape,
                                              int64_t flat_begin, int64_t flat_end);
 
-}  // namespace lifeline::cli
+}  // namespace lifeline
 
-#endif  // LIFELINE_TOOLS_LIFELINE_HDF5_FILE_H_
+#endif  // LIFELINE_LIB_SRC_CONVERT_HDF5_FILE_H_

@@ -1,4 +1,4 @@
-#include "tools/lifeline/hdf5_file.h"
+#include "lib/src/convert/hdf5_file.h"
 
 #include <gtest/gtest.h>
 #include <hdf5.h>
@@ -18,7 +18,7 @@
 #include <utility>
 #include <vector>
 
-namespace lifeline::cli {
+namespace lifeline {
 namespace {
 
 constexpr DType kAllDTypes[] = {DType::kF64,    DType::kF32,    DType::kF16, DType::kBF16,
@@ -949,4 +949,4 @@ TEST_F(Hdf5FileTest, WeReadWhatH5pyWrites) {
 }
 
 }  // namespace
-}  // namespace lifeline::cli
+}  // namespace lifeline

@@ -1,4 +1,4 @@
-#include "tools/lifeline/synthetic_model.h"
+#include "lib/src/convert/synthetic_model.h"
 
 #include <bit>
 #include <cmath>
@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <xxhash.h>
 
-namespace lifeline::cli {
+namespace lifeline {
 namespace {
 
 // Global row-major indexes of a shard's elements, in buffer order, computed the slow obvious way.
@@ -387,4 +387,4 @@ TEST(SyntheticModelTest, CheckModelTensorsNamesTheFieldThatDisagrees) {
 }
 
 }  // namespace
-}  // namespace lifeline::cli
+}  // namespace lifeline

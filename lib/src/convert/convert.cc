@@ -1,9 +1,11 @@
-#include "tools/lifeline/convert.h"
+#include "lib/src/convert/convert.h"
 
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cinttypes>
+#include <chrono>
+#include <cstdio>
 #include <cerrno>
 #include <cstring>
 #include <map>
@@ -21,11 +23,10 @@
 #include "lib/src/rank_objects.h"
 #include "lib/src/saver.h"
 #include "lifeline/env.h"
-#include "tools/lifeline/commands.h"
-#include "tools/lifeline/hdf5_file.h"
-#include "tools/lifeline/progress.h"
+#include "lib/src/convert/hdf5_file.h"
+#include "lib/src/convert/tensor_source.h"
 
-namespace lifeline::cli {
+namespace lifeline {
 namespace {
 
 constexpr uint64_t kMinBudget = 1ull << 20;
@@ -34,52 +35,58 @@ std::vector<int64_t> Zeros(size_t n) { return std::vector<int64_t>(n, 0); }
 
 format::Region WholeRegion(const SourceTensor& t) { return format::RegionOfBox(Zeros(t.shape.size()), t.shape); }
 
+Env* EnvOf(const ConvertOptions& o) { return o.env != nullptr ? o.env : Env::Default(); }
+
+// "convert-<pid>-<hex ns>": unique among the runs of this machine, like the CLI's run ids.
+std::string NewConvertRunId() {
+  const uint64_t ns = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "convert-%d-%" PRIx64, static_cast<int>(::getpid()), ns);
+  return buf;
+}
+
 // Streams `region` of tensor `t` in slabs of at most `slab_bytes`; fn(first element of the slab
 // within the region, slab bytes, slab length in elements).
 template <typename Fn>
 Status ForEachSlab(TensorSource& source, size_t t, const format::Region& region, uint64_t slab_bytes,
-                   std::vector<uint8_t>* buf, Progress* progress, Fn&& fn) {
+                   std::vector<uint8_t>* buf, const ConvertOptions& o, Fn&& fn) {
   const SourceTensor& info = source.tensors()[t];
   const size_t elem = DTypeSize(info.dtype);
   const int64_t total = region.num_elements();
   const int64_t slab = std::max<int64_t>(1, static_cast<int64_t>(slab_bytes / elem));
-  if (progress != nullptr) progress->SetDetail(info.name);
   for (int64_t at = 0; at < total;) {
     const int64_t n = std::min(slab, total - at);
     buf->resize(static_cast<size_t>(n) * elem);
-    LL_RETURN_IF_ERROR(source.Read(t, format::SubRegion(region, at, at + n), buf->data())
+    LL_RETURN_IF_ERROR(source.Read(t, ToTensorRegion(format::SubRegion(region, at, at + n)), buf->data())
                            .Annotate("reading tensor '" + info.name + "' of " + source.description()));
     LL_RETURN_IF_ERROR(fn(at, buf->data(), n));
-    if (progress != nullptr) progress->Add(static_cast<uint64_t>(n) * elem);
+    if (o.progress) o.progress(info.name, static_cast<uint64_t>(n) * elem);
     at += n;
   }
   return Status::OK();
 }
 
-std::string TempSuffix() { return ".tmp-" + NewRunId("convert"); }
+std::string TempSuffix() { return ".tmp-" + NewConvertRunId(); }
 
-bool PathExists(const std::string& path) {
-  struct stat st;
-  return ::lstat(path.c_str(), &st) == 0;
-}
-
-Status CheckOutputFree(const std::string& path, bool force) {
-  if (PathExists(path) && !force)
+Status CheckOutputFree(Env* env, const std::string& path, bool force) {
+  // The entry itself (a link, even a dangling one, counts as existing).
+  if (env->GetEntryType(path).ok() && !force)
     return Status::AlreadyExists(path, "exists; remove it or pass --force to replace it");
   return Status::OK();
 }
 
-Status SyncParentDir(const std::string& path) {
+Status SyncParentDir(Env* env, const std::string& path) {
   const size_t slash = path.rfind('/');
   const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash == 0 ? 1 : slash);
-  return Env::Default()->SyncDir(dir);
+  return env->SyncDir(dir);
 }
 
 
 // ---- HDF5 ---------------------------------------------------------------------------------------
 
 Status WriteHdf5(TensorSource& source, Hdf5File& f, const std::vector<size_t>& selected, const ConvertOptions& o,
-                 uint64_t slab_bytes, Progress* progress, ConvertReport* report) {
+                 uint64_t slab_bytes, ConvertReport* report) {
   LL_RETURN_IF_ERROR(f.SetStringAttribute("/", "lifeline_format", "lifeline-hdf5/1"));
   if (source.step()) LL_RETURN_IF_ERROR(f.SetStringAttribute("/", "lifeline_step", std::to_string(*source.step())));
   if (source.saved_world_size() > 0)
@@ -107,7 +114,7 @@ Status WriteHdf5(TensorSource& source, Hdf5File& f, const std::vector<size_t>& s
     LL_RETURN_IF_ERROR(f.CreateDataset(ds, info.dtype, info.shape, dopt));
     LL_RETURN_IF_ERROR(f.SetStringAttribute(ds, "lifeline_name", info.name));
     const format::Region whole = WholeRegion(info);
-    LL_RETURN_IF_ERROR(ForEachSlab(source, t, whole, slab_bytes, &buf, progress,
+    LL_RETURN_IF_ERROR(ForEachSlab(source, t, whole, slab_bytes, &buf, o,
                                    [&](int64_t at, const uint8_t* data, int64_t n) {
                                      return f.WriteRegion(ds, whole.offsets, whole.shape, at, at + n, data);
                                    }));
@@ -166,7 +173,7 @@ struct PendingFile {
 
 Status WriteSafetensorsFile(TensorSource& source, const std::vector<size_t>& tensors,
                             const std::map<std::string, std::string>& metadata, const PendingFile& file,
-                            uint64_t slab_bytes, Progress* progress) {
+                            uint64_t slab_bytes, const ConvertOptions& o) {
   std::vector<format::SafetensorsEntry> entries;
   for (size_t t : tensors) {
     const SourceTensor& info = source.tensors()[t];
@@ -174,7 +181,7 @@ Status WriteSafetensorsFile(TensorSource& source, const std::vector<size_t>& ten
   }
   LL_ASSIGN_OR_RETURN(entries, format::LayOutSafetensors(std::move(entries)));
   LL_ASSIGN_OR_RETURN(std::string prefix, format::BuildSafetensorsPrefix(entries, metadata));
-  LL_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> out, Env::Default()->NewWritableFile(file.tmp, FileOptions{}));
+  LL_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> out, EnvOf(o)->NewWritableFile(file.tmp, FileOptions{}));
   auto body = [&]() -> Status {
     LL_RETURN_IF_ERROR(out->WriteAt(0, prefix.data(), prefix.size()));
     std::vector<uint8_t> buf;
@@ -182,7 +189,7 @@ Status WriteSafetensorsFile(TensorSource& source, const std::vector<size_t>& ten
       const SourceTensor& info = source.tensors()[tensors[k]];
       const uint64_t base = prefix.size() + entries[k].begin;
       const size_t elem = DTypeSize(info.dtype);
-      LL_RETURN_IF_ERROR(ForEachSlab(source, tensors[k], WholeRegion(info), slab_bytes, &buf, progress,
+      LL_RETURN_IF_ERROR(ForEachSlab(source, tensors[k], WholeRegion(info), slab_bytes, &buf, o,
                                      [&](int64_t at, const uint8_t* data, int64_t n) {
                                        return out->WriteAt(base + static_cast<uint64_t>(at) * elem, data,
                                                            static_cast<uint64_t>(n) * elem);
@@ -251,10 +258,12 @@ std::vector<TensorShard> TargetShards(const std::vector<SourceTensor>& tensors, 
   return shards;
 }
 
-Result<ConvertReport> ExportHdf5(TensorSource& source, const std::string& out, const ConvertOptions& o,
-                                 Progress* progress) {
+Result<ConvertReport> ExportHdf5(TensorSource& source, const std::string& out, const ConvertOptions& o) {
   if (o.deflate_level < 0 || o.deflate_level > 9) return Status::InvalidArgument("--deflate must be 0 to 9");
-  LL_RETURN_IF_ERROR(CheckOutputFree(out, o.force));
+  Env* env = EnvOf(o);
+  if (env != Env::Default())
+    return Status::NotSupported(out, "HDF5 output needs the POSIX Env (libhdf5 writes its files itself)");
+  LL_RETURN_IF_ERROR(CheckOutputFree(env, out, o.force));
   const std::vector<size_t> selected = SelectTensors(source, o.select);
   const std::string tmp = out + TempSuffix();
   ConvertReport report;
@@ -262,22 +271,21 @@ Result<ConvertReport> ExportHdf5(TensorSource& source, const std::string& out, c
   {
     Result<Hdf5File> f = Hdf5File::Create(tmp);
     if (!f.ok()) return f.status();
-    s = WriteHdf5(source, *f, selected, o, std::max(o.memory_budget, kMinBudget), progress, &report);
+    s = WriteHdf5(source, *f, selected, o, std::max(o.memory_budget, kMinBudget), &report);
     Status c = f->Close();
     if (s.ok()) s = c;
   }
-  if (s.ok()) s = Env::Default()->RenameFile(tmp, out);
-  if (s.ok()) s = SyncParentDir(out);
+  if (s.ok()) s = env->RenameFile(tmp, out);
+  if (s.ok()) s = SyncParentDir(env, out);
   if (!s.ok()) {
-    Env::Default()->RemoveFile(tmp).IgnoreError();
+    env->RemoveFile(tmp).IgnoreError();
     return s.Annotate("exporting " + source.description() + " to " + out);
   }
   report.outputs.push_back(out);
   return report;
 }
 
-Result<ConvertReport> ExportSafetensors(TensorSource& source, const std::string& out, const ConvertOptions& o,
-                                        Progress* progress) {
+Result<ConvertReport> ExportSafetensors(TensorSource& source, const std::string& out, const ConvertOptions& o) {
   const std::vector<size_t> selected = SelectTensors(source, o.select);
   std::vector<uint64_t> sizes;
   for (size_t t : selected) sizes.push_back(source.tensors()[t].num_bytes());
@@ -285,10 +293,10 @@ Result<ConvertReport> ExportSafetensors(TensorSource& source, const std::string&
   std::vector<std::vector<size_t>> plan = format::PlanSafetensorsShards(sizes, single_file ? 0 : o.max_shard_bytes);
   if (single_file && o.max_shard_bytes > 0)
     return Status::InvalidArgument("--max-shard-size", "needs a directory as output, not the file " + out);
-  Env* env = Env::Default();
+  Env* env = EnvOf(o);
   std::vector<PendingFile> files;
   if (single_file) {
-    LL_RETURN_IF_ERROR(CheckOutputFree(out, o.force));
+    LL_RETURN_IF_ERROR(CheckOutputFree(env, out, o.force));
     files.push_back(PendingFile{out + TempSuffix(), out});
   } else {
     LL_RETURN_IF_ERROR(env->CreateDir(out));
@@ -310,8 +318,13 @@ Result<ConvertReport> ExportSafetensors(TensorSource& source, const std::string&
   const std::map<std::string, std::string> other_metadata = {{"format", first_metadata["format"]}};
   const uint64_t slab = std::max(o.memory_budget, kMinBudget);
   ConvertReport report;
+  // On failure every file of this export goes, the ones already renamed too: a directory holding
+  // some shards and no index would read as a smaller model. (Shards of an earlier export were
+  // refused or removed above, so the final names are this export's.)
+  std::vector<std::string> renamed;
   auto cleanup = [&](Status s) {
     for (const PendingFile& f : files) env->RemoveFile(f.tmp).IgnoreError();
+    for (auto f = renamed.rbegin(); f != renamed.rend(); ++f) env->RemoveFile(*f).IgnoreError();  // the index first
     return s.Annotate("exporting " + source.description() + " to " + out);
   };
   std::vector<std::pair<std::string, std::string>> weight_map;
@@ -324,12 +337,13 @@ Result<ConvertReport> ExportSafetensors(TensorSource& source, const std::string&
       report.tensors++;
       report.bytes += info.num_bytes();
     }
-    Status s = WriteSafetensorsFile(source, tensors, i == 0 ? first_metadata : other_metadata, files[i], slab, progress);
+    Status s = WriteSafetensorsFile(source, tensors, i == 0 ? first_metadata : other_metadata, files[i], slab, o);
     if (!s.ok()) return cleanup(s);
   }
   for (const PendingFile& f : files) {
     Status s = env->RenameFile(f.tmp, f.final_path);
     if (!s.ok()) return cleanup(s);
+    if (!single_file) renamed.push_back(f.final_path);
     report.outputs.push_back(f.final_path);
   }
   if (!single_file && plan.size() > 1) {
@@ -338,6 +352,7 @@ Result<ConvertReport> ExportSafetensors(TensorSource& source, const std::string&
     const std::string path = JoinPath(out, std::string(format::kSafetensorsIndexFileName));
     Status s = WriteFileAtomically(env, path, *index);
     if (!s.ok()) return cleanup(s);
+    renamed.push_back(path);
     report.outputs.push_back(path);
   }
   Status s = env->SyncDir(single_file ? (out.rfind('/') == std::string::npos ? "." : out.substr(0, std::max<size_t>(1, out.rfind('/'))))
@@ -348,7 +363,7 @@ Result<ConvertReport> ExportSafetensors(TensorSource& source, const std::string&
 }
 
 Result<ConvertReport> ExportLifeline(TensorSource& source, const std::string& out, const ParallelLayout& layout,
-                                     const ConvertOptions& o, Progress* progress) {
+                                     const ConvertOptions& o) {
   const std::vector<size_t> selected = SelectTensors(source, o.select);
   std::vector<SourceTensor> tensors;
   std::unordered_map<std::string, size_t> source_index;
@@ -356,10 +371,10 @@ Result<ConvertReport> ExportLifeline(TensorSource& source, const std::string& ou
     tensors.push_back(source.tensors()[t]);
     source_index[source.tensors()[t].name] = t;
   }
-  Env* env = Env::Default();
+  Env* env = EnvOf(o);
   const uint32_t world = layout.world_size();
   const uint64_t step = o.step.value_or(source.step().value_or(0));
-  const std::string run_id = NewRunId("convert");
+  const std::string run_id = NewConvertRunId();
   const std::string run_hash = RunHash(run_id);
   LL_RETURN_IF_ERROR(CreateDirDurably(env, out));
 
@@ -392,6 +407,9 @@ Result<ConvertReport> ExportLifeline(TensorSource& source, const std::string& ou
 
   ConvertReport report;
   report.step = step;
+  report.ranks = world;
+  report.tp = layout.tp;
+  report.dp = layout.dp;
   report.tensors = tensors.size();
   report.objects = source.objects().size();
   std::vector<uint8_t> slab;
@@ -414,10 +432,10 @@ Result<ConvertReport> ExportLifeline(TensorSource& source, const std::string& ou
         const int64_t total = pf.region.num_elements();
         const int64_t len = std::max<int64_t>(e1 - e0, std::min<int64_t>(total - e0, slab_bytes / elem));
         slab.resize(static_cast<size_t>(len) * elem);
-        if (progress != nullptr) progress->SetDetail(t.name);
-        LL_RETURN_IF_ERROR(source.Read(source_index.at(t.name), format::SubRegion(pf.region, e0, e0 + len), slab.data())
+        LL_RETURN_IF_ERROR(source.Read(source_index.at(t.name), ToTensorRegion(format::SubRegion(pf.region, e0, e0 + len)),
+                                       slab.data())
                                .Annotate("reading tensor '" + t.name + "' of " + source.description()));
-        if (progress != nullptr) progress->Add(static_cast<uint64_t>(len) * elem);
+        if (o.progress) o.progress(t.name, static_cast<uint64_t>(len) * elem);
         cached = &pf;
         cache_begin = e0;
         cache_end = e0 + len;
@@ -441,4 +459,35 @@ Result<ConvertReport> ExportLifeline(TensorSource& source, const std::string& ou
   return report;
 }
 
-}  // namespace lifeline::cli
+// ---- the public entry points (lifeline/convert.h) -----------------------------------------------
+
+std::string_view ConvertFormatName(ConvertFormat format) {
+  switch (format) {
+    case ConvertFormat::kHdf5: return "hdf5";
+    case ConvertFormat::kSafetensors: return "safetensors";
+    case ConvertFormat::kLifeline: return "lifeline";
+  }
+  return "?";
+}
+
+Result<ConvertFormat> ParseConvertFormat(std::string_view name) {
+  for (ConvertFormat f : {ConvertFormat::kHdf5, ConvertFormat::kSafetensors, ConvertFormat::kLifeline})
+    if (ConvertFormatName(f) == name) return f;
+  return Status::InvalidArgument("--to", "'" + std::string(name) + "' is not hdf5, safetensors or lifeline");
+}
+
+Result<ConvertReport> Convert(TensorSource& source, ConvertFormat to, const std::string& out,
+                              const ConvertOptions& options) {
+  switch (to) {
+    case ConvertFormat::kHdf5: return ExportHdf5(source, out, options);
+    case ConvertFormat::kSafetensors: return ExportSafetensors(source, out, options);
+    case ConvertFormat::kLifeline: {
+      const uint32_t ranks = options.ranks != 0 ? options.ranks : std::max<uint32_t>(1, source.saved_world_size());
+      LL_ASSIGN_OR_RETURN(ParallelLayout layout, ResolveLayout(ranks, options.tp, options.dp));
+      return ExportLifeline(source, out, layout, options);
+    }
+  }
+  return Status::InvalidArgument("convert", "unknown output format");
+}
+
+}  // namespace lifeline

@@ -1,5 +1,5 @@
 // The agent's metrics: every documented family is exported, fed by the events a user's job
-// produces, and served over HTTP.
+// produces (applied to a Timeline, as the agent does), and served over HTTP.
 #include "agent/metrics.h"
 
 #include <arpa/inet.h>
@@ -25,6 +25,11 @@ trace::Event Ev(trace::EventType type, uint64_t t_ms, uint64_t step, uint64_t se
   return e;
 }
 
+// Applies `e` to `timeline` and hands the change to `m`, as the agent does.
+void Feed(Timeline* timeline, AgentMetrics* m, int rank, const trace::Event& e) {
+  m->Observe(*timeline, timeline->Apply(rank, e));
+}
+
 // The value of the sample `series` (name plus labels, as printed) in an exposition, or -1.
 double Sample(const std::string& text, const std::string& series) {
   const size_t at = text.find("\n" + series + " ");
@@ -45,31 +50,34 @@ TEST(MetricsTest, EveryDocumentedFamilyIsExportedWithItsType) {
 
 TEST(MetricsTest, EventsBecomeStepCollectiveAndCheckpointFigures) {
   AgentMetrics m("job", 3);
+  Timeline timeline;
+  timeline.Reset(3);
   for (uint64_t k = 0; k < 5; ++k) {
     const uint64_t t = 1000 + k * 100;
     for (int r = 0; r < 3; ++r) {
-      m.Observe(r, Ev(trace::EventType::kStepBegin, t, k));
+      Feed(&timeline, &m, r, Ev(trace::EventType::kStepBegin, t, k));
       // Rank 2 enters every allreduce 30 ms after the others.
-      m.Observe(r, Ev(trace::EventType::kCollectiveBegin, t + 10 + (r == 2 ? 30 : 0), k, k + 1));
-      m.Observe(r, Ev(trace::EventType::kCollectiveEnd, t + 45, k, k + 1));
-      m.Observe(r, Ev(trace::EventType::kStepEnd, t + 50, k));
+      Feed(&timeline, &m, r, Ev(trace::EventType::kCollectiveBegin, t + 10 + (r == 2 ? 30 : 0), k, k + 1));
+      Feed(&timeline, &m, r, Ev(trace::EventType::kCollectiveEnd, t + 45, k, k + 1));
+      Feed(&timeline, &m, r, Ev(trace::EventType::kStepEnd, t + 50, k));
     }
   }
   trace::Event copied = Ev(trace::EventType::kCheckpointCopied, 2000, 4);
   copied.aux = 400000;  // 0.4 ms stall
-  m.Observe(0, copied);
+  Feed(&timeline, &m, 0, copied);
   trace::Event persisted = Ev(trace::EventType::kCheckpointPersisted, 3000, 4);
   persisted.duration_ns = 2000000000;
   persisted.aux = 1 << 20;
-  m.Observe(0, persisted);
-  m.Observe(0, Ev(trace::EventType::kCheckpointCommitted, 3000, 4));
-  m.Observe(1, Ev(trace::EventType::kCheckpointFailed, 3000, 4));
+  Feed(&timeline, &m, 0, persisted);
+  Feed(&timeline, &m, 0, Ev(trace::EventType::kCheckpointCommitted, 3000, 4));
+  Feed(&timeline, &m, 1, Ev(trace::EventType::kCheckpointFailed, 3000, 4));
   trace::Event fallback = Ev(trace::EventType::kCheckpointFallback, 3000, 4);
   fallback.aux = 1;  // from the memory tier
-  m.Observe(2, fallback);
+  Feed(&timeline, &m, 2, fallback);
   m.Anomaly("straggler", {2});
   m.Restarted();
-  m.RankExited(1);
+  timeline.RankExited(1);
+  m.RankExited(timeline);
   m.RingDropped(0, 7);
 
   const std::string text = m.Render();
@@ -95,6 +103,20 @@ TEST(MetricsTest, EventsBecomeStepCollectiveAndCheckpointFigures) {
   EXPECT_EQ(Sample(text, "lifeline_restarts_total"), 1);
   EXPECT_EQ(Sample(text, "lifeline_ranks_alive"), 2);
   EXPECT_EQ(Sample(text, "lifeline_trace_events_dropped_total{rank=\"0\"}"), 7);
+}
+
+// A Python rank waits on two async collectives in reverse order: both are timed.
+TEST(MetricsTest, CollectivesEndedOutOfOrderAreAllTimed) {
+  AgentMetrics m("job", 1);
+  Timeline timeline;
+  timeline.Reset(1);
+  Feed(&timeline, &m, 0, Ev(trace::EventType::kCollectiveBegin, 100, 0, 1));
+  Feed(&timeline, &m, 0, Ev(trace::EventType::kCollectiveBegin, 110, 0, 2));
+  Feed(&timeline, &m, 0, Ev(trace::EventType::kCollectiveEnd, 150, 0, 2));
+  Feed(&timeline, &m, 0, Ev(trace::EventType::kCollectiveEnd, 160, 0, 1));
+  const std::string text = m.Render();
+  EXPECT_EQ(Sample(text, "lifeline_collective_duration_seconds_count{op=\"allreduce\"}"), 2) << text;
+  EXPECT_NEAR(Sample(text, "lifeline_collective_duration_seconds_sum{op=\"allreduce\"}"), 0.1, 1e-9) << text;
 }
 
 TEST(MetricsTest, ServesTheExpositionOverHttp) {

@@ -48,8 +48,8 @@
 //
 // Thread safety: everything here is a pure function or a value type; RankState is used by one
 // thread at a time.
-#ifndef LIFELINE_TOOLS_LIFELINE_SYNTHETIC_MODEL_H_
-#define LIFELINE_TOOLS_LIFELINE_SYNTHETIC_MODEL_H_
+#ifndef LIFELINE_LIB_SRC_CONVERT_SYNTHETIC_MODEL_H_
+#define LIFELINE_LIB_SRC_CONVERT_SYNTHETIC_MODEL_H_
 
 #include <algorithm>
 #include <cstddef>
@@ -64,7 +64,7 @@
 #include "lifeline/dtype.h"
 #include "lifeline/status.h"
 
-namespace lifeline::cli {
+namespace lifeline {
 
 inline constexpr int64_t kDefaultHidden = 1024;
 inline constexpr int64_t kMinHidden = 64;
@@ -240,6 +240,6 @@ void ForEachRun(const TensorShard& shard, Fn&& fn) {
   }
 }
 
-}  // namespace lifeline::cli
+}  // namespace lifeline
 
-#endif  // LIFELINE_TOOLS_LIFELINE_SYNTHETIC_MODEL_H_
+#endif  // LIFELINE_LIB_SRC_CONVERT_SYNTHETIC_MODEL_H_

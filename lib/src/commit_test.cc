@@ -1,6 +1,8 @@
 // Commit and visibility: a checkpoint is used only once every rank's index is there; a failed or
 // unfinished save never hides or damages the previous checkpoint; retention keeps the newest
-// complete ones and clears out partial leftovers; WaitForCommit tells the two apart.
+// complete ones and clears out partial leftovers; WaitForCommit tells the two apart. The first
+// part drives whole Checkpointers on real files (moved here from tests/integration); the second
+// calls commit.h directly, in memory (MemEnv), crashes included.
 #include <algorithm>
 #include <atomic>
 #include <set>
@@ -10,6 +12,7 @@
 
 #include "lib/src/checkpoint_layout.h"
 #include "lib/src/checkpoint_reader.h"
+#include "lib/src/commit.h"
 #include "tests/integration/test_util.h"
 
 namespace lifeline::testing {
@@ -452,3 +455,113 @@ TEST_F(FailedSaveTest, ManifestFailureAfterTheLastIndexStillCommits) {
 
 }  // namespace
 }  // namespace lifeline::testing
+
+// ---- commit.h directly, over MemEnv ----------------------------------------------------------
+
+namespace lifeline {
+namespace {
+
+CheckpointInfo Info(uint64_t step, bool complete, bool invalid = false) {
+  CheckpointInfo i;
+  i.step = step;
+  i.complete = complete;
+  i.invalid = invalid;
+  i.directory = "/ckpt/" + StepDirName(step);
+  return i;
+}
+
+// Steps 6 (partial, being written), 5, 4 (partial), 3 (complete, unloadable), 2, 1, and 0
+// (invalid), newest first as ScanCheckpoints lists them.
+std::vector<CheckpointInfo> History() {
+  return {Info(6, false), Info(5, true), Info(4, false), Info(3, true), Info(2, true), Info(1, true),
+          Info(0, true, /*invalid=*/true)};
+}
+
+RetentionPolicy Policy(uint32_t keep_last) {
+  RetentionPolicy p;
+  p.keep_last = keep_last;
+  p.loadable = [](const CheckpointInfo& i) {
+    return i.step == 3 ? Status::Corruption("step 3", "manifest damaged") : Status::OK();
+  };
+  return p;
+}
+
+TEST(CommitRetentionPlanTest, KeepsTheNewestLoadableStepsAndNeverCountsAnUnloadableOne) {
+  std::vector<CheckpointInfo> all = History();
+  const std::vector<bool> remove = RetentionPlan(all, Policy(2));
+  // 6: newer than every loadable step, may still be written; 5, 2: the two newest loadable;
+  // 4: partial and older than a loadable step; 3: unloadable, kept until two loadable steps are
+  // newer, which they are not; 1: beyond keep_last; 0: invalid.
+  EXPECT_EQ(std::vector<bool>({false, false, true, false, false, true, true}), remove);
+  EXPECT_FALSE(all[3].complete) << "an unloadable step is reported as not complete";
+  EXPECT_NE(std::string::npos, all[3].problem.find("manifest damaged")) << all[3].problem;
+}
+
+TEST(CommitRetentionPlanTest, KeepLastZeroKeepsEveryCompleteStep) {
+  std::vector<CheckpointInfo> all = History();
+  const std::vector<bool> remove = RetentionPlan(all, Policy(0));
+  EXPECT_EQ(std::vector<bool>({false, false, true, false, false, false, true}), remove);
+}
+
+TEST(CommitRetentionPlanTest, StalePartialStepsOfEndedLaunchesGoEvenWhenNewest) {
+  std::vector<CheckpointInfo> all = History();
+  RetentionPolicy p = Policy(2);
+  p.stale = [](const CheckpointInfo& i) { return i.step == 6; };
+  EXPECT_TRUE(RetentionPlan(all, p)[0]);
+}
+
+CheckpointerOptions MemOptions(Env* env, uint32_t rank, uint32_t world) {
+  CheckpointerOptions o;
+  o.directory = "/ckpt";
+  o.env = env;
+  o.rank = rank;
+  o.world_size = world;
+  o.run_id = "commit-unit-test";
+  o.chunk_bytes = 4096;
+  o.write_block_bytes = 4096;
+  o.staging_budget_bytes = 1 << 20;
+  o.direct_io = false;
+  return o;
+}
+
+Status SaveRank(Env* env, uint32_t rank, uint32_t world, uint64_t step, std::vector<float>* data) {
+  LL_ASSIGN_OR_RETURN(std::unique_ptr<Checkpointer> ckpt, Checkpointer::Open(MemOptions(env, rank, world)));
+  SaveRequest req;
+  req.tensors.push_back(TensorShard::Flat("w", DType::kF32, {8}, rank * 4, rank * 4 + 4, data->data()));
+  return ckpt->Save(step, req).WaitPersisted();
+}
+
+TEST(CommitMemEnvTest, AStepCommitsWithItsLastRankIndexAndSurvivesACrash) {
+  std::unique_ptr<MemEnv> env = NewMemEnv();
+  std::vector<float> a(4, 1.0f), b(4, 2.0f);
+  ASSERT_TRUE(SaveRank(env.get(), 0, 2, 7, &a).ok());
+  Status waiting = WaitForCommitIn(env.get(), "/ckpt", 7, 0.05);
+  EXPECT_EQ(StatusCode::kAborted, waiting.code()) << waiting.ToString();
+  EXPECT_NE(std::string::npos, waiting.ToString().find("7")) << "names the step: " << waiting.ToString();
+
+  ASSERT_TRUE(SaveRank(env.get(), 1, 2, 7, &b).ok());
+  EXPECT_TRUE(WaitForCommitIn(env.get(), "/ckpt", 7, 1).ok());
+  // Committed means durable: a power cut right after the save changes nothing.
+  env->SimulateCrash();
+  Status after = WaitForCommitIn(env.get(), "/ckpt", 7, 1);
+  EXPECT_TRUE(after.ok()) << after.ToString();
+  auto reader = CheckpointReader::Open(env.get(), "/ckpt", 7);
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  EXPECT_TRUE((*reader)->Verify(nullptr).ok());
+
+  // A committed step is never written again, by any attempt.
+  Result<std::string> again = PrepareStepDir(env.get(), "/ckpt", 7, RunHash("another-launch"), 0, 2);
+  EXPECT_TRUE(again.status().IsAlreadyExists()) << again.status().ToString();
+}
+
+TEST(CommitMemEnvTest, CreateDirDurablySurvivesACrashThatAPlainCreateDoesNot) {
+  std::unique_ptr<MemEnv> env = NewMemEnv();
+  ASSERT_TRUE(CreateDirDurably(env.get(), "/a/b/c").ok());
+  ASSERT_TRUE(env->CreateDir("/a/b/c/plain").ok());
+  env->SimulateCrash();
+  EXPECT_TRUE(env->FileExists("/a/b/c"));
+  EXPECT_FALSE(env->FileExists("/a/b/c/plain")) << "the crash model lost nothing it should have";
+}
+
+}  // namespace
+}  // namespace lifeline

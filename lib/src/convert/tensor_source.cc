@@ -1,6 +1,4 @@
-#include "tools/lifeline/tensor_source.h"
-
-#include <sys/stat.h>
+#include "lib/src/convert/tensor_source.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -17,9 +15,9 @@
 #include "lib/src/checkpoint_reader.h"
 #include "lib/src/rank_objects.h"
 #include "lifeline/env.h"
-#include "tools/lifeline/hdf5_file.h"
+#include "lib/src/convert/hdf5_file.h"
 
-namespace lifeline::cli {
+namespace lifeline {
 
 int64_t SourceTensor::num_elements() const {
   int64_t n = 1;
@@ -29,7 +27,19 @@ int64_t SourceTensor::num_elements() const {
 
 uint64_t SourceTensor::num_bytes() const { return static_cast<uint64_t>(num_elements()) * DTypeSize(dtype); }
 
-Status TensorSource::Read(size_t tensor, const format::Region& region, void* dst) {
+TensorRegion TensorRegion::Whole(const SourceTensor& tensor) {
+  return TensorRegion{std::vector<int64_t>(tensor.shape.size(), 0), tensor.shape, 0, tensor.num_elements()};
+}
+
+format::Region ToFormatRegion(const TensorRegion& region) {
+  return format::Region{region.offsets, region.shape, region.flat_begin, region.flat_end};
+}
+
+TensorRegion ToTensorRegion(const format::Region& region) {
+  return TensorRegion{region.offsets, region.shape, region.flat_begin, region.flat_end};
+}
+
+Status TensorSource::Read(size_t tensor, const TensorRegion& region, void* dst) {
   LL_RETURN_IF_ERROR(ReadRegion(tensor, region, dst));
   const SourceTensor& t = tensors_.at(tensor);
   if (t.dtype != DType::kBool) return Status::OK();
@@ -165,6 +175,26 @@ FileOptions UserInput() {
   return o;
 }
 
+}  // namespace
+
+Result<std::unique_ptr<RandomAccessFile>> OpenUserFile(Env* env, const std::string& path) {
+  // Refused before the open: opening a FIFO for reading would block.
+  LL_ASSIGN_OR_RETURN(const EntryType type, env->GetEntryType(path));
+  if (type == EntryType::kDirectory || type == EntryType::kOther ||
+      (type == EntryType::kSymlink && env->IsDirectory(path)))
+    return Status::InvalidArgument(path, "not a regular file");
+  if (type == EntryType::kSymlink) {
+    // What the link points to is not known without opening it (GetEntryType does not follow
+    // links). A FIFO or a device has size 0: such a target, like an empty file, holds no format
+    // and is refused unopened.
+    LL_ASSIGN_OR_RETURN(const uint64_t size, env->GetFileSize(path));
+    if (size == 0) return Status::InvalidArgument(path, "links to an empty file or to one that is not a regular file");
+  }
+  return env->NewRandomAccessFile(path, UserInput());
+}
+
+namespace {
+
 Status ValidateName(std::string_view name, const std::string& what) {
   if (name.empty() || name.size() > format::kMaxNameBytes || name.find('\0') != std::string_view::npos)
     return Status::Corruption(what, "name must be 1 to 4096 bytes without NUL");
@@ -177,11 +207,10 @@ class CheckpointSource final : public TensorSource {
  public:
   CheckpointSource() : TensorSource(SourceKind::kCheckpoint) {}
 
-  static Result<std::unique_ptr<TensorSource>> Open(const std::string& dir, const SourceOptions& options) {
+  static Result<std::unique_ptr<TensorSource>> Open(Env* env, const std::string& dir, const SourceOptions& options) {
     ReaderOptions ro;
     ro.memory_budget = std::max<uint64_t>(options.memory_budget, 16ull << 20);
-    LL_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader,
-                        CheckpointReader::Open(Env::Default(), dir, options.step, ro));
+    LL_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(env, dir, options.step, ro));
     auto src = std::make_unique<CheckpointSource>();
     const format::CheckpointIndex& m = reader->manifest();
     src->description_ = "checkpoint " + dir + " step " + std::to_string(m.step);
@@ -197,7 +226,7 @@ class CheckpointSource final : public TensorSource {
     return std::unique_ptr<TensorSource>(std::move(src));
   }
 
-  Status ReadRegion(size_t tensor, const format::Region& region, void* dst) override {
+  Status ReadRegion(size_t tensor, const TensorRegion& region, void* dst) override {
     const SourceTensor& t = tensors_.at(tensor);
     TensorShard target = TensorShard::BoxFlat(t.name, t.dtype, t.shape, region.offsets, region.shape,
                                               region.flat_begin, region.flat_end, dst);
@@ -218,7 +247,9 @@ class CheckpointSource final : public TensorSource {
 
 class Hdf5Source final : public TensorSource {
  public:
-  static Result<std::unique_ptr<TensorSource>> Open(const std::string& path) {
+  static Result<std::unique_ptr<TensorSource>> Open(Env* env, const std::string& path) {
+    if (env != Env::Default())
+      return Status::NotSupported(path, "HDF5 input needs the POSIX Env (libhdf5 reads its files itself)");
     LL_ASSIGN_OR_RETURN(Hdf5File file, Hdf5File::OpenReadOnly(path));
     auto src = std::make_unique<Hdf5Source>(std::move(file));
     LL_RETURN_IF_ERROR(src->Scan());
@@ -227,7 +258,7 @@ class Hdf5Source final : public TensorSource {
 
   explicit Hdf5Source(Hdf5File file) : TensorSource(SourceKind::kHdf5), file_(std::move(file)) {}
 
-  Status ReadRegion(size_t tensor, const format::Region& region, void* dst) override {
+  Status ReadRegion(size_t tensor, const TensorRegion& region, void* dst) override {
     if (region.num_elements() == 0) return Status::OK();
     return file_.ReadRegion(datasets_.at(tensor), region.offsets, region.shape, region.flat_begin, region.flat_end, dst);
   }
@@ -320,16 +351,17 @@ class SafetensorsSource final : public TensorSource {
   SafetensorsSource() : TensorSource(SourceKind::kSafetensors) {}
 
   // `files`: the shard files in order; `expected`: tensor -> file from an index (empty: none).
-  static Result<std::unique_ptr<TensorSource>> Open(const std::string& what, const std::vector<std::string>& files,
+  static Result<std::unique_ptr<TensorSource>> Open(Env* env, const std::string& what,
+                                                    const std::vector<std::string>& files,
                                                     const std::map<std::string, std::string>& expected) {
     auto src = std::make_unique<SafetensorsSource>();
     src->description_ = "safetensors " + what;
     std::map<std::string, std::string> file_of;
     std::map<std::string, std::string> metadata;
     for (const std::string& path : files) {
-      LL_ASSIGN_OR_RETURN(format::SafetensorsHeader header, format::ReadSafetensorsFile(path));
-      LL_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file,
-                          Env::Default()->NewRandomAccessFile(path, UserInput()));
+      // Opened once: the header is read through the same file the tensors are read from.
+      LL_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file, OpenUserFile(env, path));
+      LL_ASSIGN_OR_RETURN(format::SafetensorsHeader header, format::ReadSafetensorsHeader(*file));
       src->files_.push_back(std::move(file));
       const size_t file_index = src->files_.size() - 1;
       if (metadata.empty()) metadata = header.metadata;
@@ -352,8 +384,9 @@ class SafetensorsSource final : public TensorSource {
     return std::unique_ptr<TensorSource>(std::move(src));
   }
 
-  Status ReadRegion(size_t tensor, const format::Region& region, void* dst) override {
+  Status ReadRegion(size_t tensor, const TensorRegion& tensor_region, void* dst) override {
     const SourceTensor& t = tensors_.at(tensor);
+    const format::Region region = ToFormatRegion(tensor_region);
     LL_RETURN_IF_ERROR(format::ValidateRegion(region, t.shape, "tensor '" + t.name + "'", /*untrusted=*/false));
     if (region.num_elements() == 0) return Status::OK();
     const Where& w = where_.at(tensor);
@@ -440,10 +473,10 @@ class SafetensorsSource final : public TensorSource {
   std::vector<std::string> object_bytes_;
 };
 
-bool HasHdf5Signature(const std::string& path) {
+bool HasHdf5Signature(Env* env, const std::string& path) {
   // The superblock may follow a user block of 512, 1024, 2048... bytes.
   static const unsigned char kSig[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
-  Result<std::unique_ptr<RandomAccessFile>> file = Env::Default()->NewRandomAccessFile(path, UserInput());
+  Result<std::unique_ptr<RandomAccessFile>> file = OpenUserFile(env, path);
   if (!file.ok()) return false;
   const Result<uint64_t> size = (*file)->Size();
   unsigned char buf[8];
@@ -457,10 +490,10 @@ bool HasHdf5Signature(const std::string& path) {
 }  // namespace
 
 Result<std::unique_ptr<TensorSource>> OpenTensorSource(const std::string& path, const SourceOptions& options) {
-  struct stat st;
-  if (::stat(path.c_str(), &st) != 0) return Status::FromErrno(errno, path);
-  Env* env = Env::Default();
-  if (S_ISDIR(st.st_mode)) {
+  Env* env = options.env != nullptr ? options.env : Env::Default();
+  LL_ASSIGN_OR_RETURN(const EntryType type, env->GetEntryType(path));
+  // A link the user names is followed (IsDirectory follows it).
+  if (env->IsDirectory(path)) {
     LL_ASSIGN_OR_RETURN(std::vector<std::string> children, env->GetChildren(path));
     std::sort(children.begin(), children.end());
     bool has_steps = false;
@@ -474,7 +507,7 @@ Result<std::unique_ptr<TensorSource>> OpenTensorSource(const std::string& path, 
     }
     if (has_steps && (has_index || !shards.empty()))
       return Status::InvalidArgument(path, "holds both checkpoint steps and safetensors files; name one of them");
-    if (has_steps) return CheckpointSource::Open(path, options);
+    if (has_steps) return CheckpointSource::Open(env, path, options);
     if (has_index) {
       const std::string index_path = JoinPath(path, std::string(format::kSafetensorsIndexFileName));
       LL_ASSIGN_OR_RETURN(std::string text, ReadFileToString(env, index_path, 256ull << 20, UserInput()));
@@ -482,17 +515,17 @@ Result<std::unique_ptr<TensorSource>> OpenTensorSource(const std::string& path, 
       std::vector<std::string> files;
       for (const std::string& f : index.files) files.push_back(JoinPath(path, f));
       std::map<std::string, std::string> expected(index.weight_map.begin(), index.weight_map.end());
-      return SafetensorsSource::Open(path, files, expected);
+      return SafetensorsSource::Open(env, path, files, expected);
     }
-    if (!shards.empty()) return SafetensorsSource::Open(path, shards, {});
+    if (!shards.empty()) return SafetensorsSource::Open(env, path, shards, {});
     if (env->FileExists(JoinPath(path, "lifeline.id")))
       return Status::NotFound(path, "no checkpoint step in this checkpoint directory");
     return Status::InvalidArgument(path, "is neither a Lifeline checkpoint directory (step-* directories) nor a "
                                          "directory of .safetensors files");
   }
-  if (!S_ISREG(st.st_mode)) return Status::InvalidArgument(path, "is not a regular file or a directory");
-  if (HasHdf5Signature(path)) return Hdf5Source::Open(path);
-  Result<std::unique_ptr<TensorSource>> st_source = SafetensorsSource::Open(path, {path}, {});
+  if (type == EntryType::kOther) return Status::InvalidArgument(path, "is not a regular file or a directory");
+  if (HasHdf5Signature(env, path)) return Hdf5Source::Open(env, path);
+  Result<std::unique_ptr<TensorSource>> st_source = SafetensorsSource::Open(env, path, {path}, {});
   if (st_source.ok()) return st_source;
   const bool named_safetensors = path.size() > 12 && path.compare(path.size() - 12, 12, ".safetensors") == 0;
   if (named_safetensors) return st_source.status();
@@ -500,4 +533,4 @@ Result<std::unique_ptr<TensorSource>> OpenTensorSource(const std::string& path, 
                                            st_source.status().ToString() + ")");
 }
 
-}  // namespace lifeline::cli
+}  // namespace lifeline

@@ -1,4 +1,4 @@
-#include "tools/lifeline/hdf5_file.h"
+#include "lib/src/convert/hdf5_file.h"
 
 #include <hdf5.h>
 #include <sys/stat.h>
@@ -15,7 +15,7 @@
 // In-memory elements are little-endian host values; the memory types below say so explicitly.
 static_assert(std::endian::native == std::endian::little, "Hdf5File assumes a little-endian host");
 
-namespace lifeline::cli {
+namespace lifeline {
 namespace {
 
 constexpr size_t kMaxRank = 32;
@@ -1030,4 +1030,4 @@ Result<std::string> Hdf5File::ReadBytes(const std::string& path) {
   return out;
 }
 
-}  // namespace lifeline::cli
+}  // namespace lifeline

@@ -1,4 +1,4 @@
-#include "tools/lifeline/synthetic_model.h"
+#include "lib/src/convert/synthetic_model.h"
 
 #include <array>
 #include <bit>
@@ -11,7 +11,7 @@
 
 #include "formats/checksum.h"
 
-namespace lifeline::cli {
+namespace lifeline {
 namespace {
 
 constexpr size_t kBufferAlignment = 4096;
@@ -408,4 +408,4 @@ Result<ParallelLayout> ResolveLayout(uint32_t ranks, uint32_t tp, uint32_t dp) {
   return l;
 }
 
-}  // namespace lifeline::cli
+}  // namespace lifeline

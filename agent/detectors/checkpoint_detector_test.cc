@@ -1,0 +1,112 @@
+// CheckpointDetector on synthetic streams with failing and lagging saves
+// (agent/detectors/event_simulator.h).
+#include "agent/detectors/checkpoint_detector.h"
+
+#include <algorithm>
+#include <csignal>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "agent/detectors/event_simulator.h"
+#include "lifeline/status.h"
+
+namespace lifeline::agent {
+namespace {
+
+using namespace simulation;
+using trace::Event;
+using trace::EventType;
+using trace::Op;
+
+TEST(CheckpointDetectorTest, FailureNamesRankStepAndCode) {
+  Sim sim;
+  sim.steps = 120;
+  sim.checkpoint_every = 25;
+  sim.checkpoint_fails = [](int r, int k) { return r == 2 && k == 49; };
+  const Stream stream = Generate(sim);
+  auto detectors = MakeDetectors(Config(4));
+  Driver driver(&detectors, 4);
+  driver.Load(stream);
+  driver.RunUntil(LastTime(stream) + 1 * kSec);
+  ASSERT_EQ(driver.all().size(), 1u) << Describe(driver.all());
+  const Anomaly& a = driver.all()[0];
+  EXPECT_EQ(a.kind, "checkpoint");
+  EXPECT_EQ(a.ranks, std::vector<int>{2});
+  EXPECT_EQ(a.step, 49u);
+  EXPECT_EQ(a.evidence["status_code"], static_cast<int>(StatusCode::kIOError));
+}
+
+TEST(CheckpointDetectorTest, PersistLagOnOneRankIsNamedAfterLagCountInARow) {
+  Sim sim;
+  sim.steps = 300;
+  sim.checkpoint_every = 20;  // ~1.2 s between saves
+  sim.persist = 0.3;
+  sim.persist_seconds = [](int r, int k) { return r == 1 && k >= 100 ? 2.5 : 0.3; };
+  const Stream stream = Generate(sim);
+  CheckpointDetector checkpoint(CheckpointConfig{});
+  Driver driver({&checkpoint}, 4);
+  driver.Load(stream);
+  driver.RunUntil(LastTime(stream) + 1 * kSec);
+  ASSERT_EQ(driver.all().size(), 1u) << Describe(driver.all());  // cooldown 300 s
+  const Anomaly& a = driver.all()[0];
+  EXPECT_EQ(a.ranks, std::vector<int>{1});
+  EXPECT_NEAR(a.evidence["interval_seconds"].get<double>(), 1.2, 0.2);
+  // Checkpoints of steps 119, 139, 159 lag. It fires once 159's save has been unpersisted for an
+  // interval, before 139's persist (2.5 s) arrives: the last two are counted as still pending.
+  ASSERT_EQ(a.evidence["persist_seconds"].size(), 3u);
+  EXPECT_NEAR(a.evidence["persist_seconds"][0].get<double>(), 2.5, 0.01);
+  EXPECT_GT(a.evidence["persist_seconds"][2].get<double>(), 1.1);
+  EXPECT_EQ(a.evidence["unpersisted"], 2);
+  ASSERT_TRUE(a.step.has_value());
+  EXPECT_EQ(*a.step, 159u);
+}
+
+// A load that passed over a damaged checkpoint is a checkpoint anomaly naming the ranks, the step
+// skipped and the step loaded instead: a fallback is never only a log line.
+TEST(CheckpointDetectorTest, LoadFallbackIsAnAnomalyNamingRanksAndSteps) {
+  CheckpointDetector checkpoint(CheckpointConfig{});
+  Driver driver({&checkpoint}, 4);
+  Stream stream(4);
+  for (int r : {1, 3}) {
+    Event e = Ev(EventType::kCheckpointFallback, 1 * kSec, 200);
+    e.bytes = 100;  // the step loaded instead
+    stream[r].push_back(e);
+  }
+  driver.Load(stream);
+  driver.RunUntil(2 * kSec);
+  ASSERT_EQ(driver.all().size(), 1u) << Describe(driver.all());
+  const Anomaly& a = driver.all()[0];
+  EXPECT_EQ(a.kind, "checkpoint");
+  EXPECT_EQ(a.ranks, (std::vector<int>{1, 3}));
+  EXPECT_EQ(a.step, 200u);
+  EXPECT_EQ(a.evidence["skipped_step"], 200);
+  EXPECT_EQ(a.evidence["loaded_step"], 100);
+  EXPECT_EQ(a.evidence["location"], "disk");
+  EXPECT_NE(a.message.find("loaded step 100"), std::string::npos) << a.message;
+}
+
+TEST(CheckpointDetectorTest, SavesThatNeverPersistCountInPoll) {
+  Sim sim;
+  sim.steps = 200;
+  sim.checkpoint_every = 20;
+  sim.persist_seconds = [](int r, int k) { return k >= 100 ? -1.0 : 0.3; };  // storage gone
+  const Stream stream = Generate(sim);
+  CheckpointDetector checkpoint(CheckpointConfig{});
+  Driver driver({&checkpoint}, 4);
+  driver.Load(stream);
+  driver.RunUntil(LastTime(stream) + 1 * kSec);
+  // Every rank, each once (ranks crossing the limit in the same poll share one anomaly).
+  std::vector<int> named;
+  for (const Anomaly& a : driver.all()) {
+    named.insert(named.end(), a.ranks.begin(), a.ranks.end());
+    EXPECT_EQ(a.evidence["unpersisted"], 3) << a.message;
+  }
+  std::sort(named.begin(), named.end());
+  EXPECT_EQ(named, (std::vector<int>{0, 1, 2, 3})) << Describe(driver.all());
+}
+
+}  // namespace
+}  // namespace lifeline::agent

@@ -1,0 +1,94 @@
+#include "agent/detectors/dead_rank_detector.h"
+
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <csignal>
+#include <string>
+
+#include "agent/detectors/evidence.h"
+
+namespace lifeline::agent {
+
+using namespace detail;
+
+namespace {
+
+const char* SignalName(int sig) {
+  switch (sig) {
+    case SIGHUP: return "SIGHUP";
+    case SIGINT: return "SIGINT";
+    case SIGQUIT: return "SIGQUIT";
+    case SIGILL: return "SIGILL";
+    case SIGTRAP: return "SIGTRAP";
+    case SIGABRT: return "SIGABRT";
+    case SIGBUS: return "SIGBUS";
+    case SIGFPE: return "SIGFPE";
+    case SIGKILL: return "SIGKILL";
+    case SIGUSR1: return "SIGUSR1";
+    case SIGSEGV: return "SIGSEGV";
+    case SIGUSR2: return "SIGUSR2";
+    case SIGPIPE: return "SIGPIPE";
+    case SIGALRM: return "SIGALRM";
+    case SIGTERM: return "SIGTERM";
+    case SIGCHLD: return "SIGCHLD";
+    case SIGCONT: return "SIGCONT";
+    case SIGSTOP: return "SIGSTOP";
+    case SIGTSTP: return "SIGTSTP";
+    case SIGTTIN: return "SIGTTIN";
+    case SIGTTOU: return "SIGTTOU";
+    case SIGURG: return "SIGURG";
+    case SIGXCPU: return "SIGXCPU";
+    case SIGXFSZ: return "SIGXFSZ";
+    case SIGVTALRM: return "SIGVTALRM";
+    case SIGPROF: return "SIGPROF";
+    case SIGWINCH: return "SIGWINCH";
+    case SIGIO: return "SIGIO";
+    case SIGSYS: return "SIGSYS";
+    default: return nullptr;
+  }
+}
+
+}  // namespace
+
+void DeadRankDetector::Reset(int world) { reported_.assign(static_cast<size_t>(std::max(world, 0)), false); }
+
+void DeadRankDetector::RankExited(const Timeline& timeline, int rank, int wait_status, bool expected, uint64_t now_ns,
+                                  std::vector<Anomaly>* out) {
+  if (expected || rank < 0) return;
+  const bool signaled = WIFSIGNALED(wait_status);
+  const int code = WIFEXITED(wait_status) ? WEXITSTATUS(wait_status) : 0;
+  if (!signaled && code == 0) return;  // an exit 0 may be a rank finishing early
+  const bool known = rank < static_cast<int>(reported_.size()) && rank < timeline.world();
+  if (known) {
+    if (reported_[rank]) return;
+    reported_[rank] = true;
+  }
+  const RankTimeline none;
+  const RankTimeline& r = known ? timeline.rank(rank) : none;
+
+  Anomaly a;
+  a.kind = "dead";
+  a.ranks = {rank};
+  a.step = KnownStep(r.step);
+  a.detected_ns = now_ns;
+  std::string how;
+  if (signaled) {
+    const int sig = WTERMSIG(wait_status);
+    const char* name = SignalName(sig);
+    const std::string sig_name = name != nullptr ? name : "signal " + std::to_string(sig);
+    a.evidence["signal"] = sig;
+    a.evidence["signal_name"] = sig_name;
+    if (WCOREDUMP(wait_status)) a.evidence["core_dumped"] = true;
+    how = "died (" + sig_name + (WCOREDUMP(wait_status) ? ", core dumped)" : ")");
+  } else {
+    a.evidence["exit_code"] = code;
+    how = "exited with status " + std::to_string(code);
+  }
+  a.evidence["orderly_exit_recorded"] = r.finished;
+  if (r.last_event_ns != 0) a.evidence["seconds_since_last_event"] = SecondsBetween(r.last_event_ns, now_ns);
+  a.message = "rank " + std::to_string(rank) + " " + how + StepSuffix(r.step);
+  out->push_back(std::move(a));
+}
+
+}  // namespace lifeline::agent

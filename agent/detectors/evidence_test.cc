@@ -1,0 +1,35 @@
+// How anomalies spell their numbers: what a person reads in the events log and on stderr.
+#include "agent/detectors/evidence.h"
+
+#include <cmath>
+
+#include <gtest/gtest.h>
+
+namespace lifeline::agent::detail {
+namespace {
+
+TEST(EvidenceTest, DurationsInMillisecondsBelowASecond) {
+  EXPECT_EQ(Duration(0.0402), "40.2 ms");
+  EXPECT_EQ(Duration(5.24), "5.2 s");
+  EXPECT_EQ(Duration(kNaN), "?");
+}
+
+TEST(EvidenceTest, RanksAndSteps) {
+  EXPECT_EQ(Ranks({2}), "rank 2");
+  EXPECT_EQ(Ranks({0, 1, 3}), "ranks 0,1,3");
+  EXPECT_EQ(StepSuffix(7), " at step 7");
+  EXPECT_EQ(StepSuffix(trace::kNoStep), "");
+  EXPECT_FALSE(KnownStep(trace::kNoStep).has_value());
+}
+
+TEST(EvidenceTest, MedianAndRobustSigma) {
+  EXPECT_DOUBLE_EQ(Median({3, 1, 2}), 2);
+  EXPECT_DOUBLE_EQ(Median({4, 1, 2, 3}), 2.5);
+  EXPECT_TRUE(std::isnan(Median({})));
+  // Identical timings: the MAD floor keeps the spread finite.
+  EXPECT_GT(RobustSigma({1, 1, 1}, 1), 0);
+  EXPECT_TRUE(Number(kNaN).is_null());
+}
+
+}  // namespace
+}  // namespace lifeline::agent::detail

@@ -1,0 +1,206 @@
+// HangDetector on synthetic streams with stalls injected (agent/detectors/event_simulator.h).
+#include "agent/detectors/hang_detector.h"
+
+#include <csignal>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "agent/detectors/event_simulator.h"
+
+namespace lifeline::agent {
+namespace {
+
+using namespace simulation;
+using trace::Event;
+using trace::EventType;
+using trace::Op;
+
+TEST(HangDetectorTest, RankThatNeverJoinsIsNamedAfterTheFloorAndNotBefore) {
+  Sim sim;
+  sim.steps = 200;
+  sim.stall = Stall::kNeverJoins;
+  sim.stall_rank = 2;
+  sim.stall_step = 110;  // allreduce #111
+  const Stream stream = Generate(sim);
+  const uint64_t t0 = FirstBeginOf(stream, 111);
+  HangDetector hang(FastHang());
+  Driver driver({&hang}, 4);
+  driver.Load(stream);
+  uint64_t fired_at = 0;
+  driver.RunUntil(t0 + 60 * kSec, [&](uint64_t now, const std::vector<Anomaly>& found) {
+    if (!found.empty() && fired_at == 0) fired_at = now;
+  });
+  ASSERT_EQ(driver.all().size(), 1u) << Describe(driver.all());  // once per stall
+  const Anomaly& a = driver.all()[0];
+  EXPECT_GT(fired_at, t0 + 2 * kSec);
+  EXPECT_LE(fired_at, t0 + 2 * kSec + 20 * kMs);
+  EXPECT_EQ(a.kind, "hang");
+  EXPECT_EQ(a.ranks, std::vector<int>{2});
+  EXPECT_EQ(a.seq, 111u);
+  EXPECT_EQ(a.comm, 0u);
+  EXPECT_EQ(a.op, "allreduce");
+  EXPECT_EQ(a.step, 110u);
+  EXPECT_EQ(a.evidence["waiting_ranks"], (std::vector<int>{0, 1, 3}));
+  EXPECT_DOUBLE_EQ(a.evidence["timeout_seconds"].get<double>(), 2.0);  // jittery ms history: the floor
+  EXPECT_GT(a.evidence["waited_seconds"].get<double>(), 2.0);
+  EXPECT_GT(a.evidence["history_size"].get<int>(), 0);
+  EXPECT_EQ(a.message.rfind("rank 2 never joined allreduce #111 (comm 0) at step 110; ranks 0,1,3 waited 2.", 0), 0u)
+      << a.message;
+}
+
+TEST(HangDetectorTest, AllJoinedButOneNeverPosted) {
+  Sim sim;
+  sim.steps = 50;
+  sim.stall = Stall::kNeverPosts;
+  sim.stall_rank = 1;
+  sim.stall_step = 30;
+  const Stream stream = Generate(sim);
+  HangDetector hang(FastHang());
+  Driver driver({&hang}, 4);
+  driver.Load(stream);
+  driver.RunUntil(LastTime(stream) + 10 * kSec);
+  ASSERT_EQ(driver.all().size(), 1u) << Describe(driver.all());
+  EXPECT_EQ(driver.all()[0].ranks, std::vector<int>{1});
+  EXPECT_EQ(driver.all()[0].seq, 31u);
+  EXPECT_EQ(driver.all()[0].evidence["waiting_ranks"], (std::vector<int>{0, 2, 3}));
+}
+
+TEST(HangDetectorTest, StepStuckWithNoCollectiveNamesTheRankBehind) {
+  Sim sim;
+  sim.collectives = false;
+  sim.steps = 300;  // the others go on for ~15 s
+  sim.stall = Stall::kNeverJoins;
+  sim.stall_rank = 2;
+  sim.stall_step = 40;
+  const Stream stream = Generate(sim);
+  uint64_t t0 = 0;
+  for (const Event& e : stream[2])
+    if (e.type == EventType::kStepBegin && e.step == 40) t0 = e.time_ns;
+  ASSERT_NE(t0, 0u);
+  HangDetector hang(FastHang());
+  Driver driver({&hang}, 4);
+  driver.Load(stream);
+  uint64_t fired_at = 0;
+  driver.RunUntil(LastTime(stream) + 10 * kSec, [&](uint64_t now, const std::vector<Anomaly>& found) {
+    if (!found.empty() && fired_at == 0) fired_at = now;
+  });
+  ASSERT_EQ(driver.all().size(), 1u) << Describe(driver.all());
+  EXPECT_GT(fired_at, t0 + 2 * kSec);
+  EXPECT_LE(fired_at, t0 + 2 * kSec + 20 * kMs);
+  EXPECT_EQ(driver.all()[0].ranks, std::vector<int>{2});
+  EXPECT_EQ(driver.all()[0].step, 40u);
+  EXPECT_FALSE(driver.all()[0].seq.has_value());
+}
+
+TEST(HangDetectorTest, AllAtOneStepNamesTheSilentRank) {
+  HangDetector hang(FastHang());
+  Driver driver({&hang}, 4);
+  for (int r = 0; r < 4; ++r) driver.Observe(r, Ev(EventType::kStepBegin, 1 * kSec + r * kMs, 5));
+  std::vector<Anomaly> out;
+  for (uint64_t now = 1 * kSec + 100 * kMs; now < 10 * kSec; now += 100 * kMs) {
+    for (int r : {0, 1, 3}) driver.Observe(r, Ev(EventType::kHeartbeat, now - 50 * kMs, 5));
+    driver.Poll(now, &out);
+  }
+  ASSERT_EQ(out.size(), 1u) << Describe(out);
+  EXPECT_EQ(out[0].ranks, std::vector<int>{2});
+  EXPECT_EQ(out[0].step, 5u);
+  EXPECT_EQ(out[0].evidence["waiting_ranks"], (std::vector<int>{0, 1, 3}));
+}
+
+TEST(HangDetectorTest, FirstSlowCollectiveWaitsForTheFloor) {
+  HangDetector hang(FastHang());
+  Driver driver({&hang}, 4);
+  std::vector<Anomaly> out;
+  for (int r = 0; r < 4; ++r) {
+    driver.Observe(r, Ev(EventType::kStepBegin, 1 * kSec, 0));
+    driver.Observe(r, Coll(EventType::kCollectiveBegin, 1 * kSec + kMs, 0, 1, Op::kAllReduce));
+  }
+  // Communicator setup: the first allreduce takes 1.9 s, under the 2 s floor.
+  for (uint64_t now = 1 * kSec; now <= 2900 * kMs; now += 10 * kMs) driver.Poll(now, &out);
+  for (int r = 0; r < 4; ++r) {
+    driver.Observe(r, Coll(EventType::kCollectiveEnd, 2901 * kMs, 0, 1));
+    driver.Observe(r, Ev(EventType::kStepEnd, 2905 * kMs, 0));
+  }
+  for (uint64_t now = 2910 * kMs; now <= 4 * kSec; now += 10 * kMs) driver.Poll(now, &out);
+  EXPECT_TRUE(out.empty()) << Describe(out);
+}
+
+TEST(HangDetectorTest, TimeoutAdaptsToLongCollectives) {
+  Sim sim;
+  sim.steps = 30;
+  sim.op = 0.5;  // collectives routinely take half a second: timeout 10 x ~0.5 s
+  sim.stall = Stall::kNeverJoins;
+  sim.stall_rank = 0;
+  sim.stall_step = 20;
+  const Stream stream = Generate(sim);
+  const uint64_t t0 = FirstBeginOf(stream, 21);
+  HangDetector hang(FastHang());
+  Driver driver({&hang}, 4);
+  driver.Load(stream);
+  uint64_t fired_at = 0;
+  driver.RunUntil(t0 + 30 * kSec, [&](uint64_t now, const std::vector<Anomaly>& found) {
+    if (!found.empty() && fired_at == 0) fired_at = now;
+  });
+  ASSERT_EQ(driver.all().size(), 1u) << Describe(driver.all());
+  const double timeout = driver.all()[0].evidence["timeout_seconds"].get<double>();
+  EXPECT_GT(timeout, 5.0);
+  EXPECT_LT(timeout, 6.0);
+  EXPECT_GT(fired_at, t0 + Ns(timeout));
+  EXPECT_EQ(driver.all()[0].ranks, std::vector<int>{0});
+}
+
+TEST(HangDetectorTest, ResetForgetsTheOpenCollectivesOfThePreviousLaunch) {
+  Sim sim;
+  sim.steps = 60;
+  sim.stall = Stall::kNeverJoins;
+  sim.stall_rank = 3;
+  sim.stall_step = 40;
+  Stream stream = Generate(sim);
+  const uint64_t t0 = FirstBeginOf(stream, 41);
+  HangDetector hang(FastHang());
+  Driver driver({&hang}, 4);
+  driver.Load(stream);
+  driver.RunUntil(t0 + 1 * kSec);
+  EXPECT_TRUE(driver.all().empty());
+
+  // Restart: a fresh launch whose first events come a little later.
+  driver.ResetAll(4);
+  driver.Load(Stream(4));
+  driver.RunUntil(t0 + 30 * kSec);
+  EXPECT_TRUE(driver.all().empty()) << Describe(driver.all());
+
+  // The new launch counts seqs from 1 again, and its own stall is reported.
+  sim.start_ns = driver.now() + 100 * kMs;
+  sim.stall_rank = 1;
+  sim.stall_step = 10;
+  stream = Generate(sim);
+  driver.Load(stream);
+  driver.RunUntil(LastTime(stream) + 5 * kSec);
+  ASSERT_EQ(driver.all().size(), 1u) << Describe(driver.all());
+  EXPECT_EQ(driver.all()[0].ranks, std::vector<int>{1});
+  EXPECT_EQ(driver.all()[0].seq, 11u);
+}
+
+TEST(HangDetectorTest, ExitedRankIsNeitherWaiterNorCulprit) {
+  Sim sim;
+  sim.steps = 60;
+  sim.stall = Stall::kNeverJoins;
+  sim.stall_rank = 2;
+  sim.stall_step = 20;
+  const Stream stream = Generate(sim);
+  HangDetector hang(FastHang());
+  Driver driver({&hang}, 4);
+  driver.Load(stream);
+  driver.RunUntil(LastTime(stream) + 100 * kMs);
+  driver.Exit(0, SIGKILL, /*expected=*/false);  // a waiter dies
+  driver.RunUntil(LastTime(stream) + 5 * kSec);
+  ASSERT_EQ(driver.all().size(), 1u) << Describe(driver.all());
+  EXPECT_EQ(driver.all()[0].ranks, std::vector<int>{2});
+  EXPECT_EQ(driver.all()[0].evidence["waiting_ranks"], (std::vector<int>{1, 3}));
+}
+
+}  // namespace
+}  // namespace lifeline::agent

@@ -1,0 +1,55 @@
+// "slow_collective": an op on a communicator slowing down against its own baseline. A collective's
+// duration is the last CollectiveEnd minus the last CollectiveBegin over its members (the time it
+// took once everyone had joined: a straggler's late arrival is not counted). The first
+// baseline_window durations of each (comm, op) form its baseline; when the median of the last
+// recent_window exceeds factor x the baseline median, and the baseline median by more than
+// min_excess_seconds, it fires. Culprits are the ranks whose contribution leaves late
+// (CollectivePosted - CollectiveBegin, median over the recent window) compared with their peers;
+// with none standing out, no rank is named and the whole communicator is reported slow.
+// Cooldown per (comm, op).
+//
+// Thread safety: none (see agent/detector.h).
+#ifndef LIFELINE_AGENT_DETECTORS_SLOW_COLLECTIVE_DETECTOR_H_
+#define LIFELINE_AGENT_DETECTORS_SLOW_COLLECTIVE_DETECTOR_H_
+
+#include <deque>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "agent/detector.h"
+
+namespace lifeline::agent {
+
+class SlowCollectiveDetector : public Detector {
+ public:
+  explicit SlowCollectiveDetector(const SlowCollectiveConfig& config) : config_(config) {}
+  const char* kind() const override { return "slow_collective"; }
+  void Reset(int world) override;
+  void Observe(const Timeline& timeline, const TimelineChange& change) override;
+  void Poll(const Timeline& timeline, uint64_t now_ns, std::vector<Anomaly>* out) override;
+
+ private:
+  struct Sample {
+    uint64_t seq = 0;
+    uint64_t step = trace::kNoStep;
+    double duration = 0;
+    std::vector<double> posted_delay;  // per rank; NaN without a CollectivePosted
+  };
+  struct OpStats {
+    std::vector<double> baseline;
+    std::deque<Sample> recent;
+    bool dirty = false;
+    bool reported = false;
+    uint64_t reported_ns = 0;
+  };
+  void Check(uint32_t comm, trace::Op op, OpStats* st, uint64_t now, std::vector<Anomaly>* out);
+
+  SlowCollectiveConfig config_;
+  int world_ = 0;
+  std::map<std::pair<uint32_t, trace::Op>, OpStats> stats_;
+};
+
+}  // namespace lifeline::agent
+
+#endif  // LIFELINE_AGENT_DETECTORS_SLOW_COLLECTIVE_DETECTOR_H_

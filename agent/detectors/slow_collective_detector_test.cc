@@ -1,0 +1,76 @@
+// SlowCollectiveDetector on synthetic streams with slowed collectives
+// (agent/detectors/event_simulator.h).
+#include "agent/detectors/slow_collective_detector.h"
+
+#include <csignal>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "agent/detectors/event_simulator.h"
+
+namespace lifeline::agent {
+namespace {
+
+using namespace simulation;
+using trace::Event;
+using trace::EventType;
+using trace::Op;
+
+TEST(SlowCollectiveDetectorTest, LatePosterInsideTheCollectiveIsNamed) {
+  Sim sim;
+  sim.steps = 100;
+  sim.extra_post = [](int r, int k) { return r == 1 && k >= 60 ? 0.030 : 0.0; };
+  const Stream stream = Generate(sim);
+  auto detectors = MakeDetectors(Config(4));
+  Driver driver(&detectors, 4);
+  driver.Load(stream);
+  driver.RunUntil(LastTime(stream) + 1 * kSec);
+  // Everyone began on time: no straggler.
+  ASSERT_EQ(driver.all().size(), 1u) << Describe(driver.all());
+  const Anomaly& a = driver.all()[0];
+  EXPECT_EQ(a.kind, "slow_collective");
+  EXPECT_EQ(a.ranks, std::vector<int>{1});
+  EXPECT_EQ(a.op, "allreduce");
+  EXPECT_EQ(a.comm, 0u);
+  // Fired as soon as half of the 10 recent collectives were slow: the medians sit between.
+  EXPECT_GT(a.evidence["posted_delay_median_seconds"]["1"].get<double>(), 0.010);
+  EXPECT_LT(a.evidence["peers_posted_delay_median_seconds"].get<double>(), 0.001);
+  EXPECT_NEAR(a.evidence["baseline_median_seconds"].get<double>(), 0.0053, 0.001);
+  EXPECT_GT(a.evidence["recent_median_seconds"].get<double>(), 2 * 0.0053);
+  ASSERT_TRUE(a.step.has_value());
+  EXPECT_GE(*a.step, 64u);
+  EXPECT_LE(*a.step, 70u);
+  EXPECT_NE(a.message.find("rank 1 posts its part"), std::string::npos) << a.message;
+}
+
+TEST(SlowCollectiveDetectorTest, WholeCommunicatorSlowNamesNoRank) {
+  Sim sim;
+  sim.steps = 100;
+  sim.op_seconds = [](int k) { return k >= 60 ? 0.020 : 0.005; };
+  const Stream stream = Generate(sim);
+  SlowCollectiveDetector slow(SlowCollectiveConfig{});
+  Driver driver({&slow}, 4);
+  driver.Load(stream);
+  driver.RunUntil(LastTime(stream) + 1 * kSec);
+  ASSERT_EQ(driver.all().size(), 1u) << Describe(driver.all());
+  EXPECT_TRUE(driver.all()[0].ranks.empty());
+  EXPECT_NE(driver.all()[0].message.find("whole communicator"), std::string::npos) << driver.all()[0].message;
+}
+
+TEST(SlowCollectiveDetectorTest, SmallSlowdownUnderTheFactorStaysSilent) {
+  Sim sim;
+  sim.steps = 200;
+  sim.op_seconds = [](int k) { return k >= 60 ? 0.008 : 0.005; };  // x1.6 < x2
+  const Stream stream = Generate(sim);
+  SlowCollectiveDetector slow(SlowCollectiveConfig{});
+  Driver driver({&slow}, 4);
+  driver.Load(stream);
+  driver.RunUntil(LastTime(stream) + 1 * kSec);
+  EXPECT_TRUE(driver.all().empty()) << Describe(driver.all());
+}
+
+}  // namespace
+}  // namespace lifeline::agent

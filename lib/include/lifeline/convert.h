@@ -1,0 +1,188 @@
+// Conversion between a Lifeline checkpoint, HDF5 and safetensors: what `lifeline convert`,
+// `reshard` and `diff` and Python's lifeline.convert() are built on.
+//
+// A TensorSource reads any region of any tensor of a checkpoint directory (one step), an HDF5
+// file, or safetensors (one file, or a directory of shards with or without
+// model.safetensors.index.json). Nothing but metadata is loaded when it is opened: callers stream
+// regions within their memory budget. Convert() streams a source into HDF5, safetensors, or a
+// Lifeline checkpoint laid out for a parallel layout (ranks, tp, dp), one slab at a time: peak
+// memory is bounded by ConvertOptions::memory_budget, not by the model.
+//
+// Outputs appear whole or not at all: files are written under temporary names (".tmp-" in the
+// name) and renamed at the end; a failed conversion removes its temporary files and reports the
+// file that failed. A checkpoint step becomes visible only when its last rank index is published
+// (formats/SPEC.md §9); a failed one leaves an unpublished step directory that loads ignore and
+// `lifeline gc --partial` removes.
+//
+// The layouts written and read (HDF5 groups and attributes, safetensors "__metadata__" keys) are
+// described in lib/src/convert/tensor_source.h.
+//
+// I/O goes through the Env of the options (the POSIX Env when null), except HDF5: libhdf5 opens and
+// writes its files itself, so HDF5 input and output need the POSIX Env (NotSupported otherwise).
+//
+// Thread safety: a TensorSource is used by one thread at a time; one conversion per thread. HDF5
+// (Debian's serial build) has process-wide state: no two threads may read or write HDF5 at once.
+#ifndef LIFELINE_CONVERT_H_
+#define LIFELINE_CONVERT_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "lifeline/checkpoint.h"
+#include "lifeline/dtype.h"
+#include "lifeline/status.h"
+
+namespace lifeline {
+
+class Env;
+
+struct SourceTensor {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;  // empty for a 0-d tensor (one element)
+
+  int64_t num_elements() const;
+  uint64_t num_bytes() const;
+};
+
+struct SourceObject {
+  uint32_t rank = 0;  // the rank that saved it
+  std::string name;
+};
+
+// A box of a tensor (origin `offsets`, extent `shape`, one entry per dimension) and the row-major
+// element range [flat_begin, flat_end) inside it. A 0-d tensor's only region is
+// {{}, {}, 0, 1}.
+struct TensorRegion {
+  std::vector<int64_t> offsets;
+  std::vector<int64_t> shape;
+  int64_t flat_begin = 0;
+  int64_t flat_end = 0;
+
+  int64_t num_elements() const { return flat_end - flat_begin; }
+  // The whole of `tensor`.
+  static TensorRegion Whole(const SourceTensor& tensor);
+};
+
+enum class SourceKind { kCheckpoint, kHdf5, kSafetensors };
+std::string_view SourceKindName(SourceKind kind);  // "lifeline", "hdf5", "safetensors"
+
+class TensorSource {
+ public:
+  virtual ~TensorSource() = default;
+
+  SourceKind kind() const { return kind_; }
+  // What the source is, for messages: "checkpoint /d step 100", "HDF5 file /x.h5".
+  const std::string& description() const { return description_; }
+  // Every tensor, in the source's order (unique names).
+  const std::vector<SourceTensor>& tensors() const { return tensors_; }
+  const std::vector<SourceObject>& objects() const { return objects_; }
+  // The user metadata JSON text (may be empty).
+  const std::string& metadata_json() const { return metadata_json_; }
+  // The step the source records, if any.
+  std::optional<uint64_t> step() const { return step_; }
+  // The world size of the job that saved it; 0 when unknown.
+  uint32_t saved_world_size() const { return saved_world_size_; }
+
+  // Fills dst with the elements of `region` of tensor `tensor` (index into tensors()), packed in
+  // the region's flat order, little-endian, DTypeSize bytes each (bool: one byte 0 or 1).
+  // InvalidArgument when the region does not fit the tensor; Corruption/IOError naming the file,
+  // tensor and offset when the bytes cannot be read or fail their checks; Corruption naming the
+  // tensor and the element when a bool byte is neither 0 nor 1 (every source and every reader,
+  // hence every output of a conversion, gets only valid bools).
+  [[nodiscard]] Status Read(size_t tensor, const TensorRegion& region, void* dst);
+  // The bytes of object `object` (index into objects()).
+  [[nodiscard]] virtual Result<std::string> ReadObject(size_t object) = 0;
+
+ protected:
+  explicit TensorSource(SourceKind kind) : kind_(kind) {}
+  // Read without the bool check: what each kind of source implements.
+  virtual Status ReadRegion(size_t tensor, const TensorRegion& region, void* dst) = 0;
+  SourceKind kind_;
+  std::string description_;
+  std::vector<SourceTensor> tensors_;
+  std::vector<SourceObject> objects_;
+  std::string metadata_json_;
+  std::optional<uint64_t> step_;
+  uint32_t saved_world_size_ = 0;
+};
+
+struct SourceOptions {
+  std::optional<uint64_t> step;           // a checkpoint's step (default: the newest complete one)
+  uint64_t memory_budget = 256ull << 20;  // read staging of a checkpoint source
+  Env* env = nullptr;                     // null: Env::Default()
+};
+
+// Opens `path`, recognising what it is: a directory holding step-* directories (a Lifeline
+// checkpoint), a directory holding *.safetensors files, an HDF5 file (by its signature) or a
+// safetensors file. A path the user names may be a symbolic link. InvalidArgument naming the path
+// when it is none of those; the opener's errors otherwise (NotFound when the path does not exist
+// or a checkpoint has no complete step, Corruption for damaged input).
+[[nodiscard]] Result<std::unique_ptr<TensorSource>> OpenTensorSource(const std::string& path,
+                                                                     const SourceOptions& options = {});
+
+enum class ConvertFormat { kHdf5, kSafetensors, kLifeline };
+// "hdf5", "safetensors", "lifeline" and back; InvalidArgument naming `name` otherwise.
+std::string_view ConvertFormatName(ConvertFormat format);
+[[nodiscard]] Result<ConvertFormat> ParseConvertFormat(std::string_view name);
+
+struct ConvertOptions {
+  uint64_t memory_budget = 256ull << 20;  // bytes of slabs in memory at once (at least 1 MiB is used)
+  std::vector<std::string> select;        // tensor name prefixes to convert; empty: all
+  bool force = false;                     // replace an existing output file (hdf5, safetensors)
+  // hdf5
+  int deflate_level = 0;                  // 0 off, 1..9
+  // safetensors
+  uint64_t max_shard_bytes = 0;           // 0: one file
+  // lifeline
+  std::optional<uint64_t> step;           // the output step (default: the source's, else 0)
+  uint32_t ranks = 0;                     // 0: the source's saved world size, else 1
+  uint32_t tp = 0, dp = 0;                // tp alone: dp = ranks / tp; dp alone: tp = ranks / dp; neither: tp = ranks
+  SaveCodec codec = SaveCodec::kNone;
+  int codec_level = 0;
+  bool direct_io = true;
+  Env* env = nullptr;                     // null: Env::Default()
+  // Called from the converting thread after each slab read: the tensor and the bytes just read.
+  std::function<void(const std::string& tensor, uint64_t bytes)> progress;
+};
+
+struct ConvertReport {
+  uint64_t tensors = 0;
+  uint64_t bytes = 0;                 // tensor bytes read from the source (replicas once)
+  uint64_t objects = 0;
+  std::vector<std::string> outputs;   // files or the step directory written
+  // lifeline only:
+  uint64_t step = 0;                  // the step written
+  uint32_t ranks = 0, tp = 0, dp = 0; // the layout written
+  std::string placement;              // "synthetic model" or "generic"
+};
+
+// The tensors of `source` whose names start with one of `prefixes` (all when empty), as indexes
+// into source.tensors().
+std::vector<size_t> SelectTensors(const TensorSource& source, const std::vector<std::string>& prefixes);
+
+// Converts `source` into `out`:
+//   kHdf5         `out` is the file written (layout in tensor_source.h).
+//   kSafetensors  `out` ending in .safetensors is one file; otherwise a directory that receives
+//                 model.safetensors, or model-0000K-of-0000N.safetensors plus
+//                 model.safetensors.index.json when max_shard_bytes splits the tensors.
+//   kLifeline     `out` is a checkpoint root that receives the step, laid out for
+//                 (ranks, tp, dp): the synthetic model's placement when the tensors are exactly
+//                 that model's, otherwise tensors of at least tp rows split along dimension 0
+//                 and the rest held whole by every rank.
+// AlreadyExists naming the output when it exists and !force; InvalidArgument for options that do
+// not apply (max_shard_bytes with a single .safetensors file, deflate outside 0..9, a layout that
+// does not resolve); otherwise the source's or the writer's error, annotated with the source and
+// naming the file that failed. Nothing is published on failure.
+[[nodiscard]] Result<ConvertReport> Convert(TensorSource& source, ConvertFormat to, const std::string& out,
+                                            const ConvertOptions& options = {});
+
+}  // namespace lifeline
+
+#endif  // LIFELINE_CONVERT_H_

@@ -1,0 +1,169 @@
+// Reading checkpoints: which steps are complete, which one Open picks, loading any piece of a
+// tensor, and every damaged or mismatched byte reported with the tensor and file it belongs to.
+#include "lib/src/checkpoint_reader.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "lib/src/checkpoint_layout.h"
+#include "lifeline/checkpoint.h"
+
+namespace lifeline {
+namespace {
+
+constexpr char kRunId[] = "reader-test";
+constexpr int64_t kRows = 40, kCols = 50;
+
+class CheckpointReaderTest : public ::testing::Test {
+ protected:
+  CheckpointReaderTest() : w_(kRows * kCols) {
+    for (size_t i = 0; i < w_.size(); ++i) w_[i] = static_cast<float>(i);
+  }
+
+  // Saves step `step` as rank `rank` of `world` (each rank holds a flat part of "w").
+  void Save(uint64_t step, uint32_t rank = 0, uint32_t world = 1) {
+    CheckpointerOptions o;
+    o.directory = "/ckpt";
+    o.env = env_.get();
+    o.rank = rank;
+    o.world_size = world;
+    o.run_id = kRunId;
+    o.chunk_bytes = 1024;
+    o.write_block_bytes = 4096;
+    o.staging_budget_bytes = 1 << 20;
+    o.direct_io = false;
+    auto ckpt = Checkpointer::Open(o);
+    ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
+    const int64_t n = kRows * kCols, b = n * rank / world, e = n * (rank + 1) / world;
+    SaveRequest req;
+    req.tensors.push_back(TensorShard::Flat("w", DType::kF32, {kRows, kCols}, b, e, w_.data() + b));
+    req.objects.emplace_back("rng", "rng-state-of-rank-" + std::to_string(rank));
+    Status s = (*ckpt)->Save(step, req).WaitPersisted();
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+
+  std::string DataFile(uint64_t step) const {
+    return JoinPath(JoinPath("/ckpt", StepDirName(step)), DataFileName(RunHash(kRunId), 0, 1));
+  }
+
+  void FlipByte(const std::string& path, uint64_t offset) {
+    Result<std::string> bytes = ReadFileToString(env_.get(), path, 1 << 24);
+    ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
+    ASSERT_LT(offset, bytes->size());
+    (*bytes)[offset] ^= 0x01;
+    ASSERT_TRUE(WriteFileAtomically(env_.get(), path, *bytes).ok());
+  }
+
+  std::unique_ptr<MemEnv> env_ = NewMemEnv();
+  std::vector<float> w_;
+};
+
+TEST_F(CheckpointReaderTest, ScanListsStepsNewestFirstAndSaysWhatAPartialOneLacks) {
+  Save(1);
+  Save(2);
+  Save(3, /*rank=*/0, /*world=*/2);  // rank 1 never saves step 3
+  auto steps = ScanCheckpoints(env_.get(), "/ckpt");
+  ASSERT_TRUE(steps.ok()) << steps.status().ToString();
+  ASSERT_EQ(3u, steps->size());
+  EXPECT_EQ(3u, (*steps)[0].step);
+  EXPECT_FALSE((*steps)[0].complete);
+  EXPECT_EQ(1u, (*steps)[0].ranks_present);
+  EXPECT_FALSE((*steps)[0].problem.empty());
+  EXPECT_EQ(2u, (*steps)[1].step);
+  EXPECT_TRUE((*steps)[1].complete) << (*steps)[1].problem;
+  EXPECT_EQ(1u, (*steps)[1].world_size);
+  EXPECT_EQ(1u, (*steps)[2].step);
+}
+
+TEST_F(CheckpointReaderTest, OpenPicksTheNewestCompleteStepAndRefusesAPartialOne) {
+  Save(1);
+  Save(2);
+  Save(3, 0, 2);
+  auto newest = CheckpointReader::Open(env_.get(), "/ckpt", std::nullopt);
+  ASSERT_TRUE(newest.ok()) << newest.status().ToString();
+  EXPECT_EQ(2u, (*newest)->step());
+  auto partial = CheckpointReader::Open(env_.get(), "/ckpt", 3);
+  EXPECT_TRUE(partial.status().IsNotFound()) << partial.status().ToString();
+  auto missing = CheckpointReader::Open(env_.get(), "/ckpt", 9);
+  EXPECT_TRUE(missing.status().IsNotFound()) << missing.status().ToString();
+}
+
+TEST_F(CheckpointReaderTest, PiecesSavedByTwoRanksLoadIntoAnyBox) {
+  Save(1, 0, 2);
+  Save(1, 1, 2);
+  auto reader = CheckpointReader::Open(env_.get(), "/ckpt", 1);
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  // Rows 10-29, columns 5-14: crosses the ranks' boundary and many chunks.
+  std::vector<float> box(20 * 10, -1.0f);
+  auto stats = (*reader)->Load({TensorShard::Box("w", DType::kF32, {kRows, kCols}, {10, 5}, {20, 10}, box.data())});
+  ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+  for (int64_t r = 0; r < 20; ++r)
+    for (int64_t c = 0; c < 10; ++c) ASSERT_EQ(w_[(r + 10) * kCols + c + 5], box[r * 10 + c]) << r << "," << c;
+  EXPECT_GT(stats->chunks_read, 0u);
+  VerifyReport report;
+  Status verified = (*reader)->Verify(&report);
+  EXPECT_TRUE(verified.ok()) << verified.ToString();
+  EXPECT_EQ(3u, report.indexes_checked);  // two rank indexes and the manifest
+  EXPECT_EQ(2u, report.objects_checked);
+}
+
+TEST_F(CheckpointReaderTest, ObjectsReadBackVerified) {
+  Save(1);
+  auto reader = CheckpointReader::Open(env_.get(), "/ckpt", 1);
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  ASSERT_EQ(1u, (*reader)->manifest().objects.size());
+  auto rng = (*reader)->ReadObject((*reader)->manifest().objects[0]);
+  ASSERT_TRUE(rng.ok()) << rng.status().ToString();
+  EXPECT_EQ("rng-state-of-rank-0", *rng);
+}
+
+TEST_F(CheckpointReaderTest, TargetsThatDoNotMatchTheCheckpointAreRefusedNamingTheTensor) {
+  Save(1);
+  auto reader = CheckpointReader::Open(env_.get(), "/ckpt", 1);
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  std::vector<float> buf(kRows * kCols);
+  auto absent = (*reader)->Load({TensorShard::Whole("bias", DType::kF32, {kRows, kCols}, buf.data())});
+  EXPECT_TRUE(absent.status().IsNotFound()) << absent.status().ToString();
+  EXPECT_NE(std::string::npos, absent.status().ToString().find("bias")) << absent.status().ToString();
+  auto dtype = (*reader)->Load({TensorShard::Whole("w", DType::kI32, {kRows, kCols}, buf.data())});
+  EXPECT_EQ(StatusCode::kInvalidArgument, dtype.status().code()) << dtype.status().ToString();
+  auto shape = (*reader)->Load({TensorShard::Whole("w", DType::kF32, {kCols, kRows}, buf.data())});
+  EXPECT_EQ(StatusCode::kInvalidArgument, shape.status().code()) << shape.status().ToString();
+}
+
+TEST_F(CheckpointReaderTest, AFlippedDataByteIsCorruptionNamingTensorAndFile) {
+  Save(1);
+  FlipByte(DataFile(1), kDataHeaderBytes + 100);  // inside the first chunk of "w"
+  auto reader = CheckpointReader::Open(env_.get(), "/ckpt", 1);
+  ASSERT_TRUE(reader.ok()) << "the indexes are intact: " << reader.status().ToString();
+  std::vector<float> buf(kRows * kCols);
+  auto loaded = (*reader)->Load({TensorShard::Whole("w", DType::kF32, {kRows, kCols}, buf.data())});
+  ASSERT_TRUE(loaded.status().IsCorruption()) << loaded.status().ToString();
+  EXPECT_NE(std::string::npos, loaded.status().ToString().find("tensor 'w'")) << loaded.status().ToString();
+  EXPECT_NE(std::string::npos, loaded.status().ToString().find(DataFile(1))) << loaded.status().ToString();
+  EXPECT_NE(std::string::npos, loaded.status().ToString().find("offset 4096")) << loaded.status().ToString();
+  Status verified = (*reader)->Verify(nullptr);
+  EXPECT_TRUE(verified.IsCorruption()) << verified.ToString();
+
+  // A piece that avoids the damaged chunk still loads: only intersecting chunks are read.
+  std::vector<float> tail(kCols);
+  auto last_row = (*reader)->Load({TensorShard::Box("w", DType::kF32, {kRows, kCols}, {kRows - 1, 0}, {1, kCols}, tail.data())});
+  ASSERT_TRUE(last_row.ok()) << last_row.status().ToString();
+  EXPECT_EQ(w_[(kRows - 1) * kCols], tail[0]);
+}
+
+TEST_F(CheckpointReaderTest, ADamagedDataHeaderIsFoundByVerify) {
+  Save(1);
+  FlipByte(DataFile(1), 200);  // in the zero padding of the 4096-byte header
+  auto reader = CheckpointReader::Open(env_.get(), "/ckpt", 1);
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  Status verified = (*reader)->Verify(nullptr);
+  EXPECT_TRUE(verified.IsCorruption()) << verified.ToString();
+  EXPECT_NE(std::string::npos, verified.ToString().find(DataFileName(RunHash(kRunId), 0, 1))) << verified.ToString();
+}
+
+}  // namespace
+}  // namespace lifeline

@@ -1,0 +1,136 @@
+// Checkpointer, in memory (MemEnv): options refused with the reason, a committed step never
+// overwritten, a busy arena skipping a save rather than stalling when asked, a damaged newest
+// checkpoint skipped with the reason reported, and retention. The multi-rank, real-file and
+// failure behaviour is covered by tests/integration and commit_test.cc.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "lib/src/checkpoint_layout.h"
+#include "lifeline/checkpoint.h"
+#include "lifeline/env.h"
+
+namespace lifeline {
+namespace {
+
+class CheckpointerTest : public ::testing::Test {
+ protected:
+  CheckpointerOptions Options() const {
+    CheckpointerOptions o;
+    o.directory = "/ckpt";
+    o.env = env_.get();
+    o.run_id = "checkpointer-test";
+    o.chunk_bytes = 1024;
+    o.write_block_bytes = 4096;
+    o.staging_budget_bytes = 1 << 20;
+    o.direct_io = false;
+    return o;
+  }
+
+  SaveRequest Request(std::vector<float>* w) {
+    SaveRequest r;
+    r.tensors.push_back(TensorShard::Whole("w", DType::kF32, {static_cast<int64_t>(w->size())}, w->data()));
+    return r;
+  }
+
+  std::unique_ptr<MemEnv> env_ = NewMemEnv();
+};
+
+TEST_F(CheckpointerTest, InconsistentOptionsAreRefusedWithTheReason) {
+  auto expect_refused = [&](CheckpointerOptions o, const std::string& reason) {
+    auto c = Checkpointer::Open(o);
+    ASSERT_FALSE(c.ok()) << reason;
+    EXPECT_EQ(StatusCode::kInvalidArgument, c.status().code()) << c.status().ToString();
+    EXPECT_NE(std::string::npos, c.status().ToString().find(reason)) << c.status().ToString();
+  };
+  CheckpointerOptions o = Options();
+  o.directory = "";
+  expect_refused(o, "directory");
+  o = Options();
+  o.rank = 2;
+  o.world_size = 2;
+  expect_refused(o, "rank 2");
+  o = Options();
+  o.chunk_bytes = 1001;
+  expect_refused(o, "chunk_bytes");
+  o = Options();
+  o.write_block_bytes = 1000;
+  expect_refused(o, "write_block_bytes");
+  o = Options();
+  o.staging_slots = 0;
+  expect_refused(o, "staging_slots");
+}
+
+TEST_F(CheckpointerTest, ACommittedStepIsNeverOverwritten) {
+  auto c = Checkpointer::Open(Options());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  std::vector<float> first(500, 1.0f), second(500, 2.0f);
+  ASSERT_TRUE((*c)->Save(1, Request(&first)).WaitPersisted().ok());
+  Status again = (*c)->Save(1, Request(&second)).WaitPersisted();
+  EXPECT_TRUE(again.IsAlreadyExists()) << again.ToString();
+  std::vector<float> back(500);
+  LoadRequest load;
+  load.tensors.push_back(TensorShard::Whole("w", DType::kF32, {500}, back.data()));
+  auto loaded = (*c)->Load(1, load);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_EQ(first, back);
+}
+
+TEST_F(CheckpointerTest, ADamagedNewestCheckpointIsSkippedAndSaidSo) {
+  auto c = Checkpointer::Open(Options());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  std::vector<float> w1(500, 1.0f), w2(500, 2.0f);
+  ASSERT_TRUE((*c)->Save(1, Request(&w1)).WaitPersisted().ok());
+  ASSERT_TRUE((*c)->Save(2, Request(&w2)).WaitPersisted().ok());
+  const std::string data = JoinPath(JoinPath("/ckpt", StepDirName(2)), DataFileName(RunHash("checkpointer-test"), 0, 1));
+  Result<std::string> bytes = ReadFileToString(env_.get(), data, 1 << 20);
+  ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
+  (*bytes)[kDataHeaderBytes + 10] ^= 0x20;
+  ASSERT_TRUE(WriteFileAtomically(env_.get(), data, *bytes).ok());
+
+  std::vector<float> back(500);
+  LoadRequest load;
+  load.tensors.push_back(TensorShard::Whole("w", DType::kF32, {500}, back.data()));
+  auto loaded = (*c)->Load(std::nullopt, load);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_EQ(1u, loaded->step);
+  EXPECT_EQ(w1, back);
+  ASSERT_EQ(1u, loaded->skipped.size()) << "a fallback must be reported, not only logged";
+  // Asked for by number, the damaged step is an error, not a silent fallback.
+  EXPECT_TRUE((*c)->Load(2, load).status().IsCorruption());
+}
+
+TEST_F(CheckpointerTest, RetentionKeepsTheNewestCheckpoints) {
+  CheckpointerOptions o = Options();
+  o.keep_last = 2;
+  auto c = Checkpointer::Open(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  std::vector<float> w(100, 1.0f);
+  for (uint64_t step = 1; step <= 4; ++step) ASSERT_TRUE((*c)->Save(step, Request(&w)).WaitPersisted().ok());
+  ASSERT_TRUE((*c)->Flush().ok());
+  auto list = (*c)->List();
+  ASSERT_TRUE(list.ok()) << list.status().ToString();
+  std::vector<uint64_t> steps;
+  for (const CheckpointInfo& i : *list) steps.push_back(i.step);
+  EXPECT_EQ(std::vector<uint64_t>({4, 3}), steps);
+  auto latest = (*c)->LatestStep();
+  ASSERT_TRUE(latest.ok());
+  EXPECT_EQ(4u, latest->value_or(0));
+}
+
+TEST_F(CheckpointerTest, NoCheckpointYetIsNotFound) {
+  auto c = Checkpointer::Open(Options());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  std::vector<float> back(10);
+  LoadRequest load;
+  load.tensors.push_back(TensorShard::Whole("w", DType::kF32, {10}, back.data()));
+  EXPECT_TRUE((*c)->Load(std::nullopt, load).status().IsNotFound());
+  auto latest = (*c)->LatestStep();
+  ASSERT_TRUE(latest.ok());
+  EXPECT_FALSE(latest->has_value());
+}
+
+}  // namespace
+}  // namespace lifeline
