@@ -4,9 +4,7 @@
 #include <random>
 #include <vector>
 
-#include "lib/src/checkpoint_reader.h"
-#include "lib/src/commit.h"
-#include "lib/src/memory_tier.h"
+#include "lifeline/checkpoint.h"
 #include "lifeline/trace.h"
 
 namespace lifeline::agent {
@@ -15,9 +13,9 @@ namespace {
 // The newest sound complete step under `root`, or nullopt.
 Result<std::optional<uint64_t>> NewestSound(Env* env, const std::string& root) {
   if (!env->IsDirectory(root)) return std::optional<uint64_t>();
-  LL_ASSIGN_OR_RETURN(std::vector<CheckpointInfo> all, ScanCheckpoints(env, root));
+  LL_ASSIGN_OR_RETURN(std::vector<CheckpointInfo> all, ScanCheckpointDirectory(root, env));
   for (const CheckpointInfo& info : all)
-    if (info.complete && CheckStepMetadata(env, info).ok()) return std::optional<uint64_t>(info.step);
+    if (info.complete && CheckCheckpointMetadata(info, env).ok()) return std::optional<uint64_t>(info.step);
   return std::optional<uint64_t>();
 }
 
@@ -27,7 +25,7 @@ Result<ResumePoint> FindResumePoint(Env* env, const std::string& checkpoint_dir)
   ResumePoint point;
   LL_ASSIGN_OR_RETURN(std::optional<uint64_t> disk, NewestSound(env, checkpoint_dir));
   std::optional<uint64_t> memory;
-  if (Result<std::string> tier = FindMemoryTierRoot(env, checkpoint_dir); tier.ok()) {
+  if (Result<std::string> tier = FindMemoryTierOf(checkpoint_dir, env); tier.ok()) {
     Result<std::optional<uint64_t>> found = NewestSound(env, *tier);
     if (found.ok()) memory = *found;
   }

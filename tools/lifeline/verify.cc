@@ -9,7 +9,7 @@
 #include <optional>
 #include <string>
 
-#include "lib/src/checkpoint_reader.h"
+#include "lifeline/checkpoint.h"
 #include "tools/lifeline/byte_size.h"
 #include "tools/lifeline/commands.h"
 
@@ -31,19 +31,19 @@ std::string SecondsText(double seconds) {
 int RunVerify(const VerifyOptions& o) {
   const std::optional<uint64_t> step = o.step >= 0 ? std::optional<uint64_t>(o.step) : std::nullopt;
   const double t0 = NowSeconds();
-  auto reader = CheckpointReader::Open(Env::Default(), o.dir, step);
-  if (!reader.ok()) return ReportFailure("verify", reader.status(), o.json);
-  VerifyReport report;
-  const Status s = (*reader)->Verify(&report);
+  Result<VerifyResult> r = VerifyCheckpoint(o.dir, step);
+  if (!r.ok()) return ReportFailure("verify", r.status(), o.json);
+  const VerifyResult& report = *r;
+  const Status& s = report.status;
   const double seconds = NowSeconds() - t0;
   if (!s.ok()) {
-    std::cerr << "lifeline verify: step " << (*reader)->step() << " in " << (*reader)->step_dir()
+    std::cerr << "lifeline verify: step " << report.step << " in " << report.directory
               << " is damaged: " << s.ToString() << std::endl;
     if (o.json) {
       PrintJson({{"ok", false},
                  {"command", "verify"},
-                 {"step", (*reader)->step()},
-                 {"directory", (*reader)->step_dir()},
+                 {"step", report.step},
+                 {"directory", report.directory},
                  {"code", StatusCodeName(s.code())},
                  {"error", s.message()},
                  {"indexes_checked", report.indexes_checked},
@@ -55,15 +55,15 @@ int RunVerify(const VerifyOptions& o) {
   if (o.json) {
     PrintJson({{"ok", true},
                {"command", "verify"},
-               {"step", (*reader)->step()},
-               {"directory", (*reader)->step_dir()},
+               {"step", report.step},
+               {"directory", report.directory},
                {"indexes_checked", report.indexes_checked},
                {"chunks_checked", report.chunks_checked},
                {"objects_checked", report.objects_checked},
                {"bytes_checked", report.bytes_checked},
                {"seconds", seconds}});
   } else {
-    std::cout << "step " << (*reader)->step() << " OK: " << report.indexes_checked << " index files agree; "
+    std::cout << "step " << report.step << " OK: " << report.indexes_checked << " index files agree; "
               << report.chunks_checked << " chunks and " << report.objects_checked << " objects ("
               << FormatByteSize(report.bytes_checked) << " with headers and padding) match their checksums ("
               << SecondsText(seconds) << ")\n";

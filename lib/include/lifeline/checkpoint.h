@@ -149,6 +149,37 @@ struct CheckpointInfo {
   std::string problem;         // why it is not complete, when it is not
 };
 
+// Reading checkpoint directories without a Checkpointer, for tools and the agent (`env` nullptr:
+// Env::Default()). Nothing here writes.
+//
+// Every step directory under `root` (a checkpoint directory or a memory-tier root), newest first,
+// complete or not.
+Result<std::vector<CheckpointInfo>> ScanCheckpointDirectory(const std::string& root, Env* env = nullptr);
+// OK when the complete step `info` is loadable as far as its metadata tells: every rank index (or
+// the manifest) decodes and the pieces cover each tensor exactly once. Else the reason, naming the
+// file, tensor or ranks. Data is not read (`lifeline verify` does that).
+Status CheckCheckpointMetadata(const CheckpointInfo& info, Env* env = nullptr);
+// The memory-tier root holding this node's snapshots of checkpoint directory `dir`; NotFound when
+// it has none.
+Result<std::string> FindMemoryTierOf(const std::string& dir, Env* env = nullptr);
+
+// What VerifyCheckpoint checked, and `status`: OK, or the first damage found (naming the file,
+// tensor, rank or offset).
+struct VerifyResult {
+  uint64_t step = 0;
+  std::string directory;         // the step directory
+  uint64_t indexes_checked = 0;  // rank indexes, plus the manifest when there is one
+  uint64_t chunks_checked = 0;
+  uint64_t objects_checked = 0;
+  uint64_t bytes_checked = 0;    // with headers and padding
+  Status status;
+};
+// Checks every byte of step `step` under `root` (the newest complete one when empty): rank indexes
+// and manifest agree, data file sizes, headers and padding, every chunk and object against its
+// checksum, compressed chunks decode. An error when the step cannot be opened at all (NotFound,
+// Corruption of its indexes); else the result, with the damage in `status`.
+Result<VerifyResult> VerifyCheckpoint(const std::string& root, std::optional<uint64_t> step, Env* env = nullptr);
+
 // How data files are encoded on disk. The memory tier always holds raw bytes.
 enum class SaveCodec {
   kNone,
