@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "lib/src/save_job.h"
+#include "lifeline/internal/copy_kernel.h"  // CopyAndHash
 
 namespace lifeline {
 
@@ -39,9 +40,6 @@ class CopyEngine {
   bool stopping_ = false;                                // GUARDED_BY(mu_)
   std::vector<std::thread> threads_;
 };
-
-// Copies n bytes from src to dst and returns XXH3-64 of them, in one pass over memory.
-uint64_t CopyAndHash(uint8_t* dst, const uint8_t* src, uint64_t n);
 
 }  // namespace lifeline
 

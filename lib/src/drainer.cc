@@ -5,6 +5,7 @@
 #include "formats/index_codec.h"
 #include "lib/src/aligned_buffer.h"
 #include "lib/src/checkpoint_layout.h"
+#include "lib/src/checkpoint_writer.h"
 #include "lib/src/commit.h"
 #include "lifeline/log.h"
 
@@ -34,10 +35,10 @@ Status Drainer::Drain(const Item& item) {
       return Status::Unavailable(where, "skipped: the step is not committed (" + s.message() + ")");
   }
   LL_RETURN_IF_ERROR(CreateDirDurably(env_, config_.target_root).Annotate(where));
-  Result<std::string> step_dir =
-      PrepareStepDir(env_, config_.target_root, item.step, config_.run_hash, config_.rank, config_.world_size);
-  if (step_dir.status().IsAlreadyExists()) return Status::OK();  // drained before (a retried save)
-  if (!step_dir.ok()) return step_dir.status().Annotate(where);
+  Result<CheckpointWriter> writer = CheckpointWriter::Begin(
+      env_, StepTarget{config_.target_root, item.step, config_.run_hash, config_.rank, config_.world_size});
+  if (writer.status().IsAlreadyExists()) return Status::OK();  // drained before (a retried save)
+  if (!writer.ok()) return writer.status().Annotate(where);
   const std::string name = DataFileName(config_.run_hash, config_.rank, config_.world_size);
   const std::string from = JoinPath(JoinPath(config_.source_root, StepDirName(item.step)), name);
   // The copy must be exactly the bytes the index describes (formats/SPEC.md §3), as the source is.
@@ -45,15 +46,13 @@ Status Drainer::Drain(const Item& item) {
   if (!index.ok()) return index.status().Annotate(where);
   if (index->files.size() != 1 || index->files[0].name != name)
     return Status::InvalidArgument(where, "the rank index does not describe exactly the data file " + name);
-  Status copied = CopyFile(from, JoinPath(*step_dir, name), index->files[0].size);
+  Status copied = CopyFile(from, writer->data_path(), index->files[0].size);
   if (copied.IsNotFound() && !env_->FileExists(from))
     return Status::Unavailable(where, "skipped: retention removed the step from " + config_.source_root +
                                           " before it was drained (keep more checkpoints there)");
   LL_RETURN_IF_ERROR(copied.Annotate(where));
-  return PublishRankIndex(env_, config_.target_root, item.step, config_.run_hash, config_.rank, config_.world_size,
-                          item.index, /*retention=*/true, config_.keep_last)
-      .status()
-      .Annotate(where);
+  // The source's index bytes, unchanged: the copy is the same checkpoint, with its own retention.
+  return writer->PublishEncoded(item.index, CommitOptions{/*retention=*/true, config_.keep_last}).status().Annotate(where);
 }
 
 // Data files are written with their padding kept, so their sizes are multiples of the direct-I/O

@@ -1,10 +1,11 @@
 #include "lib/src/persist_pipeline.h"
 
 #include <algorithm>
+#include <optional>
 
-#include "formats/index_codec.h"
 #include "lib/src/aligned_buffer.h"
 #include "lib/src/checkpoint_layout.h"
+#include "lib/src/checkpoint_writer.h"
 #include "lib/src/commit.h"
 #include "lifeline/log.h"
 
@@ -24,31 +25,27 @@ PersistPipeline::PersistPipeline(Env* env, PersistConfig config, StagingArena* a
 void PersistPipeline::Persist(internal::SaveJob& job) {
   const RankWriteOptions& o = job.write_options;
   const std::string where = "saving step " + std::to_string(job.step) + " on rank " + std::to_string(config_.rank);
-  std::string own_data_file;  // set once this attempt's data file may exist
+  std::optional<CheckpointWriter> writer;  // set once this attempt's data file may exist
   auto finish = [&](Status s) {
     if (!s.ok()) {
       // A failed save takes its bytes with it (a full disk must not stay full), unless its index
       // was published: then the step's fate is decided by the commit protocol and retention.
-      if (!own_data_file.empty()) {
-        const std::string dir = own_data_file.substr(0, own_data_file.rfind('/'));
-        if (!env_->FileExists(JoinPath(dir, IndexFileName(config_.run_hash, config_.rank, config_.world_size))))
-          env_->RemoveFile(own_data_file).IgnoreError();
-      }
+      if (writer) writer->DiscardUnpublished();
       job.Fail(s.Annotate(where));
     }
     job.WaitCopyStopped();  // nothing may touch the slot once it is released
     if (job.slot && arena_ != nullptr) arena_->Release(*job.slot);
   };
 
-  Result<std::string> step_dir =
-      PrepareStepDir(env_, config_.root, job.step, config_.run_hash, config_.rank, config_.world_size);
-  if (!step_dir.ok()) return finish(step_dir.status());
-  own_data_file = JoinPath(*step_dir, DataFileName(config_.run_hash, config_.rank, config_.world_size));
+  Result<CheckpointWriter> begun = CheckpointWriter::Begin(
+      env_, StepTarget{config_.root, job.step, config_.run_hash, config_.rank, config_.world_size});
+  if (!begun.ok()) return finish(begun.status());
+  writer.emplace(std::move(*begun));
 
   format::CheckpointIndex written;
   uint64_t stored = 0;
   if (job.image != nullptr && o.codec == format::Codec::kNone) {
-    Result<uint64_t> n = WriteImage(job, *step_dir);
+    Result<uint64_t> n = WriteImage(job, writer->data_path());
     if (!n.ok()) return finish(n.status());
     stored = *n;
     written = job.index;  // its checksums are complete: every block was copied before it was written
@@ -59,24 +56,23 @@ void PersistPipeline::Persist(internal::SaveJob& job) {
       if (job.cancelled()) return finish(Status::OK());
       for (size_t i = 0; i < plan.fragments.size(); ++i) plan.fragments[i].source = job.image + job.layout.fragment_offset[i];
     }
-    Result<format::CheckpointIndex> index = WriteRankData(env_, *step_dir, plan, job.objects, job.metadata_json, o);
+    Result<format::CheckpointIndex> index = writer->WriteData(plan, job.objects, job.metadata_json, o);
     if (job.image == nullptr) job.MarkStreamCopied();
     if (!index.ok()) return finish(index.status());
     written = std::move(*index);
     stored = written.files.empty() ? 0 : written.files[0].size;
   }
-  Result<std::string> encoded = format::EncodeIndex(written);
-  if (!encoded.ok()) return finish(encoded.status());
-  Result<bool> committed = PublishRankIndex(env_, config_.root, job.step, config_.run_hash, config_.rank,
-                                            config_.world_size, *encoded, /*retention=*/false, config_.keep_last);
-  if (!committed.ok()) return finish(committed.status());
-  job.disk_index = std::move(*encoded);
+  // Retention is not part of the commit here: it runs below, after the ticket is released.
+  Result<PublishedIndex> published = writer->Publish(written, CommitOptions{/*retention=*/false, config_.keep_last});
+  if (!published.ok()) return finish(published.status());
+  const bool committed = published->committed;
+  job.disk_index = std::move(published->encoded_index);
   finish(Status::OK());
-  job.MarkPersisted(stored, *committed);
+  job.MarkPersisted(stored, committed);
   if (after_persist_) after_persist_(job);
   // Retention runs after the ticket is released: the caller waits for its own bytes, not for the
   // removal of old steps. Only the rank that committed collects, as a synchronous save does.
-  if (*committed) {
+  if (committed) {
     Status gc = CollectGarbageIn(env_, config_.root, SaverRetention(env_, config_.keep_last, config_.run_hash));
     if (!gc.ok()) Log(LogLevel::kWarning, "garbage collection after step " + std::to_string(job.step) + " in " +
                                               config_.root + ": " + gc.ToString());
@@ -98,8 +94,7 @@ void PersistPipeline::RenewRegistration() {
   }
 }
 
-Result<uint64_t> PersistPipeline::WriteImage(internal::SaveJob& job, const std::string& step_dir) {
-  const std::string path = JoinPath(step_dir, DataFileName(config_.run_hash, config_.rank, config_.world_size));
+Result<uint64_t> PersistPipeline::WriteImage(internal::SaveJob& job, const std::string& path) {
   FileOptions fopt;
   fopt.direct_io = config_.direct_io;
   LL_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, env_->NewWritableFile(path, fopt));

@@ -49,7 +49,9 @@ class PersistPipeline {
 
  private:
   void Persist(internal::SaveJob& job);
-  Result<uint64_t> WriteImage(internal::SaveJob& job, const std::string& step_dir);
+  // Writes the staged image to `path` (the writer's data file) straight from the slot, block by
+  // block as the copy finishes each; returns the padded file size.
+  Result<uint64_t> WriteImage(internal::SaveJob& job, const std::string& path);
   void RenewRegistration();
 
   Env* const env_;

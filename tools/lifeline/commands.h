@@ -19,10 +19,6 @@
 
 #include "lifeline/status.h"
 
-namespace lifeline {
-struct CheckpointerOptions;
-}
-
 namespace lifeline::cli {
 
 inline constexpr int kExitOk = 0;
@@ -36,40 +32,12 @@ struct Command {
 };
 
 // Each adds its subcommand(s) to `root` and appends what to run to `commands`.
+// `bench` and its subcommands (bench/).
 void AddBenchCommands(CLI::App& root, std::vector<Command>* commands);
 void AddInspectCommand(CLI::App& root, std::vector<Command>* commands);
 void AddVerifyCommand(CLI::App& root, std::vector<Command>* commands);
 // convert, reshard, ls, gc and diff (convert_commands.cc).
 void AddConvertCommands(CLI::App& root, std::vector<Command>* commands);
-// Adds `bench index` under the `bench` command (bench_index.cc).
-void AddBenchIndexCommand(CLI::App* bench, std::vector<Command>* commands);
-// Adds `bench compress` under the `bench` command (bench_compress.cc).
-void AddBenchCompressCommand(CLI::App* bench, std::vector<Command>* commands);
-// Adds `bench train` under the `bench` command (bench_train.cc).
-void AddBenchTrainCommand(CLI::App* bench, std::vector<Command>* commands);
-// Adds `bench trace` under the `bench` command (bench_trace.cc).
-void AddBenchTraceCommand(CLI::App* bench, std::vector<Command>* commands);
-// Adds `bench gpu` under the `bench` command (bench_gpu.cc; built with the CUDA copy engine only).
-void AddBenchGpuCommand(CLI::App* bench, std::vector<Command>* commands);
-
-// How `bench save` and `bench train` tune their Checkpointers, as typed on the command line
-// (bench.cc). Zero or empty leaves the library's default.
-struct BenchSaveTuning {
-  std::string codec = "none";   // none | zstd | zstd-bytegroup
-  int codec_level = 0;
-  bool memory_tier = false;
-  unsigned copy_threads = 0;
-  std::string staging_budget;   // a byte size, e.g. 8GiB
-  unsigned slots = 0;
-  bool no_register_buffers = false;
-};
-// Adds --codec, --codec-level, --memory-tier, --copy-threads, --staging-budget, --slots and
-// --no-register-buffers to `app`.
-void AddBenchSaveTuningOptions(CLI::App* app, BenchSaveTuning* tuning);
-// Applies `tuning` to `options`; InvalidArgument naming the option when a value is not valid.
-Status ApplyBenchSaveTuning(const BenchSaveTuning& tuning, CheckpointerOptions* options);
-// A run id no earlier run of this machine used ("<prefix>-<pid>-<hex ns>").
-std::string NewRunId(std::string_view prefix = "bench");
 
 // Prints `j` on stdout as one JSON document (invalid UTF-8 from a damaged file is replaced, not
 // fatal).

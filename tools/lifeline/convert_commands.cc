@@ -15,11 +15,10 @@
 #include <string>
 #include <vector>
 
-#include "lib/src/checkpoint_reader.h"
-#include "lib/src/commit.h"
-#include "lib/src/memory_tier.h"
+#include "lifeline/checkpoint.h"
 #include "lifeline/convert.h"
 #include "lifeline/env.h"
+#include "lifeline/inspect.h"
 #include "tools/lifeline/byte_size.h"
 #include "tools/lifeline/commands.h"
 #include "tools/lifeline/progress.h"
@@ -181,36 +180,18 @@ std::string AgeText(uint64_t created_unix_ns) {
 }
 
 // complete, partial, invalid (all indexes, never loadable), damaged (all indexes, unreadable).
-const char* StepStateName(const CheckpointInfo& c) {
-  if (c.complete) return "complete";
-  if (c.invalid) return "invalid";
-  return c.problem.rfind("damaged", 0) == 0 || c.problem.rfind("cannot be loaded", 0) == 0 ? "damaged" : "partial";
-}
+const char* StepStateName(const CheckpointInfo& c) { return CheckpointStateName(CheckpointStateOf(c)); }
 
 int RunLs(const LsArgs& a) {
   constexpr const char* kCommand = "ls";
-  Env* env = Env::Default();
-  Result<std::vector<CheckpointInfo>> disk = ScanCheckpoints(env, a.dir);
-  if (!disk.ok()) return ReportFailure(kCommand, disk.status(), a.json);
+  // "complete" means loadable as far as the metadata tells: every index decodes and the pieces
+  // cover every tensor exactly. (Data checksums: lifeline verify.)
+  Result<CheckpointListing> listing = ListCheckpoints(a.dir);
+  if (!listing.ok()) return ReportFailure(kCommand, listing.status(), a.json);
+  const std::string& tier_root = listing->memory_tier;
   std::vector<std::pair<std::string, CheckpointInfo>> rows;
-  for (const CheckpointInfo& c : *disk) rows.emplace_back("disk", c);
-  std::string tier_root;
-  if (Result<std::string> root = FindMemoryTierRoot(env, a.dir); root.ok()) {
-    tier_root = *root;
-    if (Result<std::vector<CheckpointInfo>> tier = ScanCheckpoints(env, *root); tier.ok())
-      for (const CheckpointInfo& c : *tier) rows.emplace_back("memory", c);
-  }
-  std::stable_sort(rows.begin(), rows.end(), [](const auto& x, const auto& y) { return x.second.step > y.second.step; });
+  for (ListedCheckpoint& l : listing->checkpoints) rows.emplace_back(l.in_memory_tier ? "memory" : "disk", std::move(l.info));
   for (auto& [where, c] : rows) {
-    // "complete" means loadable as far as the metadata tells: every index decodes and the pieces
-    // cover every tensor exactly. (Data checksums: lifeline verify.)
-    if (c.complete) {
-      Status s = CheckStepMetadata(env, c);
-      if (!s.ok()) {
-        c.complete = false;
-        c.problem = "damaged: " + s.ToString();
-      }
-    }
     // The scan does not open the indexes; the step directory's last change is when it was written.
     struct stat st;
     if (c.created_unix_ns == 0 && ::stat(c.directory.c_str(), &st) == 0)
@@ -264,29 +245,24 @@ struct GcArgs {
 
 int RunGc(const GcArgs& a) {
   constexpr const char* kCommand = "gc";
-  Env* env = Env::Default();
-  Result<std::vector<CheckpointInfo>> before = ScanCheckpoints(env, a.dir);
+  Result<std::vector<CheckpointInfo>> before = ScanCheckpointDirectory(a.dir);
   if (!before.ok()) return ReportFailure(kCommand, before.status(), a.json);
   // A step counts toward --keep only once it verifies (every checksum read), so damage in a newer
   // step never costs the older good one; with --no-verify only its metadata is checked.
-  RetentionPolicy policy;
-  policy.keep_last = a.keep;
-  policy.loadable = [&](const CheckpointInfo& info) -> Status {
-    if (a.no_verify) return CheckStepMetadata(env, info);
-    LL_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(env, a.dir, info.step));
-    VerifyReport report;
-    return reader->Verify(&report);
-  };
-  if (a.partial) policy.stale = [](const CheckpointInfo&) { return true; };
+  RetentionOptions retention;
+  retention.keep_last = a.keep;
+  retention.verify = !a.no_verify;
+  retention.remove_partial = a.partial;
   std::vector<CheckpointInfo> removed;
   if (a.dry_run) {
-    const std::vector<bool> plan = RetentionPlan(*before, policy);
-    for (size_t i = 0; i < before->size(); ++i)
-      if (plan[i]) removed.push_back((*before)[i]);
+    Result<std::vector<RetentionDecision>> plan = PlanRetention(a.dir, retention);
+    if (!plan.ok()) return ReportFailure(kCommand, plan.status(), a.json);
+    for (const RetentionDecision& d : *plan)
+      if (d.remove) removed.push_back(d.info);
   } else {
-    Status s = CollectGarbageIn(env, a.dir, policy);
+    Status s = ApplyRetention(a.dir, retention);
     if (!s.ok()) return ReportFailure(kCommand, s, a.json);
-    Result<std::vector<CheckpointInfo>> after = ScanCheckpoints(env, a.dir);
+    Result<std::vector<CheckpointInfo>> after = ScanCheckpointDirectory(a.dir);
     if (!after.ok()) return ReportFailure(kCommand, after.status(), a.json);
     std::set<uint64_t> left;
     for (const CheckpointInfo& c : *after) left.insert(c.step);

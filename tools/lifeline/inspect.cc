@@ -15,7 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "lib/src/checkpoint_reader.h"
+#include "lifeline/checkpoint.h"
+#include "lifeline/inspect.h"
 #include "tools/lifeline/byte_size.h"
 #include "tools/lifeline/commands.h"
 
@@ -35,68 +36,25 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
-uint64_t StoredLength(const format::CheckpointIndex& m, const format::FragmentInfo& f);
-
-struct TensorSummary {
-  uint64_t fragments = 0;
-  uint64_t bytes = 0;         // raw bytes of its fragments
-  uint64_t stored_bytes = 0;  // after the codec
-};
-
-std::vector<TensorSummary> SummarizeTensors(const format::CheckpointIndex& m) {
-  std::vector<TensorSummary> out(m.tensors.size());
-  for (const format::FragmentInfo& f : m.fragments) {
-    if (f.tensor >= out.size()) continue;  // a reader that opened the manifest has validated this
-    TensorSummary& t = out[f.tensor];
-    ++t.fragments;
-    t.bytes += static_cast<uint64_t>(f.region.num_elements()) * DTypeSize(m.tensors[f.tensor].dtype);
-    t.stored_bytes += StoredLength(m, f);
-  }
-  return out;
+std::string RegionText(const FragmentDescription& f) {
+  return "offsets " + ShapeText(f.region_offsets) + " shape " + ShapeText(f.region_shape) + " elements [" +
+         std::to_string(f.flat_begin) + ", " + std::to_string(f.flat_end) + ")";
 }
 
-const char* CodecName(format::Codec codec) {
-  switch (codec) {
-    case format::Codec::kNone: return "none";
-    case format::Codec::kZstd: return "zstd";
-    case format::Codec::kZstdByteGroup: return "zstd-bytegroup";
-  }
-  return "?";
-}
-
-std::string RegionText(const format::Region& r) {
-  return "offsets " + ShapeText(r.offsets) + " shape " + ShapeText(r.shape) + " elements [" +
-         std::to_string(r.flat_begin) + ", " + std::to_string(r.flat_end) + ")";
-}
-
-uint64_t StoredLength(const format::CheckpointIndex& m, const format::FragmentInfo& f) {
-  uint64_t n = 0;
-  for (uint64_t c = f.first_chunk; c < f.first_chunk + f.num_chunks && c < m.chunks.size(); ++c) {
-    n += m.chunks[c].stored_length;
-  }
-  return n;
-}
-
-// Names that index into the manifest's tables; "?" for an index out of range.
-std::string TensorName(const format::CheckpointIndex& m, uint32_t i) {
-  return i < m.tensors.size() ? m.tensors[i].name : "?";
-}
-std::string FileName(const format::CheckpointIndex& m, uint32_t i) { return i < m.files.size() ? m.files[i].name : "?"; }
-
-nlohmann::json FragmentsJson(const format::CheckpointIndex& m) {
+nlohmann::json FragmentsJson(const CheckpointDescription& d) {
   nlohmann::json out = nlohmann::json::array();
-  for (const format::FragmentInfo& f : m.fragments) {
-    out.push_back({{"tensor", TensorName(m, f.tensor)},
-                   {"file", FileName(m, f.file)},
+  for (const FragmentDescription& f : d.fragments) {
+    out.push_back({{"tensor", f.tensor},
+                   {"file", f.file},
                    {"offset", f.offset},
-                   {"stored_length", StoredLength(m, f)},
-                   {"chunks", f.num_chunks},
-                   {"codec", CodecName(f.codec)},
+                   {"stored_length", f.stored_length},
+                   {"chunks", f.chunks},
+                   {"codec", f.codec},
                    {"region",
-                    {{"offsets", f.region.offsets},
-                     {"shape", f.region.shape},
-                     {"flat_begin", f.region.flat_begin},
-                     {"flat_end", f.region.flat_end}}}});
+                    {{"offsets", f.region_offsets},
+                     {"shape", f.region_shape},
+                     {"flat_begin", f.flat_begin},
+                     {"flat_end", f.flat_end}}}});
   }
   return out;
 }
@@ -125,41 +83,36 @@ nlohmann::json StepsJson(const std::vector<CheckpointInfo>& steps) {
   return out;
 }
 
-nlohmann::json StepDetailJson(const CheckpointReader& reader) {
-  const format::CheckpointIndex& m = reader.manifest();
-  const std::vector<TensorSummary> sums = SummarizeTensors(m);
+nlohmann::json StepDetailJson(const CheckpointDescription& d) {
   nlohmann::json tensors = nlohmann::json::array();
-  uint64_t total = 0;
-  for (size_t i = 0; i < m.tensors.size(); ++i) {
-    const format::TensorInfo& t = m.tensors[i];
-    total += sums[i].bytes;
+  for (const TensorDescription& t : d.tensors) {
     tensors.push_back({{"name", t.name},
                        {"dtype", std::string(DTypeName(t.dtype))},
                        {"shape", t.shape},
-                       {"fragments", sums[i].fragments},
-                       {"bytes", sums[i].bytes},
-                       {"stored_bytes", sums[i].stored_bytes}});
+                       {"fragments", t.fragments},
+                       {"bytes", t.bytes},
+                       {"stored_bytes", t.stored_bytes}});
   }
   nlohmann::json objects = nlohmann::json::array();
-  for (const format::ObjectInfo& o : m.objects) {
+  for (const ObjectDescription& o : d.objects) {
     objects.push_back({{"name", o.name}, {"rank", o.rank}, {"length", o.length}});
   }
   nlohmann::json files = nlohmann::json::array();
-  for (const format::FileInfo& f : m.files) files.push_back({{"name", f.name}, {"rank", f.rank}, {"size", f.size}});
-  return {{"step", m.step},
-          {"directory", reader.step_dir()},
-          {"run_id", m.run_id},
-          {"world_size", m.world_size},
-          {"chunk_bytes", m.chunk_bytes},
-          {"created_unix_ns", m.created_unix_ns},
-          {"created", FormatUnixNanos(m.created_unix_ns)},
-          {"tensor_bytes", total},
-          {"fragments", m.fragments.size()},
-          {"chunks", m.chunks.size()},
+  for (const FileDescription& f : d.files) files.push_back({{"name", f.name}, {"rank", f.rank}, {"size", f.size}});
+  return {{"step", d.step},
+          {"directory", d.directory},
+          {"run_id", d.run_id},
+          {"world_size", d.world_size},
+          {"chunk_bytes", d.chunk_bytes},
+          {"created_unix_ns", d.created_unix_ns},
+          {"created", FormatUnixNanos(d.created_unix_ns)},
+          {"tensor_bytes", d.tensor_bytes()},
+          {"fragments", d.fragments.size()},
+          {"chunks", d.chunks},
           {"tensors", std::move(tensors)},
           {"objects", std::move(objects)},
           {"files", std::move(files)},
-          {"metadata", MetadataAsJson(m.metadata_json)}};
+          {"metadata", MetadataAsJson(d.metadata_json)}};
 }
 
 // Left-aligned columns wide enough for every cell.
@@ -193,36 +146,28 @@ void PrintSteps(const std::string& dir, const std::vector<CheckpointInfo>& steps
   PrintTable({"STEP", "STATE", "RANKS", "SIZE", "CREATED", "PROBLEM"}, rows);
 }
 
-void PrintStepDetail(const CheckpointReader& reader) {
-  const format::CheckpointIndex& m = reader.manifest();
-  const std::vector<TensorSummary> sums = SummarizeTensors(m);
-  uint64_t total = 0, stored = 0;
-  for (const TensorSummary& s : sums) {
-    total += s.bytes;
-    stored += s.stored_bytes;
-  }
-  std::cout << "\nStep " << m.step << " (" << reader.step_dir() << ")\n"
-            << "  run id      " << m.run_id << '\n'
-            << "  world size  " << m.world_size << '\n'
-            << "  chunk size  " << FormatByteSize(m.chunk_bytes) << '\n'
-            << "  created     " << FormatUnixNanos(m.created_unix_ns) << '\n'
-            << "  tensors     " << m.tensors.size() << " tensors, " << FormatByteSize(total) << " ("
-            << FormatByteSize(stored) << " stored) in " << m.fragments.size() << " fragments and "
-            << m.chunks.size() << " chunks\n"
-            << "  metadata    " << (m.metadata_json.empty() ? "(none)" : m.metadata_json) << '\n';
+void PrintStepDetail(const CheckpointDescription& d) {
+  std::cout << "\nStep " << d.step << " (" << d.directory << ")\n"
+            << "  run id      " << d.run_id << '\n'
+            << "  world size  " << d.world_size << '\n'
+            << "  chunk size  " << FormatByteSize(d.chunk_bytes) << '\n'
+            << "  created     " << FormatUnixNanos(d.created_unix_ns) << '\n'
+            << "  tensors     " << d.tensors.size() << " tensors, " << FormatByteSize(d.tensor_bytes()) << " ("
+            << FormatByteSize(d.stored_bytes()) << " stored) in " << d.fragments.size() << " fragments and "
+            << d.chunks << " chunks\n"
+            << "  metadata    " << (d.metadata_json.empty() ? "(none)" : d.metadata_json) << '\n';
 
   std::cout << "\nTensors:\n";
   std::vector<std::vector<std::string>> rows;
-  for (size_t i = 0; i < m.tensors.size(); ++i) {
-    const format::TensorInfo& t = m.tensors[i];
-    rows.push_back({t.name, std::string(DTypeName(t.dtype)), ShapeText(t.shape), std::to_string(sums[i].fragments),
-                    FormatByteSize(sums[i].bytes)});
+  for (const TensorDescription& t : d.tensors) {
+    rows.push_back({t.name, std::string(DTypeName(t.dtype)), ShapeText(t.shape), std::to_string(t.fragments),
+                    FormatByteSize(t.bytes)});
   }
   PrintTable({"NAME", "DTYPE", "SHAPE", "FRAGMENTS", "BYTES"}, rows);
 
   std::cout << "\nPer-rank objects:\n";
   rows.clear();
-  for (const format::ObjectInfo& o : m.objects) rows.push_back({std::to_string(o.rank), o.name, std::to_string(o.length)});
+  for (const ObjectDescription& o : d.objects) rows.push_back({std::to_string(o.rank), o.name, std::to_string(o.length)});
   if (rows.empty()) {
     std::cout << "  (none)\n";
   } else {
@@ -231,23 +176,23 @@ void PrintStepDetail(const CheckpointReader& reader) {
 
   std::cout << "\nFiles:\n";
   rows.clear();
-  for (const format::FileInfo& f : m.files) rows.push_back({f.name, std::to_string(f.rank), FormatByteSize(f.size)});
+  for (const FileDescription& f : d.files) rows.push_back({f.name, std::to_string(f.rank), FormatByteSize(f.size)});
   PrintTable({"NAME", "RANK", "SIZE"}, rows);
 }
 
-void PrintFragments(const format::CheckpointIndex& m) {
+void PrintFragments(const CheckpointDescription& d) {
   std::cout << "\nFragments:\n";
   std::vector<std::vector<std::string>> rows;
-  rows.reserve(m.fragments.size());
-  for (const format::FragmentInfo& f : m.fragments) {
-    rows.push_back({TensorName(m, f.tensor), FileName(m, f.file), std::to_string(f.offset),
-                    std::to_string(StoredLength(m, f)), CodecName(f.codec), RegionText(f.region)});
+  rows.reserve(d.fragments.size());
+  for (const FragmentDescription& f : d.fragments) {
+    rows.push_back({f.tensor, f.file, std::to_string(f.offset), std::to_string(f.stored_length), f.codec,
+                    RegionText(f)});
   }
   PrintTable({"TENSOR", "FILE", "OFFSET", "STORED", "CODEC", "REGION"}, rows);
 }
 
 int RunInspect(const InspectOptions& o) {
-  auto steps = ScanCheckpoints(Env::Default(), o.dir);
+  auto steps = ScanCheckpointDirectory(o.dir);
   if (!steps.ok()) return ReportFailure("inspect", steps.status(), o.json);
   if (steps->empty()) {
     return ReportFailure("inspect", Status::NotFound(o.dir, "no checkpoint found in this directory"), o.json);
@@ -263,12 +208,12 @@ int RunInspect(const InspectOptions& o) {
       }
     }
   }
-  std::unique_ptr<CheckpointReader> reader;
+  std::optional<CheckpointDescription> described;
   Status open_status;
   if (step.has_value()) {
-    auto r = CheckpointReader::Open(Env::Default(), o.dir, step);
+    auto r = DescribeCheckpoint(o.dir, step);
     if (r.ok()) {
-      reader = std::move(r).value();
+      described = std::move(r).value();
     } else {
       open_status = r.status();
     }
@@ -276,17 +221,17 @@ int RunInspect(const InspectOptions& o) {
 
   if (o.json) {
     nlohmann::json j = {{"ok", open_status.ok()}, {"command", "inspect"}, {"root", o.dir}, {"steps", StepsJson(*steps)}};
-    if (reader) {
-      j["checkpoint"] = StepDetailJson(*reader);
-      if (o.fragments) j["checkpoint"]["fragment_list"] = FragmentsJson(reader->manifest());
+    if (described) {
+      j["checkpoint"] = StepDetailJson(*described);
+      if (o.fragments) j["checkpoint"]["fragment_list"] = FragmentsJson(*described);
     }
     if (!open_status.ok()) j["error"] = open_status.ToString();
     PrintJson(j);
   } else {
     PrintSteps(o.dir, *steps);
-    if (reader) {
-      PrintStepDetail(*reader);
-      if (o.fragments) PrintFragments(reader->manifest());
+    if (described) {
+      PrintStepDetail(*described);
+      if (o.fragments) PrintFragments(*described);
     } else if (!step.has_value()) {
       std::cout << "\nNo complete checkpoint: nothing here can be loaded.\n";
     }

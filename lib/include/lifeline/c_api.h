@@ -8,6 +8,8 @@
 #ifndef LIFELINE_C_API_H_
 #define LIFELINE_C_API_H_
 
+#include "lifeline/export.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -112,55 +114,55 @@ typedef struct lifeline_ticket lifeline_ticket;
 typedef struct lifeline_checkpointer lifeline_checkpointer;
 
 /* Fills `options` with the defaults (directory NULL, rank 0 of 1). */
-void lifeline_options_init(lifeline_options* options);
+LIFELINE_EXPORT void lifeline_options_init(lifeline_options* options);
 
-int lifeline_open(const lifeline_options* options, lifeline_checkpointer** out);
-void lifeline_close(lifeline_checkpointer* checkpointer);
+LIFELINE_EXPORT int lifeline_open(const lifeline_options* options, lifeline_checkpointer** out);
+LIFELINE_EXPORT void lifeline_close(lifeline_checkpointer* checkpointer);
 
 /* Saves this rank's share of `step` and returns once it is persisted (blocking); see
  * lifeline_save_async for the lazy form. */
-int lifeline_save(lifeline_checkpointer* checkpointer, uint64_t step, const lifeline_tensor* tensors,
+LIFELINE_EXPORT int lifeline_save(lifeline_checkpointer* checkpointer, uint64_t step, const lifeline_tensor* tensors,
                   size_t num_tensors, const lifeline_object* objects, size_t num_objects,
                   const char* metadata_json);
 
 /* Starts saving this rank's share of `step` and returns at once with a ticket (free it with
  * lifeline_ticket_free; freeing does not cancel the save). The tensors' memory must stay valid
  * and unchanged until lifeline_ticket_wait_snapshot returns; errors are reported by the waits. */
-int lifeline_save_async(lifeline_checkpointer* checkpointer, uint64_t step, const lifeline_tensor* tensors,
+LIFELINE_EXPORT int lifeline_save_async(lifeline_checkpointer* checkpointer, uint64_t step, const lifeline_tensor* tensors,
                         size_t num_tensors, const lifeline_object* objects, size_t num_objects,
                         const char* metadata_json, lifeline_ticket** out);
-int lifeline_ticket_wait_snapshot(lifeline_ticket* ticket);
-int lifeline_ticket_wait_tensor(lifeline_ticket* ticket, size_t index);
-int lifeline_ticket_wait_persisted(lifeline_ticket* ticket);
-int lifeline_ticket_wait_committed(lifeline_ticket* ticket, double timeout_seconds);
+LIFELINE_EXPORT int lifeline_ticket_wait_snapshot(lifeline_ticket* ticket);
+LIFELINE_EXPORT int lifeline_ticket_wait_tensor(lifeline_ticket* ticket, size_t index);
+LIFELINE_EXPORT int lifeline_ticket_wait_persisted(lifeline_ticket* ticket);
+LIFELINE_EXPORT int lifeline_ticket_wait_committed(lifeline_ticket* ticket, double timeout_seconds);
 /* Non-blocking. */
-void lifeline_ticket_progress(const lifeline_ticket* ticket, lifeline_save_progress* out);
-void lifeline_ticket_free(lifeline_ticket* ticket);
+LIFELINE_EXPORT void lifeline_ticket_progress(const lifeline_ticket* ticket, lifeline_save_progress* out);
+LIFELINE_EXPORT void lifeline_ticket_free(lifeline_ticket* ticket);
 
 /* Waits until every save started so far is persisted. */
-int lifeline_flush(lifeline_checkpointer* checkpointer);
+LIFELINE_EXPORT int lifeline_flush(lifeline_checkpointer* checkpointer);
 
 /* Sizes the staging slots for snapshots of these tensors and objects and faults their memory in
  * now (see lifeline::Checkpointer::PrepareStaging); the tensors' contents are not read. */
-int lifeline_prepare_staging(lifeline_checkpointer* checkpointer, const lifeline_tensor* tensors, size_t num_tensors,
+LIFELINE_EXPORT int lifeline_prepare_staging(lifeline_checkpointer* checkpointer, const lifeline_tensor* tensors, size_t num_tensors,
                              const lifeline_object* objects, size_t num_objects);
 
-int lifeline_wait_for_commit(lifeline_checkpointer* checkpointer, uint64_t step, double timeout_seconds);
+LIFELINE_EXPORT int lifeline_wait_for_commit(lifeline_checkpointer* checkpointer, uint64_t step, double timeout_seconds);
 
 /* Loads `step` (or the newest complete checkpoint when step < 0) into the targets. The step
  * loaded goes to *loaded_step (may be NULL). Objects and metadata of this load stay readable
  * through lifeline_loaded_object / lifeline_loaded_metadata until the next load or close. */
-int lifeline_load(lifeline_checkpointer* checkpointer, int64_t step, const lifeline_tensor* targets,
+LIFELINE_EXPORT int lifeline_load(lifeline_checkpointer* checkpointer, int64_t step, const lifeline_tensor* targets,
                   size_t num_targets, uint64_t* loaded_step);
-int lifeline_loaded_object(lifeline_checkpointer* checkpointer, const char* name, const void** data,
+LIFELINE_EXPORT int lifeline_loaded_object(lifeline_checkpointer* checkpointer, const char* name, const void** data,
                            size_t* size);
-const char* lifeline_loaded_metadata(lifeline_checkpointer* checkpointer);
+LIFELINE_EXPORT const char* lifeline_loaded_metadata(lifeline_checkpointer* checkpointer);
 
 /* LIFELINE_NOT_FOUND when there is no complete checkpoint. */
-int lifeline_latest_step(lifeline_checkpointer* checkpointer, uint64_t* step);
+LIFELINE_EXPORT int lifeline_latest_step(lifeline_checkpointer* checkpointer, uint64_t* step);
 
 /* The message of the calling thread's last failure ("" when none). Valid until its next call. */
-const char* lifeline_last_error(void);
+LIFELINE_EXPORT const char* lifeline_last_error(void);
 
 /* ---- tracing for the node agent (see lifeline/trace.h) ----------------------------------------
  * Each call records one event in this rank's ring when lifeline-agent launched the process
@@ -181,18 +183,18 @@ enum {
 };
 
 /* 1 when events reach an agent, else 0. */
-int lifeline_trace_active(void);
-void lifeline_trace_step_begin(uint64_t step);
-void lifeline_trace_step_end(uint64_t step);
+LIFELINE_EXPORT int lifeline_trace_active(void);
+LIFELINE_EXPORT void lifeline_trace_step_begin(uint64_t step);
+LIFELINE_EXPORT void lifeline_trace_step_end(uint64_t step);
 /* Enters collective `seq` on communicator `comm` (seq 0: the library counts). Returns the seq
  * to pass to _posted and _end (0 when tracing is inactive). */
-uint64_t lifeline_trace_collective_begin(int op, uint64_t bytes, uint32_t comm, uint64_t seq);
-void lifeline_trace_collective_posted(uint64_t seq, uint32_t comm);
-void lifeline_trace_collective_end(uint64_t seq, uint32_t comm);
-void lifeline_trace_heartbeat(void);
+LIFELINE_EXPORT uint64_t lifeline_trace_collective_begin(int op, uint64_t bytes, uint32_t comm, uint64_t seq);
+LIFELINE_EXPORT void lifeline_trace_collective_posted(uint64_t seq, uint32_t comm);
+LIFELINE_EXPORT void lifeline_trace_collective_end(uint64_t seq, uint32_t comm);
+LIFELINE_EXPORT void lifeline_trace_heartbeat(void);
 /* The process resumed from checkpoint `step`; pass UINT64_MAX when it started fresh. */
-void lifeline_trace_process_start(uint64_t resumed_step);
-void lifeline_trace_process_exit(void);
+LIFELINE_EXPORT void lifeline_trace_process_start(uint64_t resumed_step);
+LIFELINE_EXPORT void lifeline_trace_process_exit(void);
 
 #ifdef __cplusplus
 }  /* extern "C" */

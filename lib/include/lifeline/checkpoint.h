@@ -34,6 +34,7 @@
 #include <utility>
 #include <vector>
 
+#include "lifeline/export.h"
 #include "lifeline/dtype.h"
 #include "lifeline/env.h"
 #include "lifeline/status.h"
@@ -50,7 +51,7 @@ namespace lifeline {
 //   BoxFlat   a range of a block flattened (ZeRO over a tensor-parallel piece)
 // Replica(i, n) marks it as copy i of n identical copies held by n ranks (data parallelism):
 // it is written once, by a writer every rank computes alone.
-struct TensorShard {
+struct LIFELINE_EXPORT TensorShard {
   std::string name;
   DType dtype = DType::kF32;
   std::vector<int64_t> global_shape;
@@ -95,7 +96,7 @@ struct TensorShard {
   uint64_t num_bytes() const { return static_cast<uint64_t>(num_elements()) * DTypeSize(dtype); }
 };
 
-struct SaveRequest {
+struct LIFELINE_EXPORT SaveRequest {
   std::vector<TensorShard> tensors;
   // Per-rank opaque values (RNG state, data-loader position), kept per saving rank. Names are
   // unique, 1 to 4096 bytes; names starting "rank<digits>/" are reserved (InvalidArgument).
@@ -104,7 +105,7 @@ struct SaveRequest {
   std::string metadata_json;
 };
 
-struct LoadRequest {
+struct LIFELINE_EXPORT LoadRequest {
   // Where to put what: each target's data is filled with its region of the stored tensor.
   // Replica fields are ignored. A target not fully covered by the checkpoint fails the load.
   std::vector<TensorShard> tensors;
@@ -116,13 +117,13 @@ struct LoadRequest {
 };
 
 // A checkpoint a load passed over (damaged, or unusable in the memory tier) before the one it loaded.
-struct SkippedCheckpoint {
+struct LIFELINE_EXPORT SkippedCheckpoint {
   uint64_t step = 0;
   std::string location;  // "memory" (the memory tier) or "disk"
   std::string reason;    // the error, naming the file, tensor or rank
 };
 
-struct LoadResult {
+struct LIFELINE_EXPORT LoadResult {
   uint64_t step = 0;
   // Newer checkpoints that could not be loaded, newest first: a load that falls back says so here
   // (and to lifeline-agent, as a checkpoint anomaly), never only in a log line.
@@ -135,7 +136,7 @@ struct LoadResult {
   bool from_memory_tier = false;
 };
 
-struct CheckpointInfo {
+struct LIFELINE_EXPORT CheckpointInfo {
   uint64_t step = 0;
   bool complete = false;       // every rank's index is present (and, where checked, valid)
   // Every rank's index is present but the pieces cannot form a loadable checkpoint (overlaps or
@@ -154,18 +155,18 @@ struct CheckpointInfo {
 //
 // Every step directory under `root` (a checkpoint directory or a memory-tier root), newest first,
 // complete or not.
-Result<std::vector<CheckpointInfo>> ScanCheckpointDirectory(const std::string& root, Env* env = nullptr);
+LIFELINE_EXPORT Result<std::vector<CheckpointInfo>> ScanCheckpointDirectory(const std::string& root, Env* env = nullptr);
 // OK when the complete step `info` is loadable as far as its metadata tells: every rank index (or
 // the manifest) decodes and the pieces cover each tensor exactly once. Else the reason, naming the
 // file, tensor or ranks. Data is not read (`lifeline verify` does that).
-Status CheckCheckpointMetadata(const CheckpointInfo& info, Env* env = nullptr);
+LIFELINE_EXPORT Status CheckCheckpointMetadata(const CheckpointInfo& info, Env* env = nullptr);
 // The memory-tier root holding this node's snapshots of checkpoint directory `dir`; NotFound when
 // it has none.
-Result<std::string> FindMemoryTierOf(const std::string& dir, Env* env = nullptr);
+LIFELINE_EXPORT Result<std::string> FindMemoryTierOf(const std::string& dir, Env* env = nullptr);
 
 // What VerifyCheckpoint checked, and `status`: OK, or the first damage found (naming the file,
 // tensor, rank or offset).
-struct VerifyResult {
+struct LIFELINE_EXPORT VerifyResult {
   uint64_t step = 0;
   std::string directory;         // the step directory
   uint64_t indexes_checked = 0;  // rank indexes, plus the manifest when there is one
@@ -178,7 +179,7 @@ struct VerifyResult {
 // and manifest agree, data file sizes, headers and padding, every chunk and object against its
 // checksum, compressed chunks decode. An error when the step cannot be opened at all (NotFound,
 // Corruption of its indexes); else the result, with the damage in `status`.
-Result<VerifyResult> VerifyCheckpoint(const std::string& root, std::optional<uint64_t> step, Env* env = nullptr);
+LIFELINE_EXPORT Result<VerifyResult> VerifyCheckpoint(const std::string& root, std::optional<uint64_t> step, Env* env = nullptr);
 
 // How data files are encoded on disk. The memory tier always holds raw bytes.
 enum class SaveCodec {
@@ -193,7 +194,7 @@ enum class BusyPolicy {
   kSkip,  // return at once with a ticket whose status is Unavailable, naming the busy step
 };
 
-struct CheckpointerOptions {
+struct LIFELINE_EXPORT CheckpointerOptions {
   std::string directory;         // the checkpoint root; created if missing
   uint32_t rank = 0;
   uint32_t world_size = 1;
@@ -278,10 +279,10 @@ enum class SavePhase {
   kSkipped,     // not taken (BusyPolicy::kSkip); status() is Unavailable and names the busy step
 };
 
-const char* SavePhaseName(SavePhase phase);
+LIFELINE_EXPORT const char* SavePhaseName(SavePhase phase);
 
 // What a save has done so far; a consistent copy, taken without blocking.
-struct SaveProgress {
+struct LIFELINE_EXPORT SaveProgress {
   uint64_t step = 0;
   SavePhase phase = SavePhase::kCopying;
   Status status;                    // the first error, or OK
@@ -301,7 +302,7 @@ class SaveJob;
 
 // A handle on one Save. Copyable; all copies refer to the same save. Safe for concurrent use.
 // Destroying tickets never cancels a save: the Checkpointer finishes it (or its destructor waits).
-class SaveTicket {
+class LIFELINE_EXPORT SaveTicket {
  public:
   SaveTicket() = default;  // refers to no save: every wait returns FailedPrecondition
   explicit SaveTicket(std::shared_ptr<internal::SaveJob> job) : job_(std::move(job)) {}
@@ -341,9 +342,9 @@ class SaveTicket {
 
 // True when this liblifeline has the CUDA copy engine (built with the toolkit); device shards
 // then need a visible CUDA device at run time.
-bool CudaCopyEngineBuilt();
+LIFELINE_EXPORT bool CudaCopyEngineBuilt();
 
-class Checkpointer {
+class LIFELINE_EXPORT Checkpointer {
  public:
   static Result<std::unique_ptr<Checkpointer>> Open(CheckpointerOptions options);
   // Waits for every save still in progress to be persisted (and drained), then, unless

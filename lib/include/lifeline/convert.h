@@ -34,6 +34,7 @@
 #include <string_view>
 #include <vector>
 
+#include "lifeline/export.h"
 #include "lifeline/checkpoint.h"
 #include "lifeline/dtype.h"
 #include "lifeline/status.h"
@@ -42,7 +43,7 @@ namespace lifeline {
 
 class Env;
 
-struct SourceTensor {
+struct LIFELINE_EXPORT SourceTensor {
   std::string name;
   DType dtype = DType::kF32;
   std::vector<int64_t> shape;  // empty for a 0-d tensor (one element)
@@ -51,7 +52,7 @@ struct SourceTensor {
   uint64_t num_bytes() const;
 };
 
-struct SourceObject {
+struct LIFELINE_EXPORT SourceObject {
   uint32_t rank = 0;  // the rank that saved it
   std::string name;
 };
@@ -59,7 +60,7 @@ struct SourceObject {
 // A box of a tensor (origin `offsets`, extent `shape`, one entry per dimension) and the row-major
 // element range [flat_begin, flat_end) inside it. A 0-d tensor's only region is
 // {{}, {}, 0, 1}.
-struct TensorRegion {
+struct LIFELINE_EXPORT TensorRegion {
   std::vector<int64_t> offsets;
   std::vector<int64_t> shape;
   int64_t flat_begin = 0;
@@ -71,9 +72,9 @@ struct TensorRegion {
 };
 
 enum class SourceKind { kCheckpoint, kHdf5, kSafetensors };
-std::string_view SourceKindName(SourceKind kind);  // "lifeline", "hdf5", "safetensors"
+LIFELINE_EXPORT std::string_view SourceKindName(SourceKind kind);  // "lifeline", "hdf5", "safetensors"
 
-class TensorSource {
+class LIFELINE_EXPORT TensorSource {
  public:
   virtual ~TensorSource() = default;
 
@@ -113,7 +114,7 @@ class TensorSource {
   uint32_t saved_world_size_ = 0;
 };
 
-struct SourceOptions {
+struct LIFELINE_EXPORT SourceOptions {
   std::optional<uint64_t> step;           // a checkpoint's step (default: the newest complete one)
   uint64_t memory_budget = 256ull << 20;  // read staging of a checkpoint source
   Env* env = nullptr;                     // null: Env::Default()
@@ -124,15 +125,15 @@ struct SourceOptions {
 // safetensors file. A path the user names may be a symbolic link. InvalidArgument naming the path
 // when it is none of those; the opener's errors otherwise (NotFound when the path does not exist
 // or a checkpoint has no complete step, Corruption for damaged input).
-[[nodiscard]] Result<std::unique_ptr<TensorSource>> OpenTensorSource(const std::string& path,
+[[nodiscard]] LIFELINE_EXPORT Result<std::unique_ptr<TensorSource>> OpenTensorSource(const std::string& path,
                                                                      const SourceOptions& options = {});
 
 enum class ConvertFormat { kHdf5, kSafetensors, kLifeline };
 // "hdf5", "safetensors", "lifeline" and back; InvalidArgument naming `name` otherwise.
-std::string_view ConvertFormatName(ConvertFormat format);
-[[nodiscard]] Result<ConvertFormat> ParseConvertFormat(std::string_view name);
+LIFELINE_EXPORT std::string_view ConvertFormatName(ConvertFormat format);
+[[nodiscard]] LIFELINE_EXPORT Result<ConvertFormat> ParseConvertFormat(std::string_view name);
 
-struct ConvertOptions {
+struct LIFELINE_EXPORT ConvertOptions {
   uint64_t memory_budget = 256ull << 20;  // bytes of slabs in memory at once (at least 1 MiB is used)
   std::vector<std::string> select;        // tensor name prefixes to convert; empty: all
   bool force = false;                     // replace an existing output file (hdf5, safetensors)
@@ -152,7 +153,7 @@ struct ConvertOptions {
   std::function<void(const std::string& tensor, uint64_t bytes)> progress;
 };
 
-struct ConvertReport {
+struct LIFELINE_EXPORT ConvertReport {
   uint64_t tensors = 0;
   uint64_t bytes = 0;                 // tensor bytes read from the source (replicas once)
   uint64_t objects = 0;
@@ -165,7 +166,7 @@ struct ConvertReport {
 
 // The tensors of `source` whose names start with one of `prefixes` (all when empty), as indexes
 // into source.tensors().
-std::vector<size_t> SelectTensors(const TensorSource& source, const std::vector<std::string>& prefixes);
+LIFELINE_EXPORT std::vector<size_t> SelectTensors(const TensorSource& source, const std::vector<std::string>& prefixes);
 
 // Converts `source` into `out`:
 //   kHdf5         `out` is the file written (layout in tensor_source.h).
@@ -180,7 +181,7 @@ std::vector<size_t> SelectTensors(const TensorSource& source, const std::vector<
 // not apply (max_shard_bytes with a single .safetensors file, deflate outside 0..9, a layout that
 // does not resolve); otherwise the source's or the writer's error, annotated with the source and
 // naming the file that failed. Nothing is published on failure.
-[[nodiscard]] Result<ConvertReport> Convert(TensorSource& source, ConvertFormat to, const std::string& out,
+[[nodiscard]] LIFELINE_EXPORT Result<ConvertReport> Convert(TensorSource& source, ConvertFormat to, const std::string& out,
                                             const ConvertOptions& options = {});
 
 }  // namespace lifeline

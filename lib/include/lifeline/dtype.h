@@ -3,6 +3,8 @@
 #ifndef LIFELINE_DTYPE_H_
 #define LIFELINE_DTYPE_H_
 
+#include "lifeline/export.h"
+
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -26,13 +28,13 @@ enum class DType : uint8_t {
 };
 
 // Size of one element in bytes; 0 for a code that is not a DType.
-size_t DTypeSize(DType t);
+LIFELINE_EXPORT size_t DTypeSize(DType t);
 // Lower-case short name: "f32", "bf16", "f8e4m3", "i64", "bool"...
-std::string_view DTypeName(DType t);
+LIFELINE_EXPORT std::string_view DTypeName(DType t);
 // Inverse of DTypeName; also accepts torch spellings ("float32", "bfloat16", "int64", "float8_e4m3fn").
-std::optional<DType> ParseDType(std::string_view name);
+LIFELINE_EXPORT std::optional<DType> ParseDType(std::string_view name);
 // True when `code` is one of the enumerators above (used when decoding untrusted bytes).
-bool IsValidDType(uint8_t code);
+LIFELINE_EXPORT bool IsValidDType(uint8_t code);
 
 }  // namespace lifeline
 

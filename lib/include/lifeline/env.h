@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "lifeline/export.h"
 #include "lifeline/status.h"
 
 namespace lifeline {
@@ -33,7 +34,7 @@ namespace lifeline {
 // everything it submits to this value, which covers every block size in use (512 B to 4 KiB).
 inline constexpr size_t kDirectIoAlignment = 4096;
 
-struct FileOptions {
+struct LIFELINE_EXPORT FileOptions {
   // Bypass the page cache (O_DIRECT). If the file system refuses (tmpfs), the file silently uses
   // buffered I/O instead; direct() on the file tells which mode is in effect.
   bool direct_io = false;
@@ -48,7 +49,7 @@ struct FileOptions {
 // What a directory entry is, without following a symbolic link (lstat).
 enum class EntryType { kFile, kDirectory, kSymlink, kOther };
 
-class RandomAccessFile {
+class LIFELINE_EXPORT RandomAccessFile {
  public:
   virtual ~RandomAccessFile() = default;
   // Reads exactly n bytes at `offset` into dst. A read past the end of the file is Corruption
@@ -61,7 +62,7 @@ class RandomAccessFile {
   virtual int fd() const { return -1; }
 };
 
-class WritableFile {
+class LIFELINE_EXPORT WritableFile {
  public:
   virtual ~WritableFile() = default;
   // Writes all n bytes at `offset` (retrying short writes). For a direct file, src/offset/n must
@@ -82,7 +83,7 @@ class WritableFile {
 
 // One asynchronous read or write. The queue does the whole transfer (re-queuing short transfers
 // and retrying EAGAIN) and reports it once, successful or not.
-struct IoRequest {
+struct LIFELINE_EXPORT IoRequest {
   enum class Kind { kRead, kWrite };
   Kind kind = Kind::kWrite;
   WritableFile* writer = nullptr;      // for kWrite
@@ -94,19 +95,19 @@ struct IoRequest {
   int buffer_index = -1;  // >= 0: `buffer` lies inside registered buffer #buffer_index (RegisterBuffers)
 };
 
-struct IoCompletion {
+struct LIFELINE_EXPORT IoCompletion {
   uint64_t tag = 0;
   Status status;  // names the file and offset on failure
 };
 
-struct IoQueueOptions {
+struct LIFELINE_EXPORT IoQueueOptions {
   unsigned depth = 32;    // requests in flight at most
   unsigned threads = 4;   // workers of the thread-pool engine
 };
 
 // A queue of asynchronous file I/O: io_uring where allowed, otherwise a pool of threads doing
 // pread/pwrite. Used by one thread at a time.
-class IoQueue {
+class LIFELINE_EXPORT IoQueue {
  public:
   virtual ~IoQueue() = default;
   // Starts a request. ResourceExhausted when `depth` requests are already in flight.
@@ -130,7 +131,7 @@ class IoQueue {
   }
 };
 
-class Env {
+class LIFELINE_EXPORT Env {
  public:
   virtual ~Env() = default;
 
@@ -180,7 +181,7 @@ class Env {
 };
 
 // Forwards every call to another Env; a test double overrides only what it needs.
-class EnvWrapper : public Env {
+class LIFELINE_EXPORT EnvWrapper : public Env {
  public:
   explicit EnvWrapper(Env* target) : target_(target) {}
   Env* target() const { return target_; }
@@ -223,7 +224,7 @@ class EnvWrapper : public Env {
 // file contents become durable at WritableFile::Sync(), directory entries (creations, renames,
 // removals) at SyncDir() of the directory that holds them. SimulateCrash() throws away whatever
 // was not durable, as a power cut would.
-class MemEnv : public Env {
+class LIFELINE_EXPORT MemEnv : public Env {
  public:
   // Drops every byte written since its file's last Sync and every directory change since its
   // directory's last SyncDir, then lets the Env be used again (as after a reboot). Open file
@@ -237,10 +238,10 @@ class MemEnv : public Env {
   virtual int64_t mutating_operations() const = 0;
 };
 
-std::unique_ptr<MemEnv> NewMemEnv();
+LIFELINE_EXPORT std::unique_ptr<MemEnv> NewMemEnv();
 
 // Wraps an Env and injects failures. The knobs are safe to change while other threads use the Env.
-class FaultInjectionEnv : public EnvWrapper {
+class LIFELINE_EXPORT FaultInjectionEnv : public EnvWrapper {
  public:
   explicit FaultInjectionEnv(Env* target);
   ~FaultInjectionEnv() override;
@@ -270,23 +271,23 @@ class FaultInjectionEnv : public EnvWrapper {
 
 // A thread-pool IoQueue that works on any Env's files by calling ReadAt/WriteAt; the fallback
 // when io_uring is unavailable and the engine of non-POSIX Envs.
-std::unique_ptr<IoQueue> NewThreadPoolIoQueue(const IoQueueOptions& options);
+LIFELINE_EXPORT std::unique_ptr<IoQueue> NewThreadPoolIoQueue(const IoQueueOptions& options);
 
 // ---- helpers built on the seam -------------------------------------------------------------
 
 // path + "/" + name.
-std::string JoinPath(std::string_view dir, std::string_view name);
+LIFELINE_EXPORT std::string JoinPath(std::string_view dir, std::string_view name);
 // Reads a whole (small) file. ResourceExhausted when it is larger than max_bytes. A link at `path`
 // is refused unless options.follow_symlinks.
-Result<std::string> ReadFileToString(Env* env, const std::string& path, uint64_t max_bytes,
+LIFELINE_EXPORT Result<std::string> ReadFileToString(Env* env, const std::string& path, uint64_t max_bytes,
                                      const FileOptions& options = FileOptions{});
 // Writes `data` to path.tmp-<unique>, syncs it, renames it over `path`, then syncs the directory:
 // afterwards `path` holds either its old content or `data`, never a mix, even across a crash.
 // With `replace` false an existing `path` is left alone and the result is AlreadyExists (the
 // temporary file removed): the first of several concurrent writers wins.
-Status WriteFileAtomically(Env* env, const std::string& path, std::string_view data, bool replace = true);
+LIFELINE_EXPORT Status WriteFileAtomically(Env* env, const std::string& path, std::string_view data, bool replace = true);
 // The error for a symbolic link found where Lifeline reads or writes its own files.
-Status SymlinkRefused(const std::string& path);
+LIFELINE_EXPORT Status SymlinkRefused(const std::string& path);
 
 }  // namespace lifeline
 

@@ -5,7 +5,10 @@
 #ifndef LIFELINE_EXPORT_H_
 #define LIFELINE_EXPORT_H_
 
-#if defined(__GNUC__) || defined(__clang__)
+// The standard attribute form in C++, so that it combines with [[nodiscard]] in any order.
+#if defined(__cplusplus) && (defined(__GNUC__) || defined(__clang__))
+#define LIFELINE_EXPORT [[gnu::visibility("default")]]
+#elif defined(__GNUC__) || defined(__clang__)
 #define LIFELINE_EXPORT __attribute__((visibility("default")))
 #else
 #define LIFELINE_EXPORT

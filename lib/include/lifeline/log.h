@@ -7,6 +7,8 @@
 #ifndef LIFELINE_LOG_H_
 #define LIFELINE_LOG_H_
 
+#include "lifeline/export.h"
+
 #include <functional>
 #include <string_view>
 
@@ -17,11 +19,11 @@ enum class LogLevel { kDebug = 0, kInfo = 1, kWarning = 2, kError = 3 };
 using LogSink = std::function<void(LogLevel, std::string_view message)>;
 
 // Replaces the process-wide sink; an empty function silences the library.
-void SetLogSink(LogSink sink);
+LIFELINE_EXPORT void SetLogSink(LogSink sink);
 // A sink that writes "lifeline: <level>: <message>" lines to stderr.
-LogSink StderrLogSink(LogLevel min_level = LogLevel::kInfo);
+LIFELINE_EXPORT LogSink StderrLogSink(LogLevel min_level = LogLevel::kInfo);
 
-void Log(LogLevel level, std::string_view message);
+LIFELINE_EXPORT void Log(LogLevel level, std::string_view message);
 
 }  // namespace lifeline
 

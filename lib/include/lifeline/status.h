@@ -7,6 +7,8 @@
 #ifndef LIFELINE_STATUS_H_
 #define LIFELINE_STATUS_H_
 
+#include "lifeline/export.h"
+
 #include <cassert>
 #include <memory>
 #include <optional>
@@ -30,9 +32,9 @@ enum class StatusCode : int {
   kUnavailable = 10,       // not now: e.g. a save skipped because the previous one is still persisting
 };
 
-const char* StatusCodeName(StatusCode code);
+LIFELINE_EXPORT const char* StatusCodeName(StatusCode code);
 
-class [[nodiscard]] Status {
+class [[nodiscard]] LIFELINE_EXPORT Status {
  public:
   Status() = default;  // OK
   Status(StatusCode code, std::string_view msg);

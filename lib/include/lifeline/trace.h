@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <string>
 
+#include "lifeline/export.h"
 #include "lifeline/status.h"
 
 namespace lifeline::trace {
@@ -68,7 +69,7 @@ enum class Op : uint16_t {
 inline constexpr uint64_t kNoStep = ~uint64_t{0};
 
 // One record in the ring: 64 bytes, one cache line.
-struct Event {
+struct LIFELINE_EXPORT Event {
   uint64_t time_ns = 0;      // CLOCK_MONOTONIC, comparable between processes of one node
   EventType type = EventType::kNone;
   Op op = Op::kOther;
@@ -82,49 +83,49 @@ struct Event {
 };
 static_assert(sizeof(Event) == 64, "an event is one cache line");
 
-const char* EventTypeName(EventType type);  // "step_begin", "collective_end", ...
-const char* OpName(Op op);                  // "allreduce", "allgather", ...
+LIFELINE_EXPORT const char* EventTypeName(EventType type);  // "step_begin", "collective_end", ...
+LIFELINE_EXPORT const char* OpName(Op op);                  // "allreduce", "allgather", ...
 // The Op named `name` (as OpName spells it, also "all_reduce" and upper case); kOther when unknown.
-Op OpFromName(const std::string& name);
+LIFELINE_EXPORT Op OpFromName(const std::string& name);
 
 // True when events go to an agent. The first call reads the environment and maps the ring.
-bool Active();
+LIFELINE_EXPORT bool Active();
 
-void StepBegin(uint64_t step);
-void StepEnd(uint64_t step);
+LIFELINE_EXPORT void StepBegin(uint64_t step);
+LIFELINE_EXPORT void StepEnd(uint64_t step);
 // Enters collective number `seq` on `comm` (0: the next number on `comm`, counted by the library).
 // Returns the sequence number used, for CollectivePosted and CollectiveEnd. Returns 0 and records
 // nothing when tracing is inactive.
-uint64_t CollectiveBegin(Op op, uint64_t bytes, uint32_t comm = 0, uint64_t seq = 0);
-void CollectivePosted(uint64_t seq, uint32_t comm = 0);
-void CollectiveEnd(uint64_t seq, uint32_t comm = 0);
-void Heartbeat();
+LIFELINE_EXPORT uint64_t CollectiveBegin(Op op, uint64_t bytes, uint32_t comm = 0, uint64_t seq = 0);
+LIFELINE_EXPORT void CollectivePosted(uint64_t seq, uint32_t comm = 0);
+LIFELINE_EXPORT void CollectiveEnd(uint64_t seq, uint32_t comm = 0);
+LIFELINE_EXPORT void Heartbeat();
 // The process resumed from `step` (kNoStep: started fresh). Drills and integrations call it once
 // after loading, so the agent can time a restart until training resumed.
-void ProcessStart(uint64_t resumed_step);
+LIFELINE_EXPORT void ProcessStart(uint64_t resumed_step);
 // An orderly end: the agent tells it apart from a crash that happens to exit 0.
-void ProcessExit();
+LIFELINE_EXPORT void ProcessExit();
 // Records `event` as given (time_ns filled in when 0, step when kNoStep: the step the process is
 // in): for integrations that produce their own events, such as the NCCL profiler plugin, which
 // also sets aux on kCollectiveEnd (1: only the enqueue was seen, completion unknown; 2: closed
 // because a later operation on the communicator completed).
-void Record(const Event& event);
+LIFELINE_EXPORT void Record(const Event& event);
 
 // The file, in the agent's directory (LIFELINE_AGENT), where a rank reports the checkpoint
 // directory it uses, so that the agent can fix the resume step of the next launch.
 inline constexpr char kCheckpointDirFile[] = "checkpoint-dir";
 // Reports `directory` (made absolute) to the agent; the first report of a job wins. Does nothing
 // without an agent. Checkpointer::Open calls it.
-void ReportCheckpointDirectory(const std::string& directory);
+LIFELINE_EXPORT void ReportCheckpointDirectory(const std::string& directory);
 
 // Writes the ring's newest `max_events` events to `path`, one JSON object per line, oldest
 // first. FailedPrecondition when tracing is inactive.
-Status DumpRecent(const std::string& path, uint64_t max_events = 1000);
+LIFELINE_EXPORT Status DumpRecent(const std::string& path, uint64_t max_events = 1000);
 
 // Events this process could not record because the ring was full.
-uint64_t Dropped();
+LIFELINE_EXPORT uint64_t Dropped();
 
-class StepScope {
+class LIFELINE_EXPORT StepScope {
  public:
   explicit StepScope(uint64_t step) : step_(step) { StepBegin(step); }
   ~StepScope() { StepEnd(step_); }
@@ -135,7 +136,7 @@ class StepScope {
   uint64_t step_;
 };
 
-class CollectiveScope {
+class LIFELINE_EXPORT CollectiveScope {
  public:
   CollectiveScope(Op op, uint64_t bytes, uint32_t comm = 0) : comm_(comm), seq_(CollectiveBegin(op, bytes, comm)) {}
   ~CollectiveScope() {

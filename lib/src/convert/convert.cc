@@ -19,6 +19,7 @@
 #include "formats/safetensors.h"
 #include "lib/src/aligned_buffer.h"
 #include "lib/src/checkpoint_layout.h"
+#include "lib/src/checkpoint_writer.h"
 #include "lib/src/commit.h"
 #include "lib/src/rank_objects.h"
 #include "lib/src/saver.h"
@@ -420,7 +421,7 @@ Result<ConvertReport> ExportLifeline(TensorSource& source, const std::string& ou
     report.placement = synthetic ? "synthetic model" : "generic";
     LL_ASSIGN_OR_RETURN(RankSavePlan plan, PlanRankSave(request, CheckpointerOptions().replica_split_bytes,
                                                         /*require_data=*/false));
-    LL_ASSIGN_OR_RETURN(std::string step_dir, PrepareStepDir(env, out, step, run_hash, r, world));
+    LL_ASSIGN_OR_RETURN(CheckpointWriter writer, CheckpointWriter::Begin(env, StepTarget{out, step, run_hash, r, world}));
     // One slab of the fragment being written, refilled as the writer asks for chunks past it.
     const PlannedFragment* cached = nullptr;
     int64_t cache_begin = 0, cache_end = 0;
@@ -445,16 +446,14 @@ Result<ConvertReport> ExportLifeline(TensorSource& source, const std::string& ou
     };
     w.rank = r;
     LL_ASSIGN_OR_RETURN(format::CheckpointIndex index,
-                        WriteRankData(env, step_dir, plan, objects[r], r == 0 ? source.metadata_json() : std::string(),
-                                      w, reader));
+                        writer.WriteData(plan, objects[r], r == 0 ? source.metadata_json() : std::string(), w, reader));
     for (const format::FragmentInfo& f : index.fragments)
       report.bytes += static_cast<uint64_t>(f.region.num_elements()) * DTypeSize(index.tensors[f.tensor].dtype);
-    LL_ASSIGN_OR_RETURN(std::string encoded, format::EncodeIndex(index));
-    LL_ASSIGN_OR_RETURN(bool committed, PublishRankIndex(env, out, step, run_hash, r, world, encoded,
-                                                         /*retention=*/false, 0));
+    LL_ASSIGN_OR_RETURN(PublishedIndex published, writer.Publish(index, CommitOptions{/*retention=*/false, 0}));
+    const bool committed = published.committed;
     if (r + 1 == world && !committed)
       return Status::Corruption(out, "step " + std::to_string(step) + " did not commit after its last rank index");
-    if (r + 1 == world) report.outputs.push_back(step_dir);
+    if (r + 1 == world) report.outputs.push_back(writer.step_dir());
   }
   return report;
 }

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "lib/src/convert/synthetic_model.h"
+#include "lifeline/internal/synthetic_model.h"
 #include "lifeline/checkpoint.h"
 #include "lifeline/convert.h"
 #include "lifeline/status.h"

@@ -1,4 +1,4 @@
-#include "lib/src/convert/synthetic_model.h"
+#include "lifeline/internal/synthetic_model.h"
 
 #include <bit>
 #include <cmath>

@@ -1,7 +1,8 @@
 // lifeline bench save | load | train | index | compress: N ranks, run as threads of this process,
-// save or load the synthetic model (synthetic_model.h) through one Checkpointer each, exactly as the
-// ranks of a training job would, cooperating only through the file system. `bench train` is in
-// bench_train.cc, `bench index` in bench_index.cc, `bench compress` in bench_compress.cc.
+// save or load the synthetic model (lifeline/internal/synthetic_model.h) through one Checkpointer
+// each, exactly as the ranks of a training job would, cooperating only through the file system.
+// `bench train` is in train.cc, `bench index` in index.cc, `bench compress` in compress.cc,
+// `bench trace` in trace.cc, `bench gpu` in gpu.cc.
 //
 // save: every rank builds and fills its shards, then --iterations saves of steps s, s+1, ... run
 // one after the other through the same Checkpointers, whose staging slots are reused as in
@@ -84,16 +85,15 @@
 #include <thread>
 #include <vector>
 
-#include "lib/src/checkpoint_layout.h"
-#include "lib/src/checkpoint_reader.h"
-#include "lib/src/commit.h"
-#include "lib/src/copy_engine.h"
-#include "lib/src/staging_arena.h"
 #include "lifeline/checkpoint.h"
 #include "lifeline/env.h"
+#include "lifeline/inspect.h"
+#include "lifeline/internal/copy_kernel.h"
+#include "lifeline/internal/shared_memory.h"
+#include "lifeline/internal/synthetic_model.h"
+#include "tools/lifeline/bench/bench.h"
 #include "tools/lifeline/byte_size.h"
 #include "tools/lifeline/commands.h"
-#include "lib/src/convert/synthetic_model.h"
 
 namespace lifeline::cli {
 namespace {
@@ -101,6 +101,14 @@ namespace {
 constexpr uint64_t kBaselineWriteBytes = 8ull << 20;
 constexpr unsigned kLimitDepth = 16;
 constexpr double kCommitTimeoutSeconds = 120;
+
+// Memory of the staging arena's kind, as an anonymous staging slot has it: whole 2 MiB granules,
+// backed by transparent huge pages where the kernel gives them.
+Result<MappedRegion> SlotMemory(uint64_t bytes) {
+  constexpr uint64_t kGranule = 2ull << 20;
+  return MappedRegion::Anonymous((std::max<uint64_t>(bytes, 1) + kGranule - 1) / kGranule * kGranule,
+                                 /*huge_pages=*/true);
+}
 
 struct CommonOptions {
   std::string dir;
@@ -257,15 +265,16 @@ Result<WriteLimit> DirectWriteLimit(const std::string& dir, uint64_t bytes, uint
         // gives them, so a block is a few large segments), registered with the queue when allowed.
         // From 4 KiB pages a device with few segments per request would see small requests, and
         // the limit would be the memory's, not the device's.
-        StagingSlot blocks("");
-        LL_RETURN_IF_ERROR(blocks.Reserve(kLimitDepth * kBaselineWriteBytes).Annotate(path));
+        Result<MappedRegion> reserved = SlotMemory(kLimitDepth * kBaselineWriteBytes);
+        if (!reserved.ok()) return reserved.status().Annotate(path);
+        MappedRegion blocks = std::move(reserved).value();
         std::memset(blocks.data(), 0x5a, kLimitDepth * kBaselineWriteBytes);
         FileOptions fopt;
         fopt.direct_io = direct_io;
         // Set up before the clock starts, as fio does.
         LL_ASSIGN_OR_RETURN(std::unique_ptr<IoQueue> queue, env->NewIoQueue(IoQueueOptions{kLimitDepth, 4}));
         engines[w] = queue->engine();
-        const int buffer_index = queue->RegisterBuffers({{blocks.data(), blocks.capacity()}}).ok() ? 0 : -1;
+        const int buffer_index = queue->RegisterBuffers({{blocks.data(), blocks.size()}}).ok() ? 0 : -1;
         go.wait();
         LL_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, env->NewWritableFile(path, fopt));
         Status st = file->Allocate(share);
@@ -334,7 +343,7 @@ Result<MemoryCopyFigures> MemoryCopyBaseline(const std::vector<RankState>& state
   };
   const size_t world = states.size();
   std::vector<std::vector<Piece>> pieces(world);
-  std::vector<std::unique_ptr<StagingSlot>> destinations;
+  std::vector<MappedRegion> destinations;
   std::vector<unsigned> threads_of(world);
   MemoryCopyFigures figures;
   for (size_t r = 0; r < world; ++r) {
@@ -347,8 +356,9 @@ Result<MemoryCopyFigures> MemoryCopyBaseline(const std::vector<RankState>& state
         at += len;
       }
     }
-    destinations.push_back(std::make_unique<StagingSlot>(""));
-    LL_RETURN_IF_ERROR(destinations.back()->Reserve(std::max<uint64_t>(at, 1)).Annotate("memcpy baseline"));
+    Result<MappedRegion> destination = SlotMemory(at);
+    if (!destination.ok()) return destination.status().Annotate("memcpy baseline");
+    destinations.push_back(std::move(destination).value());
     threads_of[r] = static_cast<unsigned>(std::clamp<size_t>(pieces[r].size(), 1, copy_threads));
     figures.threads += threads_of[r];
   }
@@ -362,7 +372,7 @@ Result<MemoryCopyFigures> MemoryCopyBaseline(const std::vector<RankState>& state
       for (unsigned t = 0; t < threads_of[r]; ++t) {
         threads.emplace_back([&, r] {
           go.wait();
-          uint8_t* dst = destinations[r]->data();
+          uint8_t* dst = destinations[r].data();
           uint64_t local = 0;
           for (size_t i; (i = next[r].fetch_add(1, std::memory_order_relaxed)) < pieces[r].size();) {
             const Piece& p = pieces[r][i];
@@ -460,7 +470,7 @@ int RunSave(const SaveOptions& o) {
   const unsigned iterations = o.iterations;
   // A save older than the newest complete step would be removed by retention as soon as it commits.
   if (Env::Default()->IsDirectory(o.dir)) {
-    auto existing = ScanCheckpoints(Env::Default(), o.dir);
+    auto existing = ScanCheckpointDirectory(o.dir);
     if (!existing.ok()) return ReportFailure(kCommand, existing.status(), o.json);
     for (const CheckpointInfo& c : *existing) {
       if (c.complete && c.step >= first_step) {
@@ -559,8 +569,13 @@ int RunSave(const SaveOptions& o) {
   auto apply_retention = [&] {
     if (o.keep_last == 0 || failed.load()) return;
     const double t0 = NowSeconds();
-    Status s = CollectGarbageIn(Env::Default(), o.dir,
-                                SaverRetention(Env::Default(), o.keep_last, RunHash(base_options->run_id)));
+    // What the Checkpointers' own retention would do (see the header): keep_last loadable by their
+    // metadata, partial steps of other launches stale.
+    RetentionOptions retention;
+    retention.keep_last = o.keep_last;
+    retention.verify = false;
+    retention.saving_run_id = base_options->run_id;
+    Status s = ApplyRetention(o.dir, retention);
     retention_seconds.push_back(NowSeconds() - t0);
     if (!s.ok() && commit_failure.ok()) commit_failure = s.Annotate("retention between saves");
   };
@@ -776,23 +791,23 @@ int RunLoad(const CommonOptions& o) {
   uint32_t objects_world = 0;
   ModelShape shape;
   {
-    auto reader = CheckpointReader::Open(Env::Default(), o.dir, want_step);
-    if (!reader.ok()) return ReportFailure(kCommand, reader.status(), o.json);
-    step = (*reader)->step();
-    saved_world = (*reader)->manifest().world_size;
+    auto described = DescribeCheckpoint(o.dir, want_step);
+    if (!described.ok()) return ReportFailure(kCommand, described.status(), o.json);
+    step = described->step;
+    saved_world = described->world_size;
     // The objects were saved by the ranks of the job the metadata names; a resharded checkpoint
     // keeps them under those ranks.
-    if (const uint32_t w = MetadataWorldSize((*reader)->manifest().metadata_json); w != 0) objects_world = w;
+    if (const uint32_t w = MetadataWorldSize(described->metadata_json); w != 0) objects_world = w;
     else objects_world = saved_world;
-    auto parsed = ParseModelMetadata((*reader)->manifest().metadata_json);
-    if (!parsed.ok()) return ReportFailure(kCommand, parsed.status().Annotate((*reader)->step_dir()), o.json);
+    auto parsed = ParseModelMetadata(described->metadata_json);
+    if (!parsed.ok()) return ReportFailure(kCommand, parsed.status().Annotate(described->directory), o.json);
     shape = *parsed;
     // The targets are allocated from the metadata's description: it must be what the checkpoint holds.
     std::vector<ModelTensor> stored;
-    for (const format::TensorInfo& t : (*reader)->manifest().tensors)
+    for (const TensorDescription& t : described->tensors)
       stored.push_back(ModelTensor{t.name, t.dtype, t.shape});
     const Status matches = CheckModelTensors(shape, stored);
-    if (!matches.ok()) return ReportFailure(kCommand, matches.Annotate((*reader)->step_dir()), o.json);
+    if (!matches.ok()) return ReportFailure(kCommand, matches.Annotate(described->directory), o.json);
   }
   if (o.hidden_option != nullptr && o.hidden_option->count() > 0 && o.hidden != shape.hidden) {
     return ReportFailure(kCommand,

@@ -1,19 +1,24 @@
 // lifeline bench index: the metadata path at scale. R ranks (threads) save T tiny tensors each,
 // one fragment per tensor, so the checkpoint has R x T fragments; then, timed separately:
-//   commit  merging the R rank indexes into the manifest and encoding it (what the completing
-//           rank does on top of its own save), and
-//   open    CheckpointReader::Open of the committed step (listing, reading and decoding the manifest).
+//   commit  reading, decoding and merging the R rank indexes into the manifest and encoding it
+//           (what the completing rank does on top of its own save), with the format layer's
+//           codec (formats/index_codec.h), and
+//   open    what opening the committed step for a load costs before any data is read: listing it,
+//           reading and decoding the manifest, checking its coverage (CheckCheckpointMetadata,
+//           the same steps as a reader's open).
 // The design asks that a checkpoint of a million fragments commits and opens in about a second.
 #include <iostream>
 #include <memory>
 #include <thread>
 #include <vector>
 
+#include <algorithm>
+#include <string>
+
 #include "formats/index_codec.h"
-#include "lib/src/checkpoint_layout.h"
-#include "lib/src/checkpoint_reader.h"
-#include "lib/src/step_scan.h"
 #include "lifeline/checkpoint.h"
+#include "lifeline/env.h"
+#include "tools/lifeline/bench/bench.h"
 #include "tools/lifeline/commands.h"
 
 namespace lifeline::cli {
@@ -64,9 +69,26 @@ int RunIndexBench(const IndexBenchOptions& o) {
     if (!results[r].ok()) return ReportFailure(kCommand, results[r].Annotate("rank " + std::to_string(r)), o.json);
 
   Env* env = Env::Default();
-  const std::string step_dir = JoinPath(o.dir, StepDirName(step));
+  // Outside the timing: which directory holds the step (the committing rank knows it).
+  auto scanned = ScanCheckpointDirectory(o.dir);
+  if (!scanned.ok()) return ReportFailure(kCommand, scanned.status(), o.json);
+  auto info = std::find_if(scanned->begin(), scanned->end(), [&](const CheckpointInfo& c) { return c.step == step; });
+  if (info == scanned->end() || !info->complete)
+    return ReportFailure(kCommand, Status::NotFound(o.dir, "step " + std::to_string(step) + " is not complete"), o.json);
+  auto merge = [&]() -> Result<format::CheckpointIndex> {
+    LL_ASSIGN_OR_RETURN(std::vector<std::string> children, env->GetChildren(info->directory));
+    std::vector<format::CheckpointIndex> indexes;
+    for (const std::string& name : children) {
+      if (name.size() < 6 || name.compare(name.size() - 6, 6, ".index") != 0) continue;
+      const std::string path = JoinPath(info->directory, name);
+      LL_ASSIGN_OR_RETURN(std::string bytes, ReadFileToString(env, path, format::kMaxIndexBytes));
+      LL_ASSIGN_OR_RETURN(format::CheckpointIndex index, format::DecodeIndex(bytes, path));
+      indexes.push_back(std::move(index));
+    }
+    return format::BuildManifest(std::move(indexes));
+  };
   const double c0 = NowSeconds();
-  auto manifest = MergeRankIndexes(env, step_dir, RunHash(run_id), o.ranks, step);
+  auto manifest = merge();
   if (!manifest.ok()) return ReportFailure(kCommand, manifest.status(), o.json);
   auto encoded = format::EncodeIndex(*manifest);
   if (!encoded.ok()) return ReportFailure(kCommand, encoded.status(), o.json);
@@ -74,8 +96,7 @@ int RunIndexBench(const IndexBenchOptions& o) {
   const uint64_t fragments = manifest->fragments.size();
 
   const double o0 = NowSeconds();
-  auto reader = CheckpointReader::Open(env, o.dir, step);
-  if (!reader.ok()) return ReportFailure(kCommand, reader.status(), o.json);
+  if (Status opened = CheckCheckpointMetadata(*info); !opened.ok()) return ReportFailure(kCommand, opened, o.json);
   const double open_seconds = NowSeconds() - o0;
 
   if (o.json) {

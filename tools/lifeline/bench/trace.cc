@@ -30,6 +30,7 @@
 
 #include "lifeline/internal/trace_ring.h"
 #include "lifeline/trace.h"
+#include "tools/lifeline/bench/bench.h"
 #include "tools/lifeline/commands.h"
 
 namespace lifeline::cli {

@@ -48,8 +48,9 @@
 #include <thread>
 #include <vector>
 
-#include "lib/src/aligned_buffer.h"
 #include "lifeline/checkpoint.h"
+#include "lifeline/internal/shared_memory.h"
+#include "tools/lifeline/bench/bench.h"
 #include "tools/lifeline/byte_size.h"
 #include "tools/lifeline/commands.h"
 
@@ -85,12 +86,12 @@ class TrainState {
     s.rank_ = rank;
     for (int64_t done = 0, t = 0; done < static_cast<int64_t>(rows); ++t) {
       const int64_t n = std::min<int64_t>(kRowsPerTensor, static_cast<int64_t>(rows) - done);
-      AlignedBuffer buffer(static_cast<size_t>(n * kColumns * 4));
-      if (buffer.data() == nullptr)
+      Result<MappedRegion> buffer = MappedRegion::Anonymous(static_cast<uint64_t>(n * kColumns * 4), false);
+      if (!buffer.ok())
         return Status::ResourceExhausted("rank " + std::to_string(rank), "cannot allocate the training state");
       s.shards_.push_back(TensorShard::Box("params." + std::to_string(t), DType::kF32, {n * world, kColumns},
-                                           {n * rank, 0}, {n, kColumns}, buffer.data()));
-      s.buffers_.push_back(std::move(buffer));
+                                           {n * rank, 0}, {n, kColumns}, buffer->data()));
+      s.buffers_.push_back(std::move(buffer).value());
       done += n;
     }
     for (size_t t = 0; t < s.shards_.size(); ++t) Fill(s.floats(t), s.count(t), s.Seed(t), 0);
@@ -153,7 +154,7 @@ class TrainState {
 
   uint32_t rank_ = 0;
   std::vector<TensorShard> shards_;
-  std::vector<AlignedBuffer> buffers_;
+  std::vector<MappedRegion> buffers_;  // page-aligned, as a framework's tensors are
 };
 
 double Median(std::vector<double> v) {
@@ -332,22 +333,22 @@ int RunTrain(const TrainOptions& o) {
       // The last checkpoint against the state at its Save: the baseline's updates plus its step.
       if (failed.load() || rec.checkpoints.empty()) return;
       const uint64_t expected_updates = steps + rec.checkpoints.back().step;
-      AlignedBuffer scratch(static_cast<size_t>(kRowsPerTensor * kColumns * 4));
-      if (scratch.data() == nullptr) {
+      Result<MappedRegion> scratch = MappedRegion::Anonymous(static_cast<uint64_t>(kRowsPerTensor * kColumns * 4), false);
+      if (!scratch.ok()) {
         rec.status = Status::ResourceExhausted("rank " + std::to_string(r), "cannot allocate the load buffer");
         return;
       }
       for (size_t t = 0; t < state.shards().size(); ++t) {
         LoadRequest req;
         req.tensors.push_back(state.shards()[t]);
-        req.tensors.back().data = scratch.data();
+        req.tensors.back().data = scratch->data();
         auto loaded = checkpointers[r]->Load(rec.checkpoints.back().step, req);
         if (!loaded.ok()) {
           rec.status = loaded.status().Annotate("verifying");
           return;
         }
         rec.from_memory_tier = loaded->from_memory_tier;
-        rec.mismatches += state.CountMismatches(t, reinterpret_cast<const float*>(scratch.data()), expected_updates);
+        rec.mismatches += state.CountMismatches(t, reinterpret_cast<const float*>(scratch->data()), expected_updates);
       }
     });
   }

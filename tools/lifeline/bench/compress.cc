@@ -18,6 +18,7 @@
 
 #include "formats/codec.h"
 #include "lifeline/dtype.h"
+#include "tools/lifeline/bench/bench.h"
 #include "tools/lifeline/byte_size.h"
 #include "tools/lifeline/commands.h"
 

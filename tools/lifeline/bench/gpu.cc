@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "lifeline/checkpoint.h"
+#include "tools/lifeline/bench/bench.h"
 #include "tools/lifeline/byte_size.h"
 #include "tools/lifeline/commands.h"
 

@@ -1,3 +1,5 @@
+// Part of the declared internal interface (lifeline/internal/): for Lifeline's own binaries, not users.
+// `lifeline bench save|load`, `lifeline convert` and the tests build and check this model.
 // The synthetic model of `lifeline bench`: a transformer-shaped set of tensors whose every element
 // is a pure function of (tensor name, global index), so a checkpoint saved in one parallel layout
 // can be loaded into any other and checked element by element without keeping the original.
@@ -48,8 +50,8 @@
 //
 // Thread safety: everything here is a pure function or a value type; RankState is used by one
 // thread at a time.
-#ifndef LIFELINE_LIB_SRC_CONVERT_SYNTHETIC_MODEL_H_
-#define LIFELINE_LIB_SRC_CONVERT_SYNTHETIC_MODEL_H_
+#ifndef LIFELINE_INTERNAL_SYNTHETIC_MODEL_H_
+#define LIFELINE_INTERNAL_SYNTHETIC_MODEL_H_
 
 #include <algorithm>
 #include <cstddef>
@@ -242,4 +244,4 @@ void ForEachRun(const TensorShard& shard, Fn&& fn) {
 
 }  // namespace lifeline
 
-#endif  // LIFELINE_LIB_SRC_CONVERT_SYNTHETIC_MODEL_H_
+#endif  // LIFELINE_INTERNAL_SYNTHETIC_MODEL_H_

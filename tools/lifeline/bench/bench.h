@@ -1,0 +1,52 @@
+// What the `lifeline bench` subcommands share (tools/lifeline/bench/): each file adds one or two of
+// them under `bench`, which bench.cc creates. Benches use the public API (lifeline/*.h) and, where
+// they time an internal component alone, the declared internal interface (lifeline/internal/).
+// A benchmark is not a test: figures are printed, compared as ratios within one run, never asserted.
+#ifndef LIFELINE_TOOLS_LIFELINE_BENCH_BENCH_H_
+#define LIFELINE_TOOLS_LIFELINE_BENCH_BENCH_H_
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "lifeline/checkpoint.h"
+#include "lifeline/status.h"
+#include "tools/lifeline/commands.h"
+
+namespace lifeline::cli {
+
+// Adds `bench index` under the `bench` command (index.cc).
+void AddBenchIndexCommand(CLI::App* bench, std::vector<Command>* commands);
+// Adds `bench compress` under the `bench` command (compress.cc).
+void AddBenchCompressCommand(CLI::App* bench, std::vector<Command>* commands);
+// Adds `bench train` under the `bench` command (train.cc).
+void AddBenchTrainCommand(CLI::App* bench, std::vector<Command>* commands);
+// Adds `bench trace` under the `bench` command (trace.cc).
+void AddBenchTraceCommand(CLI::App* bench, std::vector<Command>* commands);
+// Adds `bench gpu` under the `bench` command (gpu.cc; built with the CUDA copy engine only).
+void AddBenchGpuCommand(CLI::App* bench, std::vector<Command>* commands);
+
+// How `bench save` and `bench train` tune their Checkpointers, as typed on the command line
+// (bench.cc). Zero or empty leaves the library's default.
+struct BenchSaveTuning {
+  std::string codec = "none";   // none | zstd | zstd-bytegroup
+  int codec_level = 0;
+  bool memory_tier = false;
+  unsigned copy_threads = 0;
+  std::string staging_budget;   // a byte size, e.g. 8GiB
+  unsigned slots = 0;
+  bool no_register_buffers = false;
+};
+// Adds --codec, --codec-level, --memory-tier, --copy-threads, --staging-budget, --slots and
+// --no-register-buffers to `app`.
+void AddBenchSaveTuningOptions(CLI::App* app, BenchSaveTuning* tuning);
+// Applies `tuning` to `options`; InvalidArgument naming the option when a value is not valid.
+Status ApplyBenchSaveTuning(const BenchSaveTuning& tuning, CheckpointerOptions* options);
+// A run id no earlier run of this machine used ("<prefix>-<pid>-<hex ns>").
+std::string NewRunId(std::string_view prefix = "bench");
+
+}  // namespace lifeline::cli
+
+#endif  // LIFELINE_TOOLS_LIFELINE_BENCH_BENCH_H_
