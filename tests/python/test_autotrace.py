@@ -201,6 +201,7 @@ class AutoTrace(unittest.TestCase):
             with lifeline.trace.collective("allreduce", 40):
                 dist.all_reduce(t)
             lifeline.trace.dump(sys.argv[1] + f"/events.{rank}.jsonl")
+            dist.destroy_process_group()  # as scripts should: torch 1.13 can abort at exit in gloo otherwise
         """)
         rc, out, _, _ = self.agent([PYTHON, script, self.dir])
         self.assertEqual(rc, 0, out)
@@ -245,6 +246,7 @@ class AutoTrace(unittest.TestCase):
                 dist.all_reduce(torch.ones(1))
             import lifeline
             lifeline.trace.dump(sys.argv[1] + f"/events.{rank}.jsonl")
+            dist.destroy_process_group()  # as scripts should: torch 1.13 can abort at exit in gloo otherwise
         """)
         rc, out, _, _ = self.agent([PYTHON, script, self.dir])
         self.assertEqual(rc, 0, out)
@@ -289,6 +291,7 @@ class AutoTrace(unittest.TestCase):
                 ckpt.save(step, lifeline.torch.state_dict(model, opt))
             ckpt.close()
             lifeline.trace.dump(sys.argv[1] + f"/events.{rank}.{first}.jsonl")
+            dist.destroy_process_group()  # as scripts should: torch 1.13 can abort at exit in gloo otherwise
         """)
         for first in (0, 2):
             rc, out, _, _ = self.agent([PYTHON, script, self.dir])
@@ -333,6 +336,7 @@ class AutoTrace(unittest.TestCase):
             t = torch.ones(2)
             dist.all_reduce(t)
             print("sum", t.sum().item())
+            dist.destroy_process_group()
         """)
         rc, out, _, _ = self.agent([PYTHON, script], env=_environment(PYTHONPATH=os.path.dirname(broken)))
         self.assertEqual(rc, 0, out)
