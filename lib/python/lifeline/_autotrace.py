@@ -255,11 +255,42 @@ class _TracedWork:
             pass
 
 
+# ---- callbacks on communication threads -------------------------------------------------------
+#
+# A torch future runs the Python callbacks given to it on the thread that completes it (gloo's
+# worker), and releases them there, taking the GIL each time. A thread that takes the GIL once the
+# interpreter is finalizing is ended by Python in the middle of torch's C++, which aborts the
+# process ("terminate called without an active exception"): a script that exits right after its
+# last backward, with DDP's bucket callbacks still being released, died with SIGABRT about one
+# run in four. So each callback holds a _Pending token, freed with the callback, and at exit
+# (before finalization) the interpreter waits for every token, for at most _EXIT_WAIT_S.
+
+_pending = set()  # ids of the live tokens; set.add and set.discard are atomic under the GIL
+_EXIT_WAIT_S = 1.0  # a collective still in flight at exit will not finish for us; its callback is not waited on longer
+
+
+class _Pending:
+    __slots__ = ()
+
+    def __init__(self):
+        _pending.add(id(self))
+
+    def __del__(self):
+        _pending.discard(id(self))
+
+
+def _wait_for_callbacks():
+    import time
+    deadline = time.monotonic() + _EXIT_WAIT_S
+    while _pending and time.monotonic() < deadline:
+        time.sleep(0.001)  # lets the communication threads take the GIL and finish
+
+
 def _track(work, seq, comm):
     _posted(seq, comm)
     try:
         future = work.get_future()
-        future.add_done_callback(lambda _f: _end(seq, comm))
+        future.add_done_callback(lambda _f, _token=_Pending(): _end(seq, comm))
         return work
     except Exception:
         return _TracedWork(work, seq, comm)
@@ -515,7 +546,7 @@ def _comm_hook(state, bucket):
         _local.depth -= 1
     _posted(seq, comm)
 
-    def done(f):
+    def done(f, _token=_Pending()):
         _end(seq, comm)
         return f.value()[0]
 
@@ -611,6 +642,8 @@ def install(name, module):
     try:
         if _torch is None:
             _torch = sys.modules.get("torch")
+            import atexit
+            atexit.register(_wait_for_callbacks)
         _INSTALLERS[name](module)
     except Exception as err:
         report(f"patching {name}", err)
