@@ -5,19 +5,17 @@
 #include <csignal>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
 
-#include "agent/detectors/event_simulator.h"
+#include "agent/detectors/detector_test_kit.h"
 
 namespace lifeline::agent {
 namespace {
 
 using namespace simulation;
-using trace::Event;
-using trace::EventType;
-using trace::Op;
 
 TEST(DetectorsTest, CleanJitteryStreamRaisesNothing) {
   Sim sim;
@@ -28,12 +26,10 @@ TEST(DetectorsTest, CleanJitteryStreamRaisesNothing) {
   sim.checkpoint_every = 50;
   sim.persist = 1.0;
   sim.process_exit = true;
-  const Stream stream = Generate(sim);
   auto detectors = MakeDetectors(Config(4));
   ASSERT_EQ(detectors.size(), 5u);
-  Driver driver(&detectors, 4);
-  driver.Load(stream);
-  driver.RunUntil(LastTime(stream) + 5 * kSec);
+  SimDriver driver(sim, std::move(detectors));
+  driver.RunPast(5 * kSec);
   for (int r = 0; r < 4; ++r) driver.Exit(r, 0, /*expected=*/false);  // finished: exit 0
   driver.RunUntil(driver.now() + 2 * kSec);
   EXPECT_TRUE(driver.all().empty()) << Describe(driver.all());
@@ -49,11 +45,8 @@ TEST(DetectorsTest, MakeDetectorsGivesOneOfEachKind) {
 TEST(DetectorsTest, ExpectedExitsRaiseNothingFromAnyDetector) {
   Sim sim;
   sim.steps = 40;
-  const Stream stream = Generate(sim);
-  auto detectors = MakeDetectors(Config(4));
-  Driver driver(&detectors, 4);
-  driver.Load(stream);
-  driver.RunUntil(LastTime(stream) / 2);  // mid-step, collectives open
+  SimDriver driver(sim);
+  driver.RunUntil(LastTime(driver.stream()) / 2);  // mid-step, collectives open
   for (int r = 0; r < 4; ++r) driver.Exit(r, r % 2 ? SIGKILL : SIGTERM, /*expected=*/true);
   driver.RunUntil(driver.now() + 120 * kSec);
   EXPECT_TRUE(driver.all().empty()) << Describe(driver.all());

@@ -150,14 +150,6 @@ bool ValidElemSize(size_t e) { return e == 1 || e == 2 || e == 4 || e == 8; }
 
 bool ValidCodec(Codec c) { return c == Codec::kNone || c == Codec::kZstd || c == Codec::kZstdByteGroup; }
 
-std::string CodecName(Codec c) {
-  switch (c) {
-    case Codec::kNone: return "none";
-    case Codec::kZstd: return "zstd";
-    case Codec::kZstdByteGroup: return "zstd-bytegroup";
-  }
-  return "codec " + std::to_string(static_cast<int>(c));
-}
 
 // Levels at and below this use zstd's fast and double-fast match finders, which the byte-grouping
 // codec replaces by its own parameters (see Configure).
@@ -306,6 +298,15 @@ Status ChunkCodec::Decode(Codec codec, size_t elem_size, const uint8_t* src, siz
                                         std::to_string(raw_len));
   if (grouped) UngroupBytes(elem_size, out, raw_len, dst);
   return Status::OK();
+}
+
+std::string CodecName(Codec c) {
+  switch (c) {
+    case Codec::kNone: return "none";
+    case Codec::kZstd: return "zstd";
+    case Codec::kZstdByteGroup: return "zstd-bytegroup";
+  }
+  return "codec " + std::to_string(static_cast<int>(c));
 }
 
 }  // namespace lifeline::format

@@ -17,6 +17,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -24,6 +25,9 @@
 #include "lifeline/status.h"
 
 namespace lifeline::format {
+
+// "none", "zstd" or "zstd-bytegroup"; "codec N" for a value outside the format.
+std::string CodecName(Codec c);
 
 // Reusable encoding and decoding state: the zstd contexts and the byte-grouping scratch buffer.
 // After the first chunks of the largest size it allocates nothing.

@@ -24,15 +24,6 @@ class DimScratch {
   std::vector<int64_t> heap_;
 };
 
-std::string ShapeString(const std::vector<int64_t>& v) {
-  std::string s = "[";
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (i > 0) s += ", ";
-    s += std::to_string(v[i]);
-  }
-  s += "]";
-  return s;
-}
 
 // Calls emit(lo, extent) for each box of the classic decomposition of the region's row-major
 // range: partial pieces climbing from the innermost dimension until the cursor is aligned to a
@@ -553,6 +544,15 @@ void PlanOverlaps(const std::vector<Region>& sources, const std::vector<Region>&
     o.box.lo.assign(lo, lo + ndim);
     o.box.extent.assign(ext, ext + ndim);
   }
+}
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
 }
 
 }  // namespace lifeline::format

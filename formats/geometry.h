@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -29,6 +30,9 @@ struct Box {
 
 // Product of `shape` into *out. False when an extent is negative or the product overflows int64.
 bool CheckedVolume(const std::vector<int64_t>& shape, int64_t* out);
+
+// A shape (or coordinates) as messages and listings write it: "[2, 3]".
+std::string ShapeString(const std::vector<int64_t>& shape);
 
 // Checks that `region` is a valid piece of a tensor of shape `tensor_shape`: same number of
 // dimensions, box inside the tensor, 0 <= flat_begin <= flat_end <= volume(box), no overflow.

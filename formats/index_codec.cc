@@ -88,15 +88,6 @@ T Get(const char* p) {
 // ---- message helpers ----
 
 
-std::string ShapeString(const std::vector<int64_t>& shape) {
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (i > 0) out += ", ";
-    out += std::to_string(shape[i]);
-  }
-  out += "]";
-  return out;
-}
 
 std::string DTypeString(DType t) {
   if (!IsValidDType(static_cast<uint8_t>(t))) return "dtype code " + std::to_string(static_cast<unsigned>(t));

@@ -10,6 +10,7 @@
 #include <new>
 #include <nlohmann/json.hpp>
 
+#include "formats/geometry.h"
 #include "formats/index_codec.h"
 #include <unordered_set>
 
@@ -49,14 +50,6 @@ constexpr std::array<std::string_view, 10> kUnsupportedPublishedDTypes = {
 
 std::string TensorLabel(std::string_view name) { return "tensor " + QuoteUntrusted(name); }
 
-std::string ShapeText(const std::vector<int64_t>& shape) {
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (i) out += ", ";
-    out += std::to_string(shape[i]);
-  }
-  return out + "]";
-}
 
 std::string RangeText(uint64_t begin, uint64_t end) {
   return "[" + std::to_string(begin) + ", " + std::to_string(end) + ")";
@@ -148,16 +141,16 @@ Status CheckEntryBytes(const SafetensorsEntry& e, uint64_t data_bytes, std::stri
   // when a later extent is 0.
   uint64_t elements = 1;
   for (int64_t d : e.shape) {
-    if (d < 0) return fail(who + ": shape " + ShapeText(e.shape) + " has a negative dimension");
+    if (d < 0) return fail(who + ": shape " + ShapeString(e.shape) + " has a negative dimension");
     const uint64_t ud = static_cast<uint64_t>(d);
     if (elements != 0 && ud > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) / elements)
-      return fail(who + ": shape " + ShapeText(e.shape) + " has more than 2^63-1 elements");
+      return fail(who + ": shape " + ShapeString(e.shape) + " has more than 2^63-1 elements");
     elements *= ud;
   }
   const uint64_t size = DTypeSize(e.dtype);
   if (size == 0) return fail(who + ": invalid dtype code " + std::to_string(static_cast<int>(e.dtype)));
   if (elements > std::numeric_limits<uint64_t>::max() / size)
-    return fail(who + ": shape " + ShapeText(e.shape) + " of " + std::string(dtype_name) +
+    return fail(who + ": shape " + ShapeString(e.shape) + " of " + std::string(dtype_name) +
                 " needs more than 2^64-1 bytes");
   const uint64_t bytes = elements * size;
   if (e.begin > e.end)
@@ -166,7 +159,7 @@ Status CheckEntryBytes(const SafetensorsEntry& e, uint64_t data_bytes, std::stri
     return fail(who + ": data_offsets " + RangeText(e.begin, e.end) + " run past the end of the data buffer (" +
                 std::to_string(data_bytes) + " bytes)");
   if (e.end - e.begin != bytes)
-    return fail(who + ": dtype/size mismatch: shape " + ShapeText(e.shape) + " of " + std::string(dtype_name) +
+    return fail(who + ": dtype/size mismatch: shape " + ShapeString(e.shape) + " of " + std::string(dtype_name) +
                 " needs " + std::to_string(bytes) + " bytes but data_offsets " + RangeText(e.begin, e.end) +
                 " hold " + std::to_string(e.end - e.begin));
   return Status::OK();
@@ -730,9 +723,9 @@ Result<std::vector<SafetensorsEntry>> LayOutSafetensors(std::vector<SafetensorsE
                                               std::to_string(kMaxRank));
     uint64_t elements = 1;
     for (int64_t d : e.shape) {
-      if (d < 0) return Status::InvalidArgument(who, "shape " + ShapeText(e.shape) + " has a negative dimension");
+      if (d < 0) return Status::InvalidArgument(who, "shape " + ShapeString(e.shape) + " has a negative dimension");
       if (elements != 0 && static_cast<uint64_t>(d) > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) / elements)
-        return Status::InvalidArgument(who, "shape " + ShapeText(e.shape) + " has more than 2^63-1 elements");
+        return Status::InvalidArgument(who, "shape " + ShapeString(e.shape) + " has more than 2^63-1 elements");
       elements *= static_cast<uint64_t>(d);
     }
     const uint64_t size = DTypeSize(e.dtype);

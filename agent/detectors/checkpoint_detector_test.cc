@@ -10,27 +10,21 @@
 
 #include <gtest/gtest.h>
 
-#include "agent/detectors/event_simulator.h"
+#include "agent/detectors/detector_test_kit.h"
 #include "lifeline/status.h"
 
 namespace lifeline::agent {
 namespace {
 
 using namespace simulation;
-using trace::Event;
-using trace::EventType;
-using trace::Op;
 
 TEST(CheckpointDetectorTest, FailureNamesRankStepAndCode) {
   Sim sim;
   sim.steps = 120;
   sim.checkpoint_every = 25;
   sim.checkpoint_fails = [](int r, int k) { return r == 2 && k == 49; };
-  const Stream stream = Generate(sim);
-  auto detectors = MakeDetectors(Config(4));
-  Driver driver(&detectors, 4);
-  driver.Load(stream);
-  driver.RunUntil(LastTime(stream) + 1 * kSec);
+  SimDriver driver(sim);
+  driver.RunPast(1 * kSec);
   ASSERT_EQ(driver.all().size(), 1u) << Describe(driver.all());
   const Anomaly& a = driver.all()[0];
   EXPECT_EQ(a.kind, "checkpoint");
@@ -45,11 +39,9 @@ TEST(CheckpointDetectorTest, PersistLagOnOneRankIsNamedAfterLagCountInARow) {
   sim.checkpoint_every = 20;  // ~1.2 s between saves
   sim.persist = 0.3;
   sim.persist_seconds = [](int r, int k) { return r == 1 && k >= 100 ? 2.5 : 0.3; };
-  const Stream stream = Generate(sim);
   CheckpointDetector checkpoint(CheckpointConfig{});
-  Driver driver({&checkpoint}, 4);
-  driver.Load(stream);
-  driver.RunUntil(LastTime(stream) + 1 * kSec);
+  SimDriver driver(sim, {&checkpoint});
+  driver.RunPast(1 * kSec);
   ASSERT_EQ(driver.all().size(), 1u) << Describe(driver.all());  // cooldown 300 s
   const Anomaly& a = driver.all()[0];
   EXPECT_EQ(a.ranks, std::vector<int>{1});
@@ -93,11 +85,9 @@ TEST(CheckpointDetectorTest, SavesThatNeverPersistCountInPoll) {
   sim.steps = 200;
   sim.checkpoint_every = 20;
   sim.persist_seconds = [](int r, int k) { return k >= 100 ? -1.0 : 0.3; };  // storage gone
-  const Stream stream = Generate(sim);
   CheckpointDetector checkpoint(CheckpointConfig{});
-  Driver driver({&checkpoint}, 4);
-  driver.Load(stream);
-  driver.RunUntil(LastTime(stream) + 1 * kSec);
+  SimDriver driver(sim, {&checkpoint});
+  driver.RunPast(1 * kSec);
   // Every rank, each once (ranks crossing the limit in the same poll share one anomaly).
   std::vector<int> named;
   for (const Anomaly& a : driver.all()) {

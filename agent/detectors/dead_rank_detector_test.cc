@@ -8,27 +8,17 @@
 
 #include <gtest/gtest.h>
 
-#include "agent/detectors/event_simulator.h"
+#include "agent/detectors/detector_test_kit.h"
 
 namespace lifeline::agent {
 namespace {
 
 using namespace simulation;
-using trace::Event;
-using trace::EventType;
-using trace::Op;
 
 TEST(DeadRankDetectorTest, SigkillNamesRankSignalAndStep) {
-  Sim sim;
-  sim.steps = 100;
-  sim.stall = Stall::kNeverJoins;  // rank 1 stops recording in step 70: it was killed there
-  sim.stall_rank = 1;
-  sim.stall_step = 70;
-  const Stream stream = Generate(sim);
-  auto detectors = MakeDetectors(Config(4));
-  Driver driver(&detectors, 4);
-  driver.Load(stream);
-  driver.RunUntil(LastTime(stream) + 50 * kMs);
+  // Rank 1 stops recording in step 70: it was killed there.
+  SimDriver driver(StalledSim(100, Stall::kNeverJoins, 1, 70));
+  driver.RunPast(50 * kMs);
   driver.Exit(1, SIGKILL, /*expected=*/false);
 
   const auto dead = driver.OfKind("dead");

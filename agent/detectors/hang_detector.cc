@@ -4,6 +4,7 @@
 #include <string>
 
 #include "agent/detectors/evidence.h"
+#include "agent/detectors/sliding_window.h"
 
 namespace lifeline::agent {
 
@@ -23,11 +24,6 @@ size_t HangDetector::HistoryCapacity() const {
   return static_cast<size_t>(std::max<uint32_t>(config_.window, 1)) * std::max(world_, 1);
 }
 
-void HangDetector::Remember(std::deque<uint64_t>* history, uint64_t duration) {
-  history->push_back(duration);
-  while (history->size() > HistoryCapacity()) history->pop_front();
-}
-
 uint64_t HangDetector::Timeout(const std::deque<uint64_t>* history) const {
   double longest = 0;
   if (history != nullptr && !history->empty()) longest = Seconds(*std::max_element(history->begin(), history->end()));
@@ -38,11 +34,13 @@ uint64_t HangDetector::Timeout(const std::deque<uint64_t>* history) const {
 void HangDetector::Observe(const Timeline&, const TimelineChange& c) {
   if (c.rank < 0 || c.rank >= world_) return;
   const trace::Event& e = *c.event;
-  if (e.type == EventType::kStepEnd && c.step_closed_ns) Remember(&step_history_, *c.step_closed_ns);
+  if (e.type == EventType::kStepEnd && c.step_closed_ns)
+    PushToWindow(&step_history_, *c.step_closed_ns, HistoryCapacity());
   // A late End of a collective a later End already closed was not waited for: no history.
   if (e.type == EventType::kCollectiveEnd && c.collective_closed && !c.closed_early &&
       e.time_ns >= c.collective_closed->begin_ns)
-    Remember(&collective_history_[{e.comm, c.collective_closed->op}], e.time_ns - c.collective_closed->begin_ns);
+    PushToWindow(&collective_history_[{e.comm, c.collective_closed->op}], e.time_ns - c.collective_closed->begin_ns,
+                 HistoryCapacity());
 }
 
 void HangDetector::CheckCollectives(const Timeline& t, uint64_t now, std::vector<Anomaly>* out, bool* any_open) {

@@ -35,7 +35,6 @@ class HangDetector : public Detector {
  private:
   // Per-rank durations: the window of `window` operations holds world x window of them.
   size_t HistoryCapacity() const;
-  void Remember(std::deque<uint64_t>* history, uint64_t duration);
   uint64_t Timeout(const std::deque<uint64_t>* history) const;
   void CheckCollectives(const Timeline& t, uint64_t now, std::vector<Anomaly>* out, bool* any_open);
   void CheckSteps(const Timeline& t, uint64_t now, std::vector<Anomaly>* out);

@@ -8,31 +8,18 @@
 
 #include <gtest/gtest.h>
 
-#include "agent/detectors/event_simulator.h"
+#include "agent/detectors/detector_test_kit.h"
 
 namespace lifeline::agent {
 namespace {
 
 using namespace simulation;
-using trace::Event;
-using trace::EventType;
-using trace::Op;
 
 TEST(HangDetectorTest, RankThatNeverJoinsIsNamedAfterTheFloorAndNotBefore) {
-  Sim sim;
-  sim.steps = 200;
-  sim.stall = Stall::kNeverJoins;
-  sim.stall_rank = 2;
-  sim.stall_step = 110;  // allreduce #111
-  const Stream stream = Generate(sim);
-  const uint64_t t0 = FirstBeginOf(stream, 111);
   HangDetector hang(FastHang());
-  Driver driver({&hang}, 4);
-  driver.Load(stream);
-  uint64_t fired_at = 0;
-  driver.RunUntil(t0 + 60 * kSec, [&](uint64_t now, const std::vector<Anomaly>& found) {
-    if (!found.empty() && fired_at == 0) fired_at = now;
-  });
+  SimDriver driver(StalledSim(200, Stall::kNeverJoins, 2, 110), {&hang});  // allreduce #111
+  const uint64_t t0 = FirstBeginOf(driver.stream(), 111);
+  const uint64_t fired_at = driver.FirstFoundBy(t0 + 60 * kSec);
   ASSERT_EQ(driver.all().size(), 1u) << Describe(driver.all());  // once per stall
   const Anomaly& a = driver.all()[0];
   EXPECT_GT(fired_at, t0 + 2 * kSec);
@@ -52,16 +39,9 @@ TEST(HangDetectorTest, RankThatNeverJoinsIsNamedAfterTheFloorAndNotBefore) {
 }
 
 TEST(HangDetectorTest, AllJoinedButOneNeverPosted) {
-  Sim sim;
-  sim.steps = 50;
-  sim.stall = Stall::kNeverPosts;
-  sim.stall_rank = 1;
-  sim.stall_step = 30;
-  const Stream stream = Generate(sim);
   HangDetector hang(FastHang());
-  Driver driver({&hang}, 4);
-  driver.Load(stream);
-  driver.RunUntil(LastTime(stream) + 10 * kSec);
+  SimDriver driver(StalledSim(50, Stall::kNeverPosts, 1, 30), {&hang});
+  driver.RunPast(10 * kSec);
   ASSERT_EQ(driver.all().size(), 1u) << Describe(driver.all());
   EXPECT_EQ(driver.all()[0].ranks, std::vector<int>{1});
   EXPECT_EQ(driver.all()[0].seq, 31u);
@@ -69,24 +49,15 @@ TEST(HangDetectorTest, AllJoinedButOneNeverPosted) {
 }
 
 TEST(HangDetectorTest, StepStuckWithNoCollectiveNamesTheRankBehind) {
-  Sim sim;
+  Sim sim = StalledSim(300, Stall::kNeverJoins, 2, 40);  // the others go on for ~15 s
   sim.collectives = false;
-  sim.steps = 300;  // the others go on for ~15 s
-  sim.stall = Stall::kNeverJoins;
-  sim.stall_rank = 2;
-  sim.stall_step = 40;
-  const Stream stream = Generate(sim);
+  HangDetector hang(FastHang());
+  SimDriver driver(sim, {&hang});
   uint64_t t0 = 0;
-  for (const Event& e : stream[2])
+  for (const Event& e : driver.stream()[2])
     if (e.type == EventType::kStepBegin && e.step == 40) t0 = e.time_ns;
   ASSERT_NE(t0, 0u);
-  HangDetector hang(FastHang());
-  Driver driver({&hang}, 4);
-  driver.Load(stream);
-  uint64_t fired_at = 0;
-  driver.RunUntil(LastTime(stream) + 10 * kSec, [&](uint64_t now, const std::vector<Anomaly>& found) {
-    if (!found.empty() && fired_at == 0) fired_at = now;
-  });
+  const uint64_t fired_at = driver.FirstFoundBy(LastTime(driver.stream()) + 10 * kSec);
   ASSERT_EQ(driver.all().size(), 1u) << Describe(driver.all());
   EXPECT_GT(fired_at, t0 + 2 * kSec);
   EXPECT_LE(fired_at, t0 + 2 * kSec + 20 * kMs);
@@ -129,21 +100,12 @@ TEST(HangDetectorTest, FirstSlowCollectiveWaitsForTheFloor) {
 }
 
 TEST(HangDetectorTest, TimeoutAdaptsToLongCollectives) {
-  Sim sim;
-  sim.steps = 30;
+  Sim sim = StalledSim(30, Stall::kNeverJoins, 0, 20);
   sim.op = 0.5;  // collectives routinely take half a second: timeout 10 x ~0.5 s
-  sim.stall = Stall::kNeverJoins;
-  sim.stall_rank = 0;
-  sim.stall_step = 20;
-  const Stream stream = Generate(sim);
-  const uint64_t t0 = FirstBeginOf(stream, 21);
   HangDetector hang(FastHang());
-  Driver driver({&hang}, 4);
-  driver.Load(stream);
-  uint64_t fired_at = 0;
-  driver.RunUntil(t0 + 30 * kSec, [&](uint64_t now, const std::vector<Anomaly>& found) {
-    if (!found.empty() && fired_at == 0) fired_at = now;
-  });
+  SimDriver driver(sim, {&hang});
+  const uint64_t t0 = FirstBeginOf(driver.stream(), 21);
+  const uint64_t fired_at = driver.FirstFoundBy(t0 + 30 * kSec);
   ASSERT_EQ(driver.all().size(), 1u) << Describe(driver.all());
   const double timeout = driver.all()[0].evidence["timeout_seconds"].get<double>();
   EXPECT_GT(timeout, 5.0);
@@ -153,16 +115,10 @@ TEST(HangDetectorTest, TimeoutAdaptsToLongCollectives) {
 }
 
 TEST(HangDetectorTest, ResetForgetsTheOpenCollectivesOfThePreviousLaunch) {
-  Sim sim;
-  sim.steps = 60;
-  sim.stall = Stall::kNeverJoins;
-  sim.stall_rank = 3;
-  sim.stall_step = 40;
-  Stream stream = Generate(sim);
-  const uint64_t t0 = FirstBeginOf(stream, 41);
+  Sim sim = StalledSim(60, Stall::kNeverJoins, 3, 40);
   HangDetector hang(FastHang());
-  Driver driver({&hang}, 4);
-  driver.Load(stream);
+  SimDriver driver(sim, {&hang});
+  const uint64_t t0 = FirstBeginOf(driver.stream(), 41);
   driver.RunUntil(t0 + 1 * kSec);
   EXPECT_TRUE(driver.all().empty());
 
@@ -176,27 +132,19 @@ TEST(HangDetectorTest, ResetForgetsTheOpenCollectivesOfThePreviousLaunch) {
   sim.start_ns = driver.now() + 100 * kMs;
   sim.stall_rank = 1;
   sim.stall_step = 10;
-  stream = Generate(sim);
-  driver.Load(stream);
-  driver.RunUntil(LastTime(stream) + 5 * kSec);
+  driver.Play(sim);
+  driver.RunPast(5 * kSec);
   ASSERT_EQ(driver.all().size(), 1u) << Describe(driver.all());
   EXPECT_EQ(driver.all()[0].ranks, std::vector<int>{1});
   EXPECT_EQ(driver.all()[0].seq, 11u);
 }
 
 TEST(HangDetectorTest, ExitedRankIsNeitherWaiterNorCulprit) {
-  Sim sim;
-  sim.steps = 60;
-  sim.stall = Stall::kNeverJoins;
-  sim.stall_rank = 2;
-  sim.stall_step = 20;
-  const Stream stream = Generate(sim);
   HangDetector hang(FastHang());
-  Driver driver({&hang}, 4);
-  driver.Load(stream);
-  driver.RunUntil(LastTime(stream) + 100 * kMs);
+  SimDriver driver(StalledSim(60, Stall::kNeverJoins, 2, 20), {&hang});
+  driver.RunPast(100 * kMs);
   driver.Exit(0, SIGKILL, /*expected=*/false);  // a waiter dies
-  driver.RunUntil(LastTime(stream) + 5 * kSec);
+  driver.RunPast(5 * kSec);
   ASSERT_EQ(driver.all().size(), 1u) << Describe(driver.all());
   EXPECT_EQ(driver.all()[0].ranks, std::vector<int>{2});
   EXPECT_EQ(driver.all()[0].evidence["waiting_ranks"], (std::vector<int>{1, 3}));

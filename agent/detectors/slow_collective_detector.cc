@@ -6,11 +6,11 @@
 #include <utility>
 
 #include "agent/detectors/evidence.h"
+#include "agent/detectors/sliding_window.h"
 
 namespace lifeline::agent {
 
 using namespace detail;
-using trace::EventType;
 using trace::Op;
 
 void SlowCollectiveDetector::Reset(int world) {
@@ -38,8 +38,7 @@ void SlowCollectiveDetector::Observe(const Timeline& t, const TimelineChange& c)
   if (st.baseline.size() < std::max<uint32_t>(config_.baseline_window, 1)) {
     st.baseline.push_back(sample.duration);
   } else {
-    st.recent.push_back(std::move(sample));
-    while (st.recent.size() > std::max<uint32_t>(config_.recent_window, 1)) st.recent.pop_front();
+    PushToWindow(&st.recent, std::move(sample), config_.recent_window);
     st.dirty = true;
   }
 }

@@ -9,25 +9,19 @@
 
 #include <gtest/gtest.h>
 
-#include "agent/detectors/event_simulator.h"
+#include "agent/detectors/detector_test_kit.h"
 
 namespace lifeline::agent {
 namespace {
 
 using namespace simulation;
-using trace::Event;
-using trace::EventType;
-using trace::Op;
 
 TEST(SlowCollectiveDetectorTest, LatePosterInsideTheCollectiveIsNamed) {
   Sim sim;
   sim.steps = 100;
   sim.extra_post = [](int r, int k) { return r == 1 && k >= 60 ? 0.030 : 0.0; };
-  const Stream stream = Generate(sim);
-  auto detectors = MakeDetectors(Config(4));
-  Driver driver(&detectors, 4);
-  driver.Load(stream);
-  driver.RunUntil(LastTime(stream) + 1 * kSec);
+  SimDriver driver(sim);
+  driver.RunPast(1 * kSec);
   // Everyone began on time: no straggler.
   ASSERT_EQ(driver.all().size(), 1u) << Describe(driver.all());
   const Anomaly& a = driver.all()[0];
@@ -50,11 +44,9 @@ TEST(SlowCollectiveDetectorTest, WholeCommunicatorSlowNamesNoRank) {
   Sim sim;
   sim.steps = 100;
   sim.op_seconds = [](int k) { return k >= 60 ? 0.020 : 0.005; };
-  const Stream stream = Generate(sim);
   SlowCollectiveDetector slow(SlowCollectiveConfig{});
-  Driver driver({&slow}, 4);
-  driver.Load(stream);
-  driver.RunUntil(LastTime(stream) + 1 * kSec);
+  SimDriver driver(sim, {&slow});
+  driver.RunPast(1 * kSec);
   ASSERT_EQ(driver.all().size(), 1u) << Describe(driver.all());
   EXPECT_TRUE(driver.all()[0].ranks.empty());
   EXPECT_NE(driver.all()[0].message.find("whole communicator"), std::string::npos) << driver.all()[0].message;
@@ -64,11 +56,9 @@ TEST(SlowCollectiveDetectorTest, SmallSlowdownUnderTheFactorStaysSilent) {
   Sim sim;
   sim.steps = 200;
   sim.op_seconds = [](int k) { return k >= 60 ? 0.008 : 0.005; };  // x1.6 < x2
-  const Stream stream = Generate(sim);
   SlowCollectiveDetector slow(SlowCollectiveConfig{});
-  Driver driver({&slow}, 4);
-  driver.Load(stream);
-  driver.RunUntil(LastTime(stream) + 1 * kSec);
+  SimDriver driver(sim, {&slow});
+  driver.RunPast(1 * kSec);
   EXPECT_TRUE(driver.all().empty()) << Describe(driver.all());
 }
 

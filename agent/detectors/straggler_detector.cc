@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "agent/detectors/evidence.h"
+#include "agent/detectors/sliding_window.h"
 
 namespace lifeline::agent {
 
@@ -80,8 +81,7 @@ void StragglerDetector::Reset(int world) {
 }
 
 void StragglerDetector::Push(std::deque<Entry>* window, Entry e) {
-  window->push_back(std::move(e));
-  while (window->size() > std::max<uint32_t>(config_.window, 1)) window->pop_front();
+  PushToWindow(window, std::move(e), config_.window);
   dirty_ = true;
 }
 

@@ -8,15 +8,12 @@
 
 #include <gtest/gtest.h>
 
-#include "agent/detectors/event_simulator.h"
+#include "agent/detectors/detector_test_kit.h"
 
 namespace lifeline::agent {
 namespace {
 
 using namespace simulation;
-using trace::Event;
-using trace::EventType;
-using trace::Op;
 
 void ExpectStragglerRank3(int ranks) {
   Sim sim;
@@ -24,11 +21,8 @@ void ExpectStragglerRank3(int ranks) {
   sim.steps = 100;
   sim.seed = 100 + ranks;
   sim.extra_compute = [](int r, int k) { return r == 3 && k >= 30 ? 0.040 : 0.0; };
-  const Stream stream = Generate(sim);
-  auto detectors = MakeDetectors(Config(ranks));
-  Driver driver(&detectors, ranks);
-  driver.Load(stream);
-  driver.RunUntil(LastTime(stream) + 1 * kSec);
+  SimDriver driver(sim);
+  driver.RunPast(1 * kSec);
   // Only the straggler: its late arrival does not make the collective slow, nor does it hang.
   ASSERT_EQ(driver.all().size(), 1u) << Describe(driver.all());
   const Anomaly& a = driver.all()[0];
@@ -54,11 +48,9 @@ TEST(StragglerDetectorTest, TwoRanksUseTheAbsoluteRule) {
   sim.ranks = 2;
   sim.steps = 80;
   sim.extra_compute = [](int r, int k) { return r == 1 && k >= 20 ? 0.040 : 0.0; };
-  const Stream stream = Generate(sim);
   StragglerDetector straggler(StragglerConfig{});
-  Driver driver({&straggler}, 2);
-  driver.Load(stream);
-  driver.RunUntil(LastTime(stream) + 1 * kSec);
+  SimDriver driver(sim, {&straggler});
+  driver.RunPast(1 * kSec);
   ASSERT_EQ(driver.all().size(), 1u) << Describe(driver.all());
   EXPECT_EQ(driver.all()[0].ranks, std::vector<int>{1});
   EXPECT_TRUE(driver.all()[0].evidence["z"].is_null());
@@ -70,10 +62,8 @@ TEST(StragglerDetectorTest, TwoRanksWithJitterStaySilent) {
   sim.steps = 500;
   sim.spike_probability = 0.02;
   StragglerDetector straggler(StragglerConfig{});
-  Driver driver({&straggler}, 2);
-  const Stream stream = Generate(sim);
-  driver.Load(stream);
-  driver.RunUntil(LastTime(stream) + 1 * kSec);
+  SimDriver driver(sim, {&straggler});
+  driver.RunPast(1 * kSec);
   EXPECT_TRUE(driver.all().empty()) << Describe(driver.all());
 }
 
@@ -83,11 +73,9 @@ TEST(StragglerDetectorTest, CooldownThenReportedAgain) {
   Sim sim;
   sim.steps = 150;  // ~9 s of straggling
   sim.extra_compute = [](int r, int k) { return r == 3 && k >= 30 ? 0.040 : 0.0; };
-  const Stream stream = Generate(sim);
   StragglerDetector straggler(config);
-  Driver driver({&straggler}, 4);
-  driver.Load(stream);
-  driver.RunUntil(LastTime(stream) + 1 * kSec);
+  SimDriver driver(sim, {&straggler});
+  driver.RunPast(1 * kSec);
   ASSERT_GE(driver.all().size(), 2u) << Describe(driver.all());
   for (size_t i = 1; i < driver.all().size(); ++i) {
     EXPECT_EQ(driver.all()[i].ranks, std::vector<int>{3});

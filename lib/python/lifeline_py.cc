@@ -169,11 +169,12 @@ class Ticket {
   py::object keepalive_;
 };
 
-std::optional<SaveCodec> ParseCodec(const std::string& name) {
-  if (name.empty() || name == "none") return SaveCodec::kNone;
-  if (name == "zstd") return SaveCodec::kZstd;
-  if (name == "zstd-bytegroup" || name == "zstd_bytegroup" || name == "bytegroup") return SaveCodec::kZstdByteGroup;
-  return std::nullopt;
+// The `codec=` option: None or a codec name (ParseSaveCodec).
+SaveCodec CodecOption(const py::handle& v) {
+  const std::string name = v.is_none() ? "" : py::cast<std::string>(v);
+  Result<SaveCodec> codec = ParseSaveCodec(name);
+  if (!codec.ok()) throw py::value_error("codec=" + name + ": expected None, 'zstd' or 'zstd-bytegroup'");
+  return *codec;
 }
 
 // Reads the keyword options of lifeline.Checkpointer(...) into CheckpointerOptions; an unknown
@@ -211,12 +212,8 @@ CheckpointerOptions ParseOptions(const std::string& directory, uint32_t rank, ui
       else if (key == "drain_directory") o.drain_directory = py::cast<std::string>(v);
       else if (key == "drain_keep_last") o.drain_keep_last = py::cast<uint32_t>(v);
       else if (key == "fault_injection") *fault_injection = py::cast<bool>(v);
-      else if (key == "codec") {
-        const std::string name = v.is_none() ? "" : py::cast<std::string>(v);
-        std::optional<SaveCodec> codec = ParseCodec(name);
-        if (!codec) throw py::value_error("codec=" + name + ": expected None, 'zstd' or 'zstd-bytegroup'");
-        o.codec = *codec;
-      } else if (key == "busy_policy") {
+      else if (key == "codec") o.codec = CodecOption(v);
+      else if (key == "busy_policy") {
         const std::string name = py::cast<std::string>(v);
         if (name == "wait") o.busy_policy = BusyPolicy::kWait;
         else if (name == "skip") o.busy_policy = BusyPolicy::kSkip;
@@ -253,12 +250,8 @@ void ParseConvertOptions(const py::dict& kwargs, SourceOptions* so, ConvertOptio
       else if (key == "dp") co->dp = py::cast<uint32_t>(v);
       else if (key == "codec_level") co->codec_level = py::cast<int>(v);
       else if (key == "direct_io") co->direct_io = py::cast<bool>(v);
-      else if (key == "codec") {
-        const std::string name = py::cast<std::string>(v);
-        std::optional<SaveCodec> codec = ParseCodec(name);
-        if (!codec) throw py::value_error("codec=" + name + ": expected None, 'zstd' or 'zstd-bytegroup'");
-        co->codec = *codec;
-      } else {
+      else if (key == "codec") co->codec = CodecOption(v);
+      else {
         throw py::type_error("convert() got an unknown option '" + key + "'");
       }
     } catch (const py::cast_error&) {

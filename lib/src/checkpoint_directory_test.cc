@@ -10,6 +10,7 @@
 #include "lib/src/checkpoint_layout.h"
 #include "lifeline/checkpoint.h"
 #include "lifeline/env.h"
+#include "tests/kit/test_kit.h"
 
 namespace lifeline {
 namespace {
@@ -17,15 +18,7 @@ namespace {
 class CheckpointDirectoryTest : public ::testing::Test {
  protected:
   void SaveSteps(std::vector<uint64_t> steps) {
-    CheckpointerOptions o;
-    o.directory = "/ckpt";
-    o.env = env_.get();
-    o.run_id = "directory-test";
-    o.chunk_bytes = 1024;
-    o.write_block_bytes = 4096;
-    o.staging_budget_bytes = 1 << 20;
-    o.direct_io = false;
-    auto c = Checkpointer::Open(o);
+    auto c = Checkpointer::Open(test::InMemoryCheckpointerOptions(env_.get(), "directory-test", 1024));
     ASSERT_TRUE(c.ok()) << c.status().ToString();
     std::vector<float> w(4096, 1.5f);
     for (uint64_t step : steps) {

@@ -21,14 +21,28 @@
 
 namespace lifeline {
 
-// Which files a writer owns: rank `rank` of world `world_size`, attempt `run_hash`, step `step`
+// Whose files a writer writes: those of rank `rank` of world `world_size`, attempt `run_hash`,
 // under `root`.
-struct StepTarget {
+struct RankFiles {
   std::string root;
-  uint64_t step = 0;
   std::string run_hash;
   uint32_t rank = 0;
   uint32_t world_size = 1;
+};
+
+// The files of one step: what one CheckpointWriter owns.
+struct StepTarget : RankFiles {
+  uint64_t step = 0;
+};
+
+// How one rank writes its files of every step: keeping the newest `keep_last` loadable steps under
+// the root (0: all), with O_DIRECT when `direct_io`. The persist pipeline and the drainer each hold
+// one.
+struct RankWriterConfig : RankFiles {
+  uint32_t keep_last = 0;
+  bool direct_io = true;
+
+  StepTarget AtStep(uint64_t step) const { return StepTarget{{*this}, step}; }
 };
 
 // What publishing does after the rank index is in place.

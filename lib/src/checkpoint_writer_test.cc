@@ -12,6 +12,7 @@
 
 #include "lib/src/checkpoint_layout.h"
 #include "lib/src/checkpoint_reader.h"
+#include "tests/kit/test_kit.h"
 
 namespace lifeline {
 namespace {
@@ -21,20 +22,13 @@ constexpr uint64_t kStep = 3;
 class CheckpointWriterTest : public ::testing::Test {
  protected:
   StepTarget Target(uint32_t rank, uint32_t world, const std::string& root = "/ckpt") const {
-    return StepTarget{root, kStep, RunHash("writer-test"), rank, world};
+    return StepTarget{{root, RunHash("writer-test"), rank, world}, kStep};
   }
 
   RankWriteOptions Options(uint32_t rank, uint32_t world) const {
-    RankWriteOptions o;
-    o.step = kStep;
+    RankWriteOptions o = test::SmallRankWriteOptions("writer-test", kStep);
     o.rank = rank;
     o.world_size = world;
-    o.run_id = "writer-test";
-    o.run_hash = RunHash("writer-test");
-    o.chunk_bytes = 1024;
-    o.write_block_bytes = 4096;
-    o.memory_budget = 64 << 10;
-    o.direct_io = false;
     return o;
   }
 

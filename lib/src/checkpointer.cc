@@ -85,15 +85,6 @@ std::string RandomHex64() {
 }
 
 
-format::Codec FormatCodec(SaveCodec codec) {
-  switch (codec) {
-    case SaveCodec::kNone: return format::Codec::kNone;
-    case SaveCodec::kZstd: return format::Codec::kZstd;
-    case SaveCodec::kZstdByteGroup: return format::Codec::kZstdByteGroup;
-  }
-  return format::Codec::kNone;
-}
-
 // Splits the staged image into pieces of at most one chunk: the unit of copying, hashing and
 // per-tensor readiness.
 void PlanPieces(internal::SaveJob& job, const SaveRequest& request) {
@@ -279,24 +270,14 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::Open(CheckpointerOptions opt
   if (!o.drain_directory.empty()) {
     DrainConfig d;
     d.source_root = o.directory;
-    d.target_root = o.drain_directory;
-    d.run_hash = m.run_hash;
-    d.rank = o.rank;
-    d.world_size = o.world_size;
-    d.keep_last = o.drain_keep_last;
-    d.direct_io = o.direct_io;
+    d.writer = RankWriterConfig{{o.drain_directory, m.run_hash, o.rank, o.world_size}, o.drain_keep_last, o.direct_io};
     d.nice_levels = o.background_nice;
     m.drainer = std::make_unique<Drainer>(m.env, std::move(d));
   }
   m.copier = std::make_unique<CopyEngine>(o.copy_threads, o.background_nice);
   PersistConfig p;
-  p.root = o.directory;
-  p.run_hash = m.run_hash;
-  p.rank = o.rank;
-  p.world_size = o.world_size;
-  p.keep_last = o.keep_last;
+  p.writer = RankWriterConfig{{o.directory, m.run_hash, o.rank, o.world_size}, o.keep_last, o.direct_io};
   p.queue_depth = o.queue_depth;
-  p.direct_io = o.direct_io;
   p.register_buffers = o.register_buffers;
   p.nice_levels = o.background_nice;
   Drainer* drainer = m.drainer.get();
@@ -353,7 +334,7 @@ SaveTicket Checkpointer::Save(uint64_t step, const SaveRequest& request) {
   w.memory_budget = o.save_memory_budget;
   w.queue_depth = o.queue_depth;
   w.direct_io = o.direct_io;
-  w.codec = FormatCodec(o.codec);
+  w.codec = internal::StoredCodec(o.codec);
   w.codec_level = o.codec_level;
   job->layout = LayoutImage(job->plan, job->objects);
   job->bytes_total = job->layout.bytes - kDataHeaderBytes;

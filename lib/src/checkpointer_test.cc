@@ -11,6 +11,7 @@
 #include "lib/src/checkpoint_layout.h"
 #include "lifeline/checkpoint.h"
 #include "lifeline/env.h"
+#include "tests/kit/test_kit.h"
 
 namespace lifeline {
 namespace {
@@ -18,15 +19,7 @@ namespace {
 class CheckpointerTest : public ::testing::Test {
  protected:
   CheckpointerOptions Options() const {
-    CheckpointerOptions o;
-    o.directory = "/ckpt";
-    o.env = env_.get();
-    o.run_id = "checkpointer-test";
-    o.chunk_bytes = 1024;
-    o.write_block_bytes = 4096;
-    o.staging_budget_bytes = 1 << 20;
-    o.direct_io = false;
-    return o;
+    return test::InMemoryCheckpointerOptions(env_.get(), "checkpointer-test", 1024);
   }
 
   SaveRequest Request(std::vector<float>* w) {

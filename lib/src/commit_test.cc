@@ -31,14 +31,10 @@ class CommitTest : public ::testing::Test {
   }
 
   CheckpointerOptions Options(uint32_t rank = 0, uint32_t world = 1, Env* env = nullptr) const {
-    CheckpointerOptions o;
-    o.directory = dir_;
+    CheckpointerOptions o = test::SmallCheckpointerOptions(dir_, "commit-test", 4096);
     o.rank = rank;
     o.world_size = world;
     o.env = env;
-    o.run_id = "commit-test";
-    o.chunk_bytes = 4096;
-    o.write_block_bytes = 4096;
     o.save_memory_budget = 64 << 10;
     return o;
   }
@@ -510,22 +506,9 @@ TEST(CommitRetentionPlanTest, StalePartialStepsOfEndedLaunchesGoEvenWhenNewest) 
   EXPECT_TRUE(RetentionPlan(all, p)[0]);
 }
 
-CheckpointerOptions MemOptions(Env* env, uint32_t rank, uint32_t world) {
-  CheckpointerOptions o;
-  o.directory = "/ckpt";
-  o.env = env;
-  o.rank = rank;
-  o.world_size = world;
-  o.run_id = "commit-unit-test";
-  o.chunk_bytes = 4096;
-  o.write_block_bytes = 4096;
-  o.staging_budget_bytes = 1 << 20;
-  o.direct_io = false;
-  return o;
-}
-
 Status SaveRank(Env* env, uint32_t rank, uint32_t world, uint64_t step, std::vector<float>* data) {
-  LL_ASSIGN_OR_RETURN(std::unique_ptr<Checkpointer> ckpt, Checkpointer::Open(MemOptions(env, rank, world)));
+  const CheckpointerOptions options = test::InMemoryCheckpointerOptions(env, "commit-unit-test", 4096, rank, world);
+  LL_ASSIGN_OR_RETURN(std::unique_ptr<Checkpointer> ckpt, Checkpointer::Open(options));
   SaveRequest req;
   req.tensors.push_back(TensorShard::Flat("w", DType::kF32, {8}, rank * 4, rank * 4 + 4, data->data()));
   return ckpt->Save(step, req).WaitPersisted();

@@ -46,7 +46,9 @@ void ExpectCopiesAndHashesLikeTheFormat(Kernel kernel) {
         ASSERT_EQ(format::Checksum64(s, n), got) << "n=" << n << " src+" << src_shift << " dst+" << dst_shift;
         ASSERT_EQ(0, std::memcmp(dst.data() + dst_shift, s, n)) << "n=" << n << " dst+" << dst_shift;
         ASSERT_EQ(0xEE, dst[dst_shift + n]) << "wrote past the end, n=" << n;
-        if (dst_shift > 0) ASSERT_EQ(0xEE, dst[dst_shift - 1]) << "wrote before the start, n=" << n;
+        if (dst_shift > 0) {
+          ASSERT_EQ(0xEE, dst[dst_shift - 1]) << "wrote before the start, n=" << n;
+        }
       }
     }
   }

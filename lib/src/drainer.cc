@@ -23,8 +23,8 @@ Drainer::Drainer(Env* env, DrainConfig config)
       }, config_.nice_levels) {}
 
 Status Drainer::Drain(const Item& item) {
-  const std::string where = "draining step " + std::to_string(item.step) + " of rank " + std::to_string(config_.rank) +
-                            " to " + config_.target_root;
+  const std::string where = "draining step " + std::to_string(item.step) + " of rank " + std::to_string(config_.writer.rank) +
+                            " to " + config_.writer.root;
   // Only a committed step is worth a copy; wait for the slowest rank, but not past a newer step.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(config_.commit_timeout_seconds);
   for (;;) {
@@ -34,12 +34,12 @@ Status Drainer::Drain(const Item& item) {
     if (worker_.Pending() || std::chrono::steady_clock::now() >= deadline)
       return Status::Unavailable(where, "skipped: the step is not committed (" + s.message() + ")");
   }
-  LL_RETURN_IF_ERROR(CreateDirDurably(env_, config_.target_root).Annotate(where));
+  LL_RETURN_IF_ERROR(CreateDirDurably(env_, config_.writer.root).Annotate(where));
   Result<CheckpointWriter> writer = CheckpointWriter::Begin(
-      env_, StepTarget{config_.target_root, item.step, config_.run_hash, config_.rank, config_.world_size});
+      env_, config_.writer.AtStep(item.step));
   if (writer.status().IsAlreadyExists()) return Status::OK();  // drained before (a retried save)
   if (!writer.ok()) return writer.status().Annotate(where);
-  const std::string name = DataFileName(config_.run_hash, config_.rank, config_.world_size);
+  const std::string name = DataFileName(config_.writer.run_hash, config_.writer.rank, config_.writer.world_size);
   const std::string from = JoinPath(JoinPath(config_.source_root, StepDirName(item.step)), name);
   // The copy must be exactly the bytes the index describes (formats/SPEC.md §3), as the source is.
   Result<format::CheckpointIndex> index = format::DecodeIndex(item.index, "rank index of " + from);
@@ -52,14 +52,14 @@ Status Drainer::Drain(const Item& item) {
                                           " before it was drained (keep more checkpoints there)");
   LL_RETURN_IF_ERROR(copied.Annotate(where));
   // The source's index bytes, unchanged: the copy is the same checkpoint, with its own retention.
-  return writer->PublishEncoded(item.index, CommitOptions{/*retention=*/true, config_.keep_last}).status().Annotate(where);
+  return writer->PublishEncoded(item.index, CommitOptions{/*retention=*/true, config_.writer.keep_last}).status().Annotate(where);
 }
 
 // Data files are written with their padding kept, so their sizes are multiples of the direct-I/O
 // alignment and both sides can bypass the page cache.
 Status Drainer::CopyFile(const std::string& from, const std::string& to, uint64_t size) {
   FileOptions fopt;
-  fopt.direct_io = config_.direct_io;
+  fopt.direct_io = config_.writer.direct_io;
   LL_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> in, env_->NewRandomAccessFile(from, fopt));
   LL_ASSIGN_OR_RETURN(uint64_t actual, in->Size());
   if (actual != size)

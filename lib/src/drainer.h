@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <string>
 
+#include "lib/src/checkpoint_writer.h"
 #include "lib/src/serial_worker.h"
 #include "lifeline/env.h"
 #include "lifeline/status.h"
@@ -20,12 +21,7 @@ namespace lifeline {
 
 struct DrainConfig {
   std::string source_root;
-  std::string target_root;
-  std::string run_hash;
-  uint32_t rank = 0;
-  uint32_t world_size = 1;
-  uint32_t keep_last = 0;
-  bool direct_io = true;
+  RankWriterConfig writer;  // writer.root: the directory drained into
   uint64_t buffer_bytes = 8ull << 20;
   double commit_timeout_seconds = 1800;  // how long to wait for the other ranks to commit a step
   int nice_levels = 0;                   // the drain thread's priority below its creator's

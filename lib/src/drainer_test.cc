@@ -54,10 +54,10 @@ class DrainerTest : public ::testing::Test {
   DrainConfig Config(uint32_t world = 1) const {
     DrainConfig c;
     c.source_root = "/src";
-    c.target_root = "/dst";
-    c.run_hash = RunHash(kRunId);
-    c.world_size = world;
-    c.direct_io = false;
+    c.writer.root = "/dst";
+    c.writer.run_hash = RunHash(kRunId);
+    c.writer.world_size = world;
+    c.writer.direct_io = false;
     c.buffer_bytes = 4096;  // several reads per data file
     c.commit_timeout_seconds = 0.2;
     return c;
@@ -115,7 +115,7 @@ TEST_F(DrainerTest, AStepTheOtherRanksNeverCommitIsSkippedNotCopied) {
 
 TEST_F(DrainerTest, TheSecondDirectoryKeepsItsOwnNumberOfCheckpoints) {
   DrainConfig c = Config();
-  c.keep_last = 1;
+  c.writer.keep_last = 1;
   Drainer drainer(env_.get(), c);
   for (uint64_t step = 1; step <= 3; ++step) {
     Save(step, std::vector<float>(64, static_cast<float>(step)));

@@ -6,6 +6,8 @@
 #include <memory>
 #include <utility>
 
+#include "formats/codec.h"
+#include "formats/geometry.h"
 #include "formats/model.h"
 #include "lib/src/checkpoint_layout.h"
 #include "lib/src/checkpoint_reader.h"
@@ -16,15 +18,6 @@ namespace lifeline {
 namespace {
 
 Env* Or(Env* env) { return env != nullptr ? env : Env::Default(); }
-
-const char* CodecName(format::Codec codec) {
-  switch (codec) {
-    case format::Codec::kNone: return "none";
-    case format::Codec::kZstd: return "zstd";
-    case format::Codec::kZstdByteGroup: return "zstd-bytegroup";
-  }
-  return "?";
-}
 
 uint64_t StoredLength(const format::CheckpointIndex& m, const format::FragmentInfo& f) {
   uint64_t n = 0;
@@ -54,6 +47,8 @@ RetentionPolicy PolicyFor(Env* env, const std::string& root, const RetentionOpti
 }
 
 }  // namespace
+
+std::string ShapeText(const std::vector<int64_t>& shape) { return format::ShapeString(shape); }
 
 uint64_t CheckpointDescription::tensor_bytes() const {
   uint64_t n = 0;
@@ -93,7 +88,7 @@ Result<CheckpointDescription> DescribeCheckpoint(const std::string& root, std::o
     }
     d.fragments.push_back({f.tensor < m.tensors.size() ? m.tensors[f.tensor].name : "?",
                            f.file < m.files.size() ? m.files[f.file].name : "?", f.offset, stored, f.num_chunks,
-                           CodecName(f.codec), f.region.offsets, f.region.shape, f.region.flat_begin,
+                           format::CodecName(f.codec), f.region.offsets, f.region.shape, f.region.flat_begin,
                            f.region.flat_end});
   }
   for (const format::ObjectInfo& o : m.objects) d.objects.push_back({o.name, o.rank, o.length});

@@ -12,6 +12,7 @@
 #include "formats/checksum.h"
 #include "lib/src/checkpoint_layout.h"
 #include "lib/src/checkpoint_reader.h"
+#include "lib/src/checkpoint_writer.h"
 #include "lib/src/commit.h"
 #include "lifeline/log.h"
 
@@ -209,13 +210,14 @@ Status MemoryTier::Withdraw(uint64_t step) {
 }
 
 Status MemoryTier::Publish(uint64_t step, unsigned slot, std::string_view encoded_index) {
-  LL_ASSIGN_OR_RETURN(std::string step_dir, PrepareStepDir(env_, root_, step, run_hash_, rank_, world_size_));
-  const std::string data = JoinPath(step_dir, DataFileName(run_hash_, rank_, world_size_));
+  // Written through the one checkpoint writer; the data file is the slot itself, hard-linked.
+  LL_ASSIGN_OR_RETURN(CheckpointWriter writer,
+                      CheckpointWriter::Begin(env_, StepTarget{{root_, run_hash_, rank_, world_size_}, step}));
+  const std::string data = writer.data_path();
   Status s = env_->RemoveFile(data);
   if (!s.ok() && !s.IsNotFound()) return s;
   if (link(SlotPath(slot).c_str(), data.c_str()) != 0) return Status::FromErrno(errno, "linking " + data);
-  return PublishRankIndex(env_, root_, step, run_hash_, rank_, world_size_, encoded_index, /*retention=*/true, slots_)
-      .status();
+  return writer.PublishEncoded(encoded_index, CommitOptions{/*retention=*/true, slots_}).status();
 }
 
 void MemoryTier::RemoveSlotFiles() {

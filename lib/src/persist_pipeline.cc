@@ -24,7 +24,7 @@ PersistPipeline::PersistPipeline(Env* env, PersistConfig config, StagingArena* a
 
 void PersistPipeline::Persist(internal::SaveJob& job) {
   const RankWriteOptions& o = job.write_options;
-  const std::string where = "saving step " + std::to_string(job.step) + " on rank " + std::to_string(config_.rank);
+  const std::string where = "saving step " + std::to_string(job.step) + " on rank " + std::to_string(config_.writer.rank);
   std::optional<CheckpointWriter> writer;  // set once this attempt's data file may exist
   auto finish = [&](Status s) {
     if (!s.ok()) {
@@ -38,7 +38,7 @@ void PersistPipeline::Persist(internal::SaveJob& job) {
   };
 
   Result<CheckpointWriter> begun = CheckpointWriter::Begin(
-      env_, StepTarget{config_.root, job.step, config_.run_hash, config_.rank, config_.world_size});
+      env_, config_.writer.AtStep(job.step));
   if (!begun.ok()) return finish(begun.status());
   writer.emplace(std::move(*begun));
 
@@ -63,7 +63,7 @@ void PersistPipeline::Persist(internal::SaveJob& job) {
     stored = written.files.empty() ? 0 : written.files[0].size;
   }
   // Retention is not part of the commit here: it runs below, after the ticket is released.
-  Result<PublishedIndex> published = writer->Publish(written, CommitOptions{/*retention=*/false, config_.keep_last});
+  Result<PublishedIndex> published = writer->Publish(written, CommitOptions{/*retention=*/false, config_.writer.keep_last});
   if (!published.ok()) return finish(published.status());
   const bool committed = published->committed;
   job.disk_index = std::move(published->encoded_index);
@@ -73,9 +73,9 @@ void PersistPipeline::Persist(internal::SaveJob& job) {
   // Retention runs after the ticket is released: the caller waits for its own bytes, not for the
   // removal of old steps. Only the rank that committed collects, as a synchronous save does.
   if (committed) {
-    Status gc = CollectGarbageIn(env_, config_.root, SaverRetention(env_, config_.keep_last, config_.run_hash));
+    Status gc = CollectGarbageIn(env_, config_.writer.root, SaverRetention(env_, config_.writer.keep_last, config_.writer.run_hash));
     if (!gc.ok()) Log(LogLevel::kWarning, "garbage collection after step " + std::to_string(job.step) + " in " +
-                                              config_.root + ": " + gc.ToString());
+                                              config_.writer.root + ": " + gc.ToString());
   }
 }
 
@@ -96,7 +96,7 @@ void PersistPipeline::RenewRegistration() {
 
 Result<uint64_t> PersistPipeline::WriteImage(internal::SaveJob& job, const std::string& path) {
   FileOptions fopt;
-  fopt.direct_io = config_.direct_io;
+  fopt.direct_io = config_.writer.direct_io;
   LL_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, env_->NewWritableFile(path, fopt));
   if (queue_ == nullptr) {
     IoQueueOptions qopt;

@@ -15,18 +15,14 @@
 #include "lib/src/save_job.h"
 #include "lib/src/serial_worker.h"
 #include "lib/src/staging_arena.h"
+#include "lib/src/checkpoint_writer.h"
 #include "lifeline/env.h"
 
 namespace lifeline {
 
 struct PersistConfig {
-  std::string root;
-  std::string run_hash;
-  uint32_t rank = 0;
-  uint32_t world_size = 1;
-  uint32_t keep_last = 0;
+  RankWriterConfig writer;
   unsigned queue_depth = 16;
-  bool direct_io = true;
   bool register_buffers = true;
   int nice_levels = 0;  // the pipeline thread's priority below its creator's
 };

@@ -29,9 +29,9 @@ class PersistPipelineTest : public ::testing::Test {
 
   PersistConfig Config() const {
     PersistConfig c;
-    c.root = "/ckpt";
-    c.run_hash = RunHash(kRunId);
-    c.direct_io = false;
+    c.writer.root = "/ckpt";
+    c.writer.run_hash = RunHash(kRunId);
+    c.writer.direct_io = false;
     c.register_buffers = false;
     return c;
   }

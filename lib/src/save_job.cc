@@ -19,7 +19,32 @@ const char* SavePhaseName(SavePhase phase) {
   return "unknown";
 }
 
+const char* SaveCodecName(SaveCodec codec) {
+  switch (codec) {
+    case SaveCodec::kNone: return "none";
+    case SaveCodec::kZstd: return "zstd";
+    case SaveCodec::kZstdByteGroup: return "zstd-bytegroup";
+  }
+  return "unknown";
+}
+
+Result<SaveCodec> ParseSaveCodec(std::string_view name) {
+  if (name.empty() || name == "none") return SaveCodec::kNone;
+  if (name == "zstd") return SaveCodec::kZstd;
+  if (name == "zstd-bytegroup" || name == "zstd_bytegroup" || name == "bytegroup") return SaveCodec::kZstdByteGroup;
+  return Status::InvalidArgument("codec '" + std::string(name) + "'", "is not none, zstd or zstd-bytegroup");
+}
+
 namespace internal {
+
+format::Codec StoredCodec(SaveCodec codec) {
+  switch (codec) {
+    case SaveCodec::kNone: return format::Codec::kNone;
+    case SaveCodec::kZstd: return format::Codec::kZstd;
+    case SaveCodec::kZstdByteGroup: return format::Codec::kZstdByteGroup;
+  }
+  return format::Codec::kNone;
+}
 
 // The checkpoint lifecycle for the node agent (nothing happens without one).
 void SaveJob::Trace(trace::EventType type, uint64_t aux) const {

@@ -28,6 +28,9 @@
 
 namespace lifeline::internal {
 
+// How a save codec is written in the format (formats/SPEC.md §12).
+format::Codec StoredCodec(SaveCodec codec);
+
 // Copy `length` bytes from `source` to image offset `image_offset`, hashing them as chunk
 // `target` of the index (or object `target` when `object`).
 struct CopyPiece {

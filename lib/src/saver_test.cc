@@ -14,6 +14,7 @@
 #include "lib/src/checkpoint_layout.h"
 #include "lib/src/checkpoint_reader.h"
 #include "lib/src/commit.h"
+#include "tests/kit/test_kit.h"
 
 namespace lifeline {
 namespace {
@@ -83,14 +84,7 @@ class SaverWriteTest : public ::testing::TestWithParam<format::Codec> {
   }
 
   RankWriteOptions Options() const {
-    RankWriteOptions o;
-    o.step = 5;
-    o.run_id = "saver-test";
-    o.run_hash = RunHash("saver-test");
-    o.chunk_bytes = 1024;
-    o.write_block_bytes = 4096;
-    o.memory_budget = 64 << 10;
-    o.direct_io = false;
+    RankWriteOptions o = test::SmallRankWriteOptions("saver-test", 5);
     o.codec = GetParam();
     return o;
   }

@@ -9,6 +9,7 @@
 
 #include "lifeline/checkpoint.h"
 #include "lifeline/env.h"
+#include "tests/kit/test_kit.h"
 
 namespace lifeline {
 namespace {
@@ -21,17 +22,8 @@ std::vector<float> Global() {
 }
 
 CheckpointerOptions Options(Env* env, uint32_t rank, uint32_t world) {
-  CheckpointerOptions o;
-  o.directory = "/ckpt";
-  o.env = env;
-  o.rank = rank;
-  o.world_size = world;
-  o.run_id = "tensor-shard-test";
-  o.chunk_bytes = 64;
-  o.write_block_bytes = 4096;
+  CheckpointerOptions o = test::InMemoryCheckpointerOptions(env, "tensor-shard-test", 64, rank, world);
   o.save_memory_budget = 64 << 10;
-  o.staging_budget_bytes = 1 << 20;
-  o.direct_io = false;
   return o;
 }
 

@@ -85,6 +85,23 @@ class DrillTest : public ::testing::Test {
     return clean_;
   }
 
+  // A drill whose `fault` only slows the job down: it raises at least one `kind` anomaly, restarts
+  // nothing and ends like the clean run.
+  void RunSlowdown(const std::string& name, const std::string& fault, const std::string& kind, Outcome* o) {
+    const auto& clean = CleanFinals();
+    *o = Run(name, "", "--steps 200 --ckpt-every 20 --fault " + fault);
+    ASSERT_EQ(o->exit_code, 0) << o->output;
+    ASSERT_GE(Count(o->anomalies, "kind", kind), 1) << Dump(o->anomalies);
+    EXPECT_EQ(Count(o->actions, "action", "restart"), 0) << Dump(o->actions);
+    EXPECT_EQ(o->finals, clean);
+  }
+
+  static std::string Dump(const std::vector<nlohmann::json>& lines) {
+    std::string s;
+    for (const auto& j : lines) s += j.dump() + "\n";
+    return s;
+  }
+
   static int Count(const std::vector<nlohmann::json>& lines, const std::string& key, const std::string& value) {
     int n = 0;
     for (const auto& j : lines)
@@ -95,12 +112,6 @@ class DrillTest : public ::testing::Test {
   std::string dir_;
   std::map<int, std::string> clean_;
 };
-
-std::string Dump(const std::vector<nlohmann::json>& lines) {
-  std::string s;
-  for (const auto& j : lines) s += j.dump() + "\n";
-  return s;
-}
 
 TEST_F(DrillTest, CrashedRankIsNamedDeadAndTheRestartedJobEndsLikeACleanOne) {
   const auto& clean = CleanFinals();
@@ -135,32 +146,24 @@ TEST_F(DrillTest, HungRankIsNamedAndTheRestartedJobEndsLikeACleanOne) {
 }
 
 TEST_F(DrillTest, SlowComputeIsNamedAStragglerAndOnlyLogged) {
-  const auto& clean = CleanFinals();
-  Outcome o = Run("slow", "", "--steps 200 --ckpt-every 20 --fault slow@3:30:40");
-  ASSERT_EQ(o.exit_code, 0) << o.output;
-  ASSERT_GE(Count(o.anomalies, "kind", "straggler"), 1) << Dump(o.anomalies);
+  Outcome o;
+  ASSERT_NO_FATAL_FAILURE(RunSlowdown("slow", "slow@3:30:40", "straggler", &o));
   for (const auto& a : o.anomalies) {
     EXPECT_EQ(a["ranks"], nlohmann::json::array({3})) << a.dump();
     EXPECT_NE(a["kind"], "hang") << a.dump();
     EXPECT_NE(a["kind"], "dead") << a.dump();
   }
-  EXPECT_EQ(Count(o.actions, "action", "restart"), 0) << Dump(o.actions);
-  EXPECT_EQ(o.finals, clean);
 }
 
 TEST_F(DrillTest, SlowLinkIsNamedASlowCollective) {
-  const auto& clean = CleanFinals();
-  Outcome o = Run("slowcomm", "", "--steps 200 --ckpt-every 20 --fault slowcomm@1:30:30");
-  ASSERT_EQ(o.exit_code, 0) << o.output;
-  ASSERT_GE(Count(o.anomalies, "kind", "slow_collective"), 1) << Dump(o.anomalies);
+  Outcome o;
+  ASSERT_NO_FATAL_FAILURE(RunSlowdown("slowcomm", "slowcomm@1:30:30", "slow_collective", &o));
   for (const auto& a : o.anomalies) {
     if (a["kind"] == "slow_collective") {
       EXPECT_EQ(a["ranks"], nlohmann::json::array({1})) << a.dump();
       EXPECT_EQ(a.value("op", ""), "allreduce") << a.dump();
     }
   }
-  EXPECT_EQ(Count(o.actions, "action", "restart"), 0) << Dump(o.actions);
-  EXPECT_EQ(o.finals, clean);
 }
 
 TEST_F(DrillTest, SpentRestartBudgetEndsTheJobWithTheReason) {

@@ -256,34 +256,54 @@ TEST_F(BackPressureTest, WaitPolicyBlocksSaveUntilASlotIsFreeAndLosesNothing) {
   EXPECT_EQ(LoadAndCompare(ckpt, 2, second_state), "");
 }
 
-// ---- multi-level --------------------------------------------------------------------------
+// ---- a job of several ranks: multi-level, retention -----------------------------------------
 
-TEST(DrainTest, CommittedCheckpointsAreCopiedToTheSecondDirectoryWithItsOwnRetention) {
-  TempDir dir;
-  const std::vector<GlobalTensor> tensors = StateTensors(4);
-  const Layout layout = DimLayout(3, 0);
-  std::vector<RankState> ranks = BuildRanks(tensors, layout, /*fill_from_global=*/true);
-  std::vector<std::unique_ptr<Checkpointer>> ckpts;
-  for (uint32_t r = 0; r < layout.world_size; ++r) {
-    CheckpointerOptions o = BaseOptions(dir.Sub("fast"));
-    o.rank = r;
-    o.world_size = layout.world_size;
-    o.keep_last = 1;
-    o.drain_directory = dir.Sub("shared");
-    o.drain_keep_last = 2;
-    auto c = Checkpointer::Open(o);
-    ASSERT_TRUE(c.ok());
-    ckpts.push_back(std::move(*c));
+// A job of several ranks cutting StateTensors along dim 0, each rank with its own Checkpointer, as
+// the processes of a training job hold them.
+class RankedJobTest : public ::testing::Test {
+ protected:
+  // Opens a Checkpointer on `options` for every rank of `world` cutting StateTensors(salt).
+  void OpenRanks(CheckpointerOptions options, uint32_t world, uint64_t salt) {
+    tensors_ = StateTensors(salt);
+    layout_ = DimLayout(world, 0);
+    ranks_ = BuildRanks(tensors_, layout_, /*fill_from_global=*/true);
+    options.world_size = layout_.world_size;
+    for (uint32_t r = 0; r < layout_.world_size; ++r) {
+      options.rank = r;
+      auto c = Checkpointer::Open(options);
+      ASSERT_TRUE(c.ok());
+      ckpts_.push_back(std::move(*c));
+    }
   }
+
+  // Starts rank `rank`'s save of `step`.
+  SaveTicket SaveRank(uint32_t rank, uint64_t step) {
+    return ckpts_[rank]->Save(step, RequestOf(ranks_[rank], rank, 4));
+  }
+
+  TempDir dir_;
+  std::vector<GlobalTensor> tensors_;
+  Layout layout_;
+  std::vector<RankState> ranks_;
+  std::vector<std::unique_ptr<Checkpointer>> ckpts_;  // closed before dir_ is removed
+};
+
+class DrainTest : public RankedJobTest {};
+
+TEST_F(DrainTest, CommittedCheckpointsAreCopiedToTheSecondDirectoryWithItsOwnRetention) {
+  CheckpointerOptions o = BaseOptions(dir_.Sub("fast"));
+  o.keep_last = 1;
+  o.drain_directory = dir_.Sub("shared");
+  o.drain_keep_last = 2;
+  ASSERT_NO_FATAL_FAILURE(OpenRanks(o, 3, 4));
   for (uint64_t step = 1; step <= 3; ++step) {
     std::vector<SaveTicket> ts;
-    for (uint32_t r = 0; r < layout.world_size; ++r) ts.push_back(ckpts[r]->Save(step, RequestOf(ranks[r], r, 4)));
+    for (uint32_t r = 0; r < layout_.world_size; ++r) ts.push_back(SaveRank(r, step));
     for (const SaveTicket& t : ts) ASSERT_TRUE(t.WaitCommitted(30).ok());
     // Drained before the next commit's retention removes it from the first directory.
-    for (auto& c : ckpts) ASSERT_TRUE(c->Flush().ok());
+    for (auto& c : ckpts_) ASSERT_TRUE(c->Flush().ok());
   }
-  CheckpointerOptions o = BaseOptions(dir.Sub("shared"));
-  auto shared = Checkpointer::Open(o);
+  auto shared = Checkpointer::Open(BaseOptions(dir_.Sub("shared")));
   ASSERT_TRUE(shared.ok());
   auto list = (*shared)->List();
   ASSERT_TRUE(list.ok());
@@ -293,36 +313,27 @@ TEST(DrainTest, CommittedCheckpointsAreCopiedToTheSecondDirectoryWithItsOwnReten
     steps.push_back(c.step);
   }
   EXPECT_EQ(steps, (std::vector<uint64_t>{3, 2}));
-  for (uint64_t step : {2, 3}) EXPECT_EQ(LoadAndCompare(shared->get(), step, tensors), "") << "step " << step;
-  auto fast = ckpts[0]->List();
+  for (uint64_t step : {2, 3}) EXPECT_EQ(LoadAndCompare(shared->get(), step, tensors_), "") << "step " << step;
+  auto fast = ckpts_[0]->List();
   ASSERT_TRUE(fast.ok());
   EXPECT_EQ(fast->size(), 1u) << "the first directory keeps its own retention";
 }
 
-TEST(RetentionTest, WaitingOnAStepThatRetentionRemovedAnswersAtOnce) {
-  TempDir dir;
-  const std::vector<GlobalTensor> tensors = StateTensors(6);
-  const Layout layout = DimLayout(2, 0);
-  std::vector<RankState> ranks = BuildRanks(tensors, layout, /*fill_from_global=*/true);
-  std::vector<std::unique_ptr<Checkpointer>> ckpts;
-  for (uint32_t r = 0; r < layout.world_size; ++r) {
-    CheckpointerOptions o = BaseOptions(dir.Sub("ckpt"));
-    o.rank = r;
-    o.world_size = layout.world_size;
-    o.keep_last = 1;
-    auto c = Checkpointer::Open(o);
-    ASSERT_TRUE(c.ok());
-    ckpts.push_back(std::move(*c));
-  }
+class RetentionTest : public RankedJobTest {};
+
+TEST_F(RetentionTest, WaitingOnAStepThatRetentionRemovedAnswersAtOnce) {
+  CheckpointerOptions o = BaseOptions(dir_.Sub("ckpt"));
+  o.keep_last = 1;
+  ASSERT_NO_FATAL_FAILURE(OpenRanks(o, 2, 6));
   std::vector<SaveTicket> first;
-  for (uint32_t r = 0; r < layout.world_size; ++r) {  // one after the other: rank 0 never sees step 1 complete
-    first.push_back(ckpts[r]->Save(1, RequestOf(ranks[r], r, 4)));
+  for (uint32_t r = 0; r < layout_.world_size; ++r) {  // one after the other: rank 0 never sees step 1 complete
+    first.push_back(SaveRank(r, 1));
     ASSERT_TRUE(first.back().WaitPersisted().ok());
   }
   std::vector<SaveTicket> second;
-  for (uint32_t r = 0; r < layout.world_size; ++r) second.push_back(ckpts[r]->Save(2, RequestOf(ranks[r], r, 4)));
+  for (uint32_t r = 0; r < layout_.world_size; ++r) second.push_back(SaveRank(r, 2));
   for (const SaveTicket& t : second) ASSERT_TRUE(t.WaitCommitted(30).ok());
-  for (auto& c : ckpts) ASSERT_TRUE(c->Flush().ok());  // retention of step 1 has run
+  for (auto& c : ckpts_) ASSERT_TRUE(c->Flush().ok());  // retention of step 1 has run
   // Step 1 was committed and then removed: a rank that never saw it complete learns why instead
   // of waiting out its timeout.
   for (const SaveTicket& t : first) {
@@ -332,7 +343,7 @@ TEST(RetentionTest, WaitingOnAStepThatRetentionRemovedAnswersAtOnce) {
       EXPECT_NE(s.message().find("removed by retention"), std::string::npos) << s.ToString();
     }
   }
-  auto list = ckpts[0]->List();
+  auto list = ckpts_[0]->List();
   ASSERT_TRUE(list.ok());
   ASSERT_EQ(list->size(), 1u);
   EXPECT_EQ((*list)[0].step, 2u);

@@ -37,11 +37,7 @@ class SymlinkTest : public ::testing::Test {
   }
 
   CheckpointerOptions Options(uint32_t keep_last = 0) const {
-    CheckpointerOptions o;
-    o.directory = dir_;
-    o.run_id = "symlink-test";
-    o.chunk_bytes = 4096;
-    o.write_block_bytes = 4096;
+    CheckpointerOptions o = test::SmallCheckpointerOptions(dir_, "symlink-test", 4096);
     o.save_memory_budget = 64 << 10;
     o.keep_last = keep_last;
     return o;

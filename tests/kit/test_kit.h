@@ -3,6 +3,10 @@
 // patterns. It uses POSIX directly rather than the Env, so a test of the Env (or of formats, below
 // it) can use it without depending on what it checks.
 //
+// For the library's own tests it also has checkpoint options scaled down to a test's size and a
+// status check. Those only fill in structs (and call RunHash); a test that uses none of them links
+// nothing of the library for them.
+//
 // Memory aligned for direct I/O is lifeline::AlignedBuffer (lib/src/aligned_buffer.h), the
 // library's own; tests use it rather than a copy.
 #ifndef LIFELINE_TESTS_KIT_TEST_KIT_H_
@@ -19,6 +23,12 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+
+#include "lib/src/checkpoint_layout.h"
+#include "lib/src/saver.h"
+#include "lifeline/checkpoint.h"
+#include "lifeline/env.h"
+#include "lifeline/status.h"
 
 namespace lifeline::test {
 
@@ -115,6 +125,58 @@ inline std::string PatternBytes(size_t n, unsigned seed) {
   std::string out(n, '\0');
   FillPattern(out.data(), n, seed);
   return out;
+}
+
+// Whether `s`, its code or its message, mentions `text`: for checking that an error names the
+// file, tensor or offset involved.
+inline bool StatusMentions(const Status& s, const std::string& text) {
+  return s.ToString().find(text) != std::string::npos;
+}
+
+// ---- checkpoints scaled down to a test's size -------------------------------------------------
+//
+// The library's defaults (4 MiB chunks, 8 MiB write blocks, gigabytes of staging) are sized for
+// models. A test saves kilobytes, so its chunks and blocks are made small enough that a tensor
+// spans several of them and the code at their boundaries runs.
+
+// A Checkpointer at `directory` writing `chunk_bytes` checksum chunks in 4 KiB blocks; everything
+// else (the real file system, direct I/O, staging) as the library's defaults.
+inline CheckpointerOptions SmallCheckpointerOptions(const std::string& directory, const std::string& run_id,
+                                                    uint64_t chunk_bytes) {
+  CheckpointerOptions o;
+  o.directory = directory;
+  o.run_id = run_id;
+  o.chunk_bytes = chunk_bytes;
+  o.write_block_bytes = 4096;
+  return o;
+}
+
+// The same for rank `rank` of `world_size` saving to "/ckpt" in `env` (a MemEnv as a rule):
+// buffered I/O, as memory has no cache to bypass, and a 1 MiB staging arena rather than a
+// reservation of gigabytes per Checkpointer.
+inline CheckpointerOptions InMemoryCheckpointerOptions(Env* env, const std::string& run_id, uint64_t chunk_bytes,
+                                                       uint32_t rank = 0, uint32_t world_size = 1) {
+  CheckpointerOptions o = SmallCheckpointerOptions("/ckpt", run_id, chunk_bytes);
+  o.env = env;
+  o.rank = rank;
+  o.world_size = world_size;
+  o.staging_budget_bytes = 1 << 20;
+  o.direct_io = false;
+  return o;
+}
+
+// What a rank writes of `step` when a test drives the saver itself, without a Checkpointer (rank
+// 0 of 1 unless set): 1 KiB chunks, 4 KiB blocks, 64 KiB of staging, buffered.
+inline RankWriteOptions SmallRankWriteOptions(const std::string& run_id, uint64_t step) {
+  RankWriteOptions o;
+  o.step = step;
+  o.run_id = run_id;
+  o.run_hash = RunHash(run_id);
+  o.chunk_bytes = 1024;
+  o.write_block_bytes = 4096;
+  o.memory_budget = 64 << 10;
+  o.direct_io = false;
+  return o;
 }
 
 }  // namespace lifeline::test

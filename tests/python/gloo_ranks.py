@@ -1,10 +1,12 @@
 """Ranks of a torch.distributed (gloo) job started as plain processes, with no agent and no torchrun:
 what tests/python/test_launch.py and test_torch_state.py share."""
+import argparse
 import json
 import os
 import socket
 import subprocess
 import sys
+import unittest
 
 # The launchers' variables: stripped, so the ranks rely on torch.distributed alone.
 LAUNCH_VARS = ("LIFELINE_LAUNCH_ID", "LIFELINE_JOB", "LIFELINE_RESTART", "TORCHELASTIC_RUN_ID",
@@ -34,3 +36,19 @@ def run_ranks(script, world, args_of_rank):
         line = [l for l in text.splitlines() if l.startswith("RESULT ")]
         results.append(json.loads(line[-1][7:]) if p.returncode == 0 and line else None)
     return results, "".join(outputs)
+
+
+def main(worker, add_arguments=lambda parser: None):
+    """A test module's entry point: one rank, `worker(args)`, when run_ranks starts it (--worker,
+    with the arguments above and those `add_arguments` declares); the module's tests otherwise."""
+    if "--worker" not in sys.argv:
+        unittest.main(module="__main__")
+        return
+    p = argparse.ArgumentParser()
+    p.add_argument("--worker", action="store_true")
+    for name in ("--role", "--dir"):
+        p.add_argument(name)
+    for name in ("--rank", "--world", "--port"):
+        p.add_argument(name, type=int)
+    add_arguments(p)
+    sys.exit(worker(p.parse_args()))

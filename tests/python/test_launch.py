@@ -5,11 +5,9 @@ Python Checkpointer agrees a launch id over the process group, and load() agrees
 even when the ranks see different checkpoints (one rank's memory tier holds a newer one). A load
 that falls back from a damaged checkpoint says so in last_load["skipped"] and as a warning.
 """
-import argparse
 import json
 import os
 import shutil
-import sys
 import tempfile
 import unittest
 import warnings
@@ -121,16 +119,10 @@ class Launch(unittest.TestCase):
             self.assertTrue(any("step 2" in w and "loaded step 1" in w for w in r["warnings"]), r["warnings"])
 
 
+def _worker_arguments(p):
+    p.add_argument("--steps", type=int, nargs="*", default=[])
+    p.add_argument("--tier", default=None)
+
+
 if __name__ == "__main__":
-    if "--worker" in sys.argv:
-        p = argparse.ArgumentParser()
-        p.add_argument("--worker", action="store_true")
-        p.add_argument("--role")
-        p.add_argument("--dir")
-        p.add_argument("--rank", type=int)
-        p.add_argument("--world", type=int)
-        p.add_argument("--port", type=int)
-        p.add_argument("--steps", type=int, nargs="*", default=[])
-        p.add_argument("--tier", default=None)
-        sys.exit(worker(p.parse_args()))
-    unittest.main()
+    gloo_ranks.main(worker, _worker_arguments)

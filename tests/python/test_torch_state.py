@@ -6,11 +6,9 @@ model and a fresh Adam and finds every parameter, buffer, moment and hyperparame
 DDP run's, saves it again, and the two ranks load that back into DDP. A DDP model's plain
 state_dict() saved from both ranks fails on both and completes no step.
 """
-import argparse
 import json
 import os
 import shutil
-import sys
 import tempfile
 import unittest
 
@@ -294,14 +292,4 @@ class TorchState(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    if "--worker" in sys.argv:
-        p = argparse.ArgumentParser()
-        p.add_argument("--worker", action="store_true")
-        p.add_argument("--role")
-        p.add_argument("--dir")
-        p.add_argument("--ref")
-        p.add_argument("--rank", type=int)
-        p.add_argument("--world", type=int)
-        p.add_argument("--port", type=int)
-        sys.exit(worker(p.parse_args()))
-    unittest.main()
+    gloo_ranks.main(worker, lambda p: p.add_argument("--ref"))

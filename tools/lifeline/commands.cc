@@ -36,4 +36,11 @@ std::string FormatUnixNanos(uint64_t unix_ns) {
   return buf;
 }
 
+void AddStepArgs(CLI::App* app, StepArgs* args, const std::string& step_help) {
+  app->add_option("dir", args->dir, "Checkpoint root directory")->required();
+  app->add_option("--step", args->step, step_help + " (default: the newest complete one)")
+      ->check(CLI::NonNegativeNumber);
+  app->add_flag("--json", args->json, "Print one JSON object on stdout");
+}
+
 }  // namespace lifeline::cli

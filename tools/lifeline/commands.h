@@ -9,7 +9,9 @@
 #ifndef LIFELINE_TOOLS_LIFELINE_COMMANDS_H_
 #define LIFELINE_TOOLS_LIFELINE_COMMANDS_H_
 
+#include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -30,6 +32,20 @@ struct Command {
   CLI::App* app = nullptr;
   std::function<int()> run;  // returns the exit status
 };
+
+// The arguments of a command about one step of a checkpoint directory (inspect, verify).
+struct StepArgs {
+  std::string dir;
+  int64_t step = -1;  // -1: the newest complete step
+  bool json = false;
+
+  std::optional<uint64_t> chosen_step() const {
+    return step >= 0 ? std::optional<uint64_t>(step) : std::nullopt;
+  }
+};
+
+// Adds the positional `dir`, `--step` (`step_help` says what is done with it) and `--json`.
+void AddStepArgs(CLI::App* app, StepArgs* args, const std::string& step_help);
 
 // Each adds its subcommand(s) to `root` and appends what to run to `commands`.
 // `bench` and its subcommands (bench/).

@@ -62,10 +62,9 @@ Result<ConvertOptions> MakeConvertOptions(const ConvertArgs& a) {
   o.force = a.force;
   o.deflate_level = a.deflate;
   if (a.out_step >= 0) o.step = static_cast<uint64_t>(a.out_step);
-  if (a.codec == "none") o.codec = SaveCodec::kNone;
-  else if (a.codec == "zstd") o.codec = SaveCodec::kZstd;
-  else if (a.codec == "zstd-bytegroup") o.codec = SaveCodec::kZstdByteGroup;
-  else return Status::InvalidArgument("--codec", "'" + a.codec + "' is not none, zstd or zstd-bytegroup");
+  Result<SaveCodec> codec = ParseSaveCodec(a.codec);
+  if (!codec.ok()) return codec.status().Annotate("--codec");
+  o.codec = *codec;
   o.codec_level = a.codec_level;
   o.direct_io = !a.buffered_io;
   return o;

@@ -23,18 +23,9 @@
 namespace lifeline::cli {
 namespace {
 
-struct InspectOptions {
-  std::string dir;
-  int64_t step = -1;  // -1: newest complete
+struct InspectOptions : StepArgs {
   bool fragments = false;
-  bool json = false;
 };
-
-std::string ShapeText(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
 
 std::string RegionText(const FragmentDescription& f) {
   return "offsets " + ShapeText(f.region_offsets) + " shape " + ShapeText(f.region_shape) + " elements [" +
@@ -197,10 +188,8 @@ int RunInspect(const InspectOptions& o) {
   if (steps->empty()) {
     return ReportFailure("inspect", Status::NotFound(o.dir, "no checkpoint found in this directory"), o.json);
   }
-  std::optional<uint64_t> step;
-  if (o.step >= 0) {
-    step = static_cast<uint64_t>(o.step);
-  } else {
+  std::optional<uint64_t> step = o.chosen_step();
+  if (!step) {
     for (const CheckpointInfo& c : *steps) {
       if (c.complete) {
         step = c.step;
@@ -248,12 +237,9 @@ int RunInspect(const InspectOptions& o) {
 void AddInspectCommand(CLI::App& root, std::vector<Command>* commands) {
   auto options = std::make_shared<InspectOptions>();
   CLI::App* app = root.add_subcommand("inspect", "List the checkpoints of a directory and describe one of them");
-  app->add_option("dir", options->dir, "Checkpoint root directory")->required();
-  app->add_option("--step", options->step, "Step to describe (default: the newest complete one)")
-      ->check(CLI::NonNegativeNumber);
+  AddStepArgs(app, options.get(), "Step to describe");
   app->add_flag("--fragments", options->fragments,
                 "Also list every fragment: tensor, file, byte offset, stored length, codec, region");
-  app->add_flag("--json", options->json, "Print one JSON object on stdout");
   commands->push_back({app, [options] { return RunInspect(*options); }});
 }
 

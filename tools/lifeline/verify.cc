@@ -16,22 +16,15 @@
 namespace lifeline::cli {
 namespace {
 
-struct VerifyOptions {
-  std::string dir;
-  int64_t step = -1;  // -1: newest complete
-  bool json = false;
-};
-
 std::string SecondsText(double seconds) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.3f s", seconds);
   return buf;
 }
 
-int RunVerify(const VerifyOptions& o) {
-  const std::optional<uint64_t> step = o.step >= 0 ? std::optional<uint64_t>(o.step) : std::nullopt;
+int RunVerify(const StepArgs& o) {
   const double t0 = NowSeconds();
-  Result<VerifyResult> r = VerifyCheckpoint(o.dir, step);
+  Result<VerifyResult> r = VerifyCheckpoint(o.dir, o.chosen_step());
   if (!r.ok()) return ReportFailure("verify", r.status(), o.json);
   const VerifyResult& report = *r;
   const Status& s = report.status;
@@ -74,13 +67,10 @@ int RunVerify(const VerifyOptions& o) {
 }  // namespace
 
 void AddVerifyCommand(CLI::App& root, std::vector<Command>* commands) {
-  auto options = std::make_shared<VerifyOptions>();
+  auto options = std::make_shared<StepArgs>();
   CLI::App* app = root.add_subcommand(
       "verify", "Check every byte of a checkpoint: its rank indexes and manifest agree, data file sizes, headers and padding, every chunk and object against its checksum, compressed chunks decode (exit 1 on any damage)");
-  app->add_option("dir", options->dir, "Checkpoint root directory")->required();
-  app->add_option("--step", options->step, "Step to verify (default: the newest complete one)")
-      ->check(CLI::NonNegativeNumber);
-  app->add_flag("--json", options->json, "Print one JSON object on stdout");
+  AddStepArgs(app, options.get(), "Step to verify");
   commands->push_back({app, [options] { return RunVerify(*options); }});
 }
 

@@ -31,6 +31,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -187,6 +188,14 @@ enum class SaveCodec {
   kZstd,           // zstd per chunk
   kZstdByteGroup,  // bytes of each element grouped by significance, then zstd (floating point)
 };
+
+// The codec's name as the CLI, the Python options and `lifeline inspect` write it: "none", "zstd"
+// or "zstd-bytegroup".
+LIFELINE_EXPORT const char* SaveCodecName(SaveCodec codec);
+
+// The codec named `name`: one of those names ("" is "none"; "zstd_bytegroup" and "bytegroup" are
+// accepted too). InvalidArgument naming `name` and the choices otherwise.
+LIFELINE_EXPORT Result<SaveCodec> ParseSaveCodec(std::string_view name);
 
 // What Save does when every staging slot still holds a checkpoint that is being persisted.
 enum class BusyPolicy {

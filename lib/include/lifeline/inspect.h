@@ -82,6 +82,9 @@ struct LIFELINE_EXPORT CheckpointDescription {
   uint64_t stored_bytes() const;  // sum of the tensors' stored_bytes
 };
 
+// A shape or coordinates as `lifeline inspect` and the library's messages write them: "[2, 3]".
+LIFELINE_EXPORT std::string ShapeText(const std::vector<int64_t>& shape);
+
 // Opens step `step` under `root` (the newest complete one when empty) and describes it from its
 // metadata; no tensor data is read. NotFound when the step does not exist or is not complete,
 // Corruption when its indexes are damaged (as Checkpointer::Load would fail).

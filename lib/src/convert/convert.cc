@@ -22,6 +22,7 @@
 #include "lib/src/checkpoint_writer.h"
 #include "lib/src/commit.h"
 #include "lib/src/rank_objects.h"
+#include "lib/src/save_job.h"
 #include "lib/src/saver.h"
 #include "lifeline/env.h"
 #include "lib/src/convert/hdf5_file.h"
@@ -387,11 +388,7 @@ Result<ConvertReport> ExportLifeline(TensorSource& source, const std::string& ou
   w.direct_io = o.direct_io;
   w.memory_budget = std::max<uint64_t>(o.memory_budget / 4, 2 * kDirectIoAlignment);
   w.write_block_bytes = std::min<uint64_t>(8ull << 20, AlignUp(std::max<uint64_t>(w.memory_budget / 4, kDirectIoAlignment), kDirectIoAlignment));
-  switch (o.codec) {
-    case SaveCodec::kNone: w.codec = format::Codec::kNone; break;
-    case SaveCodec::kZstd: w.codec = format::Codec::kZstd; break;
-    case SaveCodec::kZstdByteGroup: w.codec = format::Codec::kZstdByteGroup; break;
-  }
+  w.codec = internal::StoredCodec(o.codec);
   if (o.codec_level != 0) w.codec_level = o.codec_level;
   const uint64_t slab_bytes = std::max<uint64_t>(o.memory_budget / 2, kMinBudget);
 
@@ -421,7 +418,7 @@ Result<ConvertReport> ExportLifeline(TensorSource& source, const std::string& ou
     report.placement = synthetic ? "synthetic model" : "generic";
     LL_ASSIGN_OR_RETURN(RankSavePlan plan, PlanRankSave(request, CheckpointerOptions().replica_split_bytes,
                                                         /*require_data=*/false));
-    LL_ASSIGN_OR_RETURN(CheckpointWriter writer, CheckpointWriter::Begin(env, StepTarget{out, step, run_hash, r, world}));
+    LL_ASSIGN_OR_RETURN(CheckpointWriter writer, CheckpointWriter::Begin(env, StepTarget{{out, run_hash, r, world}, step}));
     // One slab of the fragment being written, refilled as the writer asks for chunks past it.
     const PlannedFragment* cached = nullptr;
     int64_t cache_begin = 0, cache_end = 0;

@@ -16,15 +16,9 @@
 #include "lifeline/env.h"
 #include "tests/kit/test_kit.h"
 
-namespace lifeline {
+// In the test kits' namespace (test_sources.h, tests/kit/test_kit.h): their helpers need no prefix.
+namespace lifeline::test {
 namespace {
-
-using test::F32Tensor;
-using test::ReadWhole;
-using test::TestTensor;
-using test::WriteSafetensors;
-
-bool Contains(const Status& s, const std::string& text) { return s.ToString().find(text) != std::string::npos; }
 
 bool AnyTempFile(Env* env, const std::string& dir) {
   Result<std::vector<std::string>> children = env->GetChildren(dir);
@@ -146,7 +140,7 @@ TEST_F(ConvertTest, AnExistingOutputIsKeptUnlessForced) {
   ASSERT_TRUE(WriteFileAtomically(mem_.get(), "/taken.safetensors", "mine").ok());
   Result<ConvertReport> r = Convert(*source_, ConvertFormat::kSafetensors, "/taken.safetensors", Options(mem_.get()));
   EXPECT_EQ(StatusCode::kAlreadyExists, r.status().code()) << r.status().ToString();
-  EXPECT_TRUE(Contains(r.status(), "/taken.safetensors")) << r.status().ToString();
+  EXPECT_TRUE(StatusMentions(r.status(), "/taken.safetensors")) << r.status().ToString();
   EXPECT_EQ("mine", ReadFileToString(mem_.get(), "/taken.safetensors", 100).value_or(""));
 
   ConvertOptions force = Options(mem_.get());
@@ -185,8 +179,8 @@ TEST_F(ConvertTest, AFailedWriteLeavesNoSafetensorsOutputAndNamesTheFile) {
   faulty.FailWritesAfterBytes(64);  // the file fails partway
   Result<ConvertReport> r = Convert(*source_, ConvertFormat::kSafetensors, "/out/model.safetensors", Options(&faulty));
   ASSERT_FALSE(r.ok());
-  EXPECT_TRUE(Contains(r.status(), "/out/model.safetensors")) << r.status().ToString();
-  EXPECT_TRUE(Contains(r.status(), "No space left on device")) << r.status().ToString();
+  EXPECT_TRUE(StatusMentions(r.status(), "/out/model.safetensors")) << r.status().ToString();
+  EXPECT_TRUE(StatusMentions(r.status(), "No space left on device")) << r.status().ToString();
   EXPECT_FALSE(mem_->FileExists("/out/model.safetensors"));
   EXPECT_FALSE(AnyTempFile(mem_.get(), "/out"));
 
@@ -198,7 +192,7 @@ TEST_F(ConvertTest, AFailedWriteLeavesNoSafetensorsOutputAndNamesTheFile) {
   sharded.max_shard_bytes = w_.bytes.size();
   r = Convert(*source_, ConvertFormat::kSafetensors, "/out/sharded", sharded);
   ASSERT_FALSE(r.ok());
-  EXPECT_TRUE(Contains(r.status(), "model-00002-of-00002.safetensors")) << r.status().ToString();
+  EXPECT_TRUE(StatusMentions(r.status(), "model-00002-of-00002.safetensors")) << r.status().ToString();
   Result<std::vector<std::string>> left = mem_->GetChildren("/out/sharded");
   ASSERT_TRUE(left.ok());
   EXPECT_TRUE(left->empty()) << left->front();
@@ -211,7 +205,7 @@ TEST_F(ConvertTest, AFailedWriteMidCheckpointPublishesNoStepAndNamesTheFile) {
   o.ranks = 2;
   Result<ConvertReport> r = Convert(*source_, ConvertFormat::kLifeline, "/ckpt", o);
   ASSERT_FALSE(r.ok());
-  EXPECT_TRUE(Contains(r.status(), "/ckpt/step-")) << r.status().ToString();
+  EXPECT_TRUE(StatusMentions(r.status(), "/ckpt/step-")) << r.status().ToString();
   // No complete step: nothing a load would find.
   SourceOptions so;
   so.env = mem_.get();
@@ -227,10 +221,10 @@ TEST_F(ConvertTest, AFailedWriteMidCheckpointPublishesNoStepAndNamesTheFile) {
 }
 
 TEST_F(ConvertTest, Hdf5RoundTripOnDisk) {
-  test::TempDir dir;
+  TempDir dir;
   const std::string st = dir.Sub("model.safetensors");
-  ASSERT_TRUE(test::WriteWholeFile(
-      st, test::SafetensorsBytes({w_, b_}, {{"lifeline_step", "5"}, {"lifeline_object.1.rng", "b2Jq"}, {"run", "r1"}})));
+  ASSERT_TRUE(WriteWholeFile(
+      st, SafetensorsBytes({w_, b_}, {{"lifeline_step", "5"}, {"lifeline_object.1.rng", "b2Jq"}, {"run", "r1"}})));
   std::unique_ptr<TensorSource> disk = Open(st, nullptr);
   ASSERT_NE(nullptr, disk);
   ConvertOptions o;
@@ -269,4 +263,4 @@ TEST(TargetShardsTest, GenericPlacementSplitsRowsOverTensorParallelRanks) {
 }
 
 }  // namespace
-}  // namespace lifeline
+}  // namespace lifeline::test

@@ -19,15 +19,9 @@
 #include "lifeline/env.h"
 #include "tests/kit/test_kit.h"
 
-namespace lifeline {
+// In the test kits' namespace (test_sources.h, tests/kit/test_kit.h): their helpers need no prefix.
+namespace lifeline::test {
 namespace {
-
-using test::F32Tensor;
-using test::ReadWhole;
-using test::TestTensor;
-using test::WriteSafetensors;
-
-bool Contains(const Status& s, const std::string& text) { return s.ToString().find(text) != std::string::npos; }
 
 // Counts the files opened for reading, per path.
 class CountingEnv : public EnvWrapper {
@@ -78,7 +72,7 @@ TEST_F(TensorSourceTest, ReadsASafetensorsFileThroughTheEnv) {
   // A region outside the tensor is refused, naming the tensor.
   Status s = src.Read(0, TensorRegion{{2, 0}, {1, 3}, 0, 3}, got);
   EXPECT_EQ(StatusCode::kInvalidArgument, s.code()) << s.ToString();
-  EXPECT_TRUE(Contains(s, "model.w")) << s.ToString();
+  EXPECT_TRUE(StatusMentions(s, "model.w")) << s.ToString();
 }
 
 TEST_F(TensorSourceTest, OpensEachFileOnce) {
@@ -112,7 +106,7 @@ TEST_F(TensorSourceTest, ReadsShardsListedByAnIndexAndRefusesAMisplacedTensor) {
   ASSERT_TRUE(WriteFileAtomically(mem_.get(), "/idx/model.safetensors.index.json", wrong).ok());
   opened = OpenTensorSource("/idx", Options());
   EXPECT_EQ(StatusCode::kCorruption, opened.status().code()) << opened.status().ToString();
-  EXPECT_TRUE(Contains(opened.status(), "'a'")) << opened.status().ToString();
+  EXPECT_TRUE(StatusMentions(opened.status(), "'a'")) << opened.status().ToString();
 }
 
 TEST_F(TensorSourceTest, ABoolByteOtherThanZeroOrOneIsCorruptionNamingTheElement) {
@@ -123,8 +117,8 @@ TEST_F(TensorSourceTest, ABoolByteOtherThanZeroOrOneIsCorruptionNamingTheElement
   std::string out(4, '\0');
   Status s = (*opened)->Read(0, TensorRegion::Whole((*opened)->tensors()[0]), out.data());
   EXPECT_EQ(StatusCode::kCorruption, s.code()) << s.ToString();
-  EXPECT_TRUE(Contains(s, "'flags'")) << s.ToString();
-  EXPECT_TRUE(Contains(s, "0x02 at element 2 [1, 0]")) << s.ToString();
+  EXPECT_TRUE(StatusMentions(s, "'flags'")) << s.ToString();
+  EXPECT_TRUE(StatusMentions(s, "0x02 at element 2 [1, 0]")) << s.ToString();
 }
 
 TEST_F(TensorSourceTest, ReadsACheckpointWrittenThroughTheSameEnv) {
@@ -157,7 +151,7 @@ TEST_F(TensorSourceTest, ReadsACheckpointWrittenThroughTheSameEnv) {
 TEST_F(TensorSourceTest, RefusesWhatItDoesNotRecognise) {
   Result<std::unique_ptr<TensorSource>> missing = OpenTensorSource("/nowhere.safetensors", Options());
   EXPECT_EQ(StatusCode::kNotFound, missing.status().code()) << missing.status().ToString();
-  EXPECT_TRUE(Contains(missing.status(), "/nowhere.safetensors")) << missing.status().ToString();
+  EXPECT_TRUE(StatusMentions(missing.status(), "/nowhere.safetensors")) << missing.status().ToString();
 
   ASSERT_TRUE(mem_->CreateDir("/empty").ok());
   Result<std::unique_ptr<TensorSource>> empty = OpenTensorSource("/empty", Options());
@@ -166,7 +160,7 @@ TEST_F(TensorSourceTest, RefusesWhatItDoesNotRecognise) {
   ASSERT_TRUE(WriteFileAtomically(mem_.get(), "/notes.txt", "hello, not a tensor file").ok());
   Result<std::unique_ptr<TensorSource>> text = OpenTensorSource("/notes.txt", Options());
   EXPECT_EQ(StatusCode::kInvalidArgument, text.status().code()) << text.status().ToString();
-  EXPECT_TRUE(Contains(text.status(), "neither an HDF5 file nor a safetensors file")) << text.status().ToString();
+  EXPECT_TRUE(StatusMentions(text.status(), "neither an HDF5 file nor a safetensors file")) << text.status().ToString();
 }
 
 TEST_F(TensorSourceTest, Hdf5NeedsThePosixEnv) {
@@ -176,19 +170,19 @@ TEST_F(TensorSourceTest, Hdf5NeedsThePosixEnv) {
   ASSERT_TRUE(WriteFileAtomically(mem_.get(), "/x.h5", bytes).ok());
   Result<std::unique_ptr<TensorSource>> opened = OpenTensorSource("/x.h5", Options());
   EXPECT_EQ(StatusCode::kNotSupported, opened.status().code()) << opened.status().ToString();
-  EXPECT_TRUE(Contains(opened.status(), "/x.h5")) << opened.status().ToString();
+  EXPECT_TRUE(StatusMentions(opened.status(), "/x.h5")) << opened.status().ToString();
 }
 
 // Moved from formats/safetensors_test.cc with the opening of files (formats does no I/O).
 TEST(TensorSourcePosixTest, WhatIsNotARegularFileIsRefused) {
-  test::TempDir dir;
+  TempDir dir;
   Result<std::unique_ptr<RandomAccessFile>> opened = OpenUserFile(Env::Default(), dir.path());
   EXPECT_EQ(StatusCode::kInvalidArgument, opened.status().code()) << opened.status().ToString();
-  EXPECT_TRUE(Contains(opened.status(), dir.path())) << opened.status().ToString();
-  EXPECT_TRUE(Contains(opened.status(), "not a regular file")) << opened.status().ToString();
+  EXPECT_TRUE(StatusMentions(opened.status(), dir.path())) << opened.status().ToString();
+  EXPECT_TRUE(StatusMentions(opened.status(), "not a regular file")) << opened.status().ToString();
   opened = OpenUserFile(Env::Default(), dir.Sub("missing.safetensors"));
   EXPECT_EQ(StatusCode::kNotFound, opened.status().code()) << opened.status().ToString();
-  EXPECT_TRUE(Contains(opened.status(), "missing.safetensors")) << opened.status().ToString();
+  EXPECT_TRUE(StatusMentions(opened.status(), "missing.safetensors")) << opened.status().ToString();
   // A link to a file is followed: the user named it.
   const std::string file = dir.Write("real.safetensors", "x");
   ASSERT_EQ(0, ::symlink(file.c_str(), dir.Sub("link.safetensors").c_str()));
@@ -196,7 +190,7 @@ TEST(TensorSourcePosixTest, WhatIsNotARegularFileIsRefused) {
 }
 
 TEST(TensorSourcePosixTest, AFifoIsRefusedWithoutBlocking) {
-  test::TempDir dir;
+  TempDir dir;
   const std::string fifo = dir.Sub("pipe.safetensors");
   ASSERT_EQ(0, ::mkfifo(fifo.c_str(), 0600));
   Result<std::unique_ptr<TensorSource>> opened = OpenTensorSource(fifo);
@@ -207,13 +201,13 @@ TEST(TensorSourcePosixTest, AFifoIsRefusedWithoutBlocking) {
   ASSERT_EQ(0, ::mkfifo((shard_dir + "/model.safetensors").c_str(), 0600));
   opened = OpenTensorSource(shard_dir);
   EXPECT_EQ(StatusCode::kInvalidArgument, opened.status().code()) << opened.status().ToString();
-  EXPECT_TRUE(Contains(opened.status(), "not a regular file")) << opened.status().ToString();
+  EXPECT_TRUE(StatusMentions(opened.status(), "not a regular file")) << opened.status().ToString();
   // A link to a FIFO: the link is followed for a file the user names, but the FIFO never opened.
   const std::string link = dir.Sub("link.safetensors");
   ASSERT_EQ(0, ::symlink(fifo.c_str(), link.c_str()));
   opened = OpenTensorSource(link);
   EXPECT_EQ(StatusCode::kInvalidArgument, opened.status().code()) << opened.status().ToString();
-  EXPECT_TRUE(Contains(opened.status(), link)) << opened.status().ToString();
+  EXPECT_TRUE(StatusMentions(opened.status(), link)) << opened.status().ToString();
 }
 
 TEST(TensorSourceNamesTest, Hdf5DatasetNamesAndBase64RoundTrip) {
@@ -235,4 +229,4 @@ TEST(TensorSourceNamesTest, Hdf5DatasetNamesAndBase64RoundTrip) {
 }
 
 }  // namespace
-}  // namespace lifeline
+}  // namespace lifeline::test

@@ -140,6 +140,17 @@ class IoQueueTest : public ::testing::TestWithParam<std::string> {
   TempDir dir_;
 };
 
+// A write of `length` bytes from `buffer` to `file` at `offset` (or a read of them into `buffer`),
+// its completion tagged `tag`; no registered buffer. IoRequest's fields in declaration order, which
+// the public ABI keeps.
+IoRequest WriteAt(WritableFile* file, uint64_t offset, void* buffer, size_t length, uint64_t tag) {
+  return IoRequest{IoRequest::Kind::kWrite, file, nullptr, offset, buffer, length, tag};
+}
+
+IoRequest ReadAt(RandomAccessFile* file, uint64_t offset, void* buffer, size_t length, uint64_t tag) {
+  return IoRequest{IoRequest::Kind::kRead, nullptr, file, offset, buffer, length, tag};
+}
+
 // Writes `out` to a new O_DIRECT file in blocks of `block` bytes, then reads it back into `in`
 // (last block first), with every request naming its region as buffer_index.
 void WriteAndReadBack(IoQueue* queue, Env* env, const std::string& path, char* out, int out_index, char* in,
@@ -150,14 +161,8 @@ void WriteAndReadBack(IoQueue* queue, Env* env, const std::string& path, char* o
   ASSERT_TRUE(writer.ok()) << writer.status().ToString();
   std::vector<IoCompletion> done;
   for (size_t at = 0; at < size; at += block) {
-    IoRequest r;
-    r.kind = IoRequest::Kind::kWrite;
-    r.writer = writer->get();
-    r.offset = at;
-    r.buffer = out + at;
-    r.length = std::min(block, size - at);
+    IoRequest r = WriteAt(writer->get(), at, out + at, std::min(block, size - at), at);
     r.buffer_index = out_index;
-    r.tag = at;
     if (queue->in_flight() == queue->depth()) {
       ASSERT_TRUE(queue->Reap(1, &done).ok());
     }
@@ -176,14 +181,8 @@ void WriteAndReadBack(IoQueue* queue, Env* env, const std::string& path, char* o
   done.clear();
   for (size_t end = size; end > 0;) {
     const size_t at = (end - 1) / block * block;
-    IoRequest r;
-    r.kind = IoRequest::Kind::kRead;
-    r.reader = reader->get();
-    r.offset = at;
-    r.buffer = in + at;
-    r.length = end - at;
+    IoRequest r = ReadAt(reader->get(), at, in + at, end - at, at);
     r.buffer_index = in_index;
-    r.tag = at;
     if (queue->in_flight() == queue->depth()) {
       ASSERT_TRUE(queue->Reap(1, &done).ok());
     }
@@ -213,14 +212,7 @@ TEST_P(IoQueueTest, SixtyFourConcurrentDirectWritesThenReads) {
   AlignedBuffer out(kBlock * kCount);
   test::FillPattern(out.data(), kBlock * kCount, 1);
   for (unsigned i = 0; i < kCount; ++i) {
-    IoRequest r;
-    r.kind = IoRequest::Kind::kWrite;
-    r.writer = writer->get();
-    r.offset = i * kBlock;
-    r.buffer = out.data() + i * kBlock;
-    r.length = kBlock;
-    r.tag = 1000 + i;
-    ASSERT_TRUE(queue->Submit(r).ok());
+    ASSERT_TRUE(queue->Submit(WriteAt(writer->get(), i * kBlock, out.data() + i * kBlock, kBlock, 1000 + i)).ok());
   }
   EXPECT_EQ(kCount, queue->in_flight());
   std::vector<IoCompletion> done;
@@ -246,14 +238,7 @@ TEST_P(IoQueueTest, SixtyFourConcurrentDirectWritesThenReads) {
   // Read back in reverse order, reaping as we go, to exercise partial reaps.
   done.clear();
   for (unsigned i = kCount; i-- > 0;) {
-    IoRequest r;
-    r.kind = IoRequest::Kind::kRead;
-    r.reader = reader->get();
-    r.offset = i * kBlock;
-    r.buffer = in.data() + i * kBlock;
-    r.length = kBlock;
-    r.tag = i;
-    ASSERT_TRUE(queue->Submit(r).ok());
+    ASSERT_TRUE(queue->Submit(ReadAt(reader->get(), i * kBlock, in.data() + i * kBlock, kBlock, i)).ok());
     if (i % 16 == 0) {
       ASSERT_TRUE(queue->Reap(1, &done).ok());
     }
@@ -271,12 +256,7 @@ TEST_P(IoQueueTest, ReadPastEndIsShortReadNamingFileAndOffset) {
   Result<std::unique_ptr<RandomAccessFile>> reader = env_->NewRandomAccessFile(path, FileOptions{});
   ASSERT_TRUE(reader.ok());
   std::vector<char> buffer(4096);
-  IoRequest r;
-  r.kind = IoRequest::Kind::kRead;
-  r.reader = reader->get();
-  r.buffer = buffer.data();
-  r.length = 200;  // straddles the end: 100 bytes come, then EOF
-  r.tag = 7;
+  IoRequest r = ReadAt(reader->get(), 0, buffer.data(), 200, 7);  // straddles the end: 100 bytes come, then EOF
   ASSERT_TRUE(queue->Submit(r).ok());
   r.offset = 4096;  // wholly past the end
   r.length = 10;
@@ -302,13 +282,7 @@ TEST_P(IoQueueTest, OperatingSystemErrorNamesFileAndOffset) {
   Result<std::unique_ptr<RandomAccessFile>> reader = env_->NewRandomAccessFile(dir_.path(), FileOptions{});
   ASSERT_TRUE(reader.ok());
   char buffer[16];
-  IoRequest r;
-  r.kind = IoRequest::Kind::kRead;
-  r.reader = reader->get();
-  r.offset = 512;
-  r.buffer = buffer;
-  r.length = sizeof(buffer);
-  ASSERT_TRUE(queue->Submit(r).ok());
+  ASSERT_TRUE(queue->Submit(ReadAt(reader->get(), 512, buffer, sizeof(buffer), 0)).ok());
   std::vector<IoCompletion> done;
   ASSERT_TRUE(queue->Reap(1, &done).ok());
   ASSERT_EQ(1u, done.size());

@@ -168,15 +168,6 @@ double Median(std::vector<double> v) {
   return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-const char* CodecName(SaveCodec codec) {
-  switch (codec) {
-    case SaveCodec::kNone: return "none";
-    case SaveCodec::kZstd: return "zstd";
-    case SaveCodec::kZstdByteGroup: return "zstd-bytegroup";
-  }
-  return "none";
-}
-
 // What one rank thread reports back.
 struct RankOutcome {
   Status status;
@@ -187,6 +178,18 @@ struct RankOutcome {
   uint64_t objects_checked = 0;
   uint64_t object_mismatches = 0;
 };
+
+// Rank `r` of a simulated job: its checkpointer opened with `base` as that rank, and its tensors
+// for `step` (holding the step's values when `fill`).
+Status OpenSimulatedRank(const CheckpointerOptions& base, const std::vector<ModelTensor>& tensors,
+                         const ParallelLayout& layout, uint32_t r, uint64_t step, bool fill,
+                         std::unique_ptr<Checkpointer>* ckpt, RankState* state) {
+  CheckpointerOptions options = base;
+  options.rank = r;
+  LL_ASSIGN_OR_RETURN(*ckpt, Checkpointer::Open(options));
+  LL_ASSIGN_OR_RETURN(*state, RankState::Build(tensors, layout, r, step, fill));
+  return Status::OK();
+}
 
 Status FirstFailure(const std::vector<RankOutcome>& outcomes) {
   for (size_t r = 0; r < outcomes.size(); ++r) {
@@ -513,18 +516,8 @@ int RunSave(const SaveOptions& o) {
   for (uint32_t r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       Status& status = rank_status[r];
-      CheckpointerOptions copt = *base_options;
-      copt.rank = r;
-      if (auto ckpt = Checkpointer::Open(copt); ckpt.ok()) {
-        checkpointers[r] = std::move(ckpt).value();
-        if (auto state = RankState::Build(tensors, *layout, r, first_step, /*fill=*/true); state.ok()) {
-          states[r] = std::move(state).value();
-        } else {
-          status = state.status();
-        }
-      } else {
-        status = ckpt.status();
-      }
+      status = OpenSimulatedRank(*base_options, tensors, *layout, r, first_step, /*fill=*/true, &checkpointers[r],
+                                 &states[r]);
       if (status.ok() && !o.cold) {  // as a job does at start-up: staging slots reserved and faulted in
         SaveRequest request;
         request.tensors = states[r].shards();
@@ -696,7 +689,7 @@ int RunSave(const SaveOptions& o) {
                         {"first_persist_ms", first.persist * 1e3},
                         {"bytes_total", steady.bytes_total},
                         {"bytes_stored", steady.bytes_stored},
-                        {"codec", CodecName(used.codec)},
+                        {"codec", SaveCodecName(used.codec)},
                         {"copy_threads", used.copy_threads},
                         {"staging_slots", used.staging_slots},
                         {"staging_budget_bytes", used.staging_budget_bytes},
@@ -732,7 +725,7 @@ int RunSave(const SaveOptions& o) {
     std::cout << "saved steps " << first_step << ".." << last_step << " of the synthetic model (hidden " << shape->hidden
               << ", " << shape->layers << " layers, " << tensors.size() << " tensors) from " << Ranks(world) << " (tp "
               << layout->tp << " x dp " << layout->dp << ") into " << o.dir << "\n"
-              << "  codec " << CodecName(used.codec) << ", " << used.copy_threads << " copy threads per rank, "
+              << "  codec " << SaveCodecName(used.codec) << ", " << used.copy_threads << " copy threads per rank, "
               << used.staging_slots << " staging slots" << (used.memory_tier ? ", memory tier" : "")
               << (steady.staged ? "" : "; NOT STAGED (streamed: too large for a slot)") << "\n"
               << "  lifeline save (" << which << ")  " << FormatByteSize(unique_bytes) << " in "
@@ -830,21 +823,10 @@ int RunLoad(const CommonOptions& o) {
   for (uint32_t r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       RankOutcome& out = outcomes[r];
-      CheckpointerOptions copt = *base_options;
-      copt.rank = r;
       std::unique_ptr<Checkpointer> ckpt;
       RankState state;
-      if (auto c = Checkpointer::Open(copt); c.ok()) {
-        ckpt = std::move(c).value();
-        if (auto s = RankState::Build(tensors, *layout, r, step, /*fill=*/false); s.ok()) {
-          state = std::move(s).value();
-          out.target_bytes = state.bytes();
-        } else {
-          out.status = s.status();
-        }
-      } else {
-        out.status = c.status();
-      }
+      out.status = OpenSimulatedRank(*base_options, tensors, *layout, r, step, /*fill=*/false, &ckpt, &state);
+      out.target_bytes = state.bytes();
       const uint32_t objects_rank = objects_world > 0 ? r % objects_world : r;
       LoadRequest request;
       request.tensors = state.shards();
@@ -953,15 +935,9 @@ void AddBenchSaveTuningOptions(CLI::App* app, BenchSaveTuning* t) {
 
 Status ApplyBenchSaveTuning(const BenchSaveTuning& t, CheckpointerOptions* c) {
   if (t.no_register_buffers) c->register_buffers = false;
-  if (t.codec == "none") {
-    c->codec = SaveCodec::kNone;
-  } else if (t.codec == "zstd") {
-    c->codec = SaveCodec::kZstd;
-  } else if (t.codec == "zstd-bytegroup") {
-    c->codec = SaveCodec::kZstdByteGroup;
-  } else {
-    return Status::InvalidArgument("--codec", "'" + t.codec + "' is not none, zstd or zstd-bytegroup");
-  }
+  Result<SaveCodec> codec = ParseSaveCodec(t.codec);
+  if (!codec.ok()) return codec.status().Annotate("--codec");
+  c->codec = *codec;
   if (t.codec_level > 0) c->codec_level = t.codec_level;
   c->memory_tier = t.memory_tier;
   if (t.copy_threads > 0) c->copy_threads = t.copy_threads;

@@ -46,7 +46,6 @@ struct CodecRun {
   double ungroup_gbps = 0;
 };
 
-const char* CodecName(format::Codec c) { return c == format::Codec::kZstd ? "zstd" : "zstd-bytegroup"; }
 
 double Gbps(uint64_t bytes, double seconds) { return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0; }
 
@@ -82,7 +81,7 @@ Result<CodecRun> MeasureCodec(format::ChunkCodec& codec, format::Codec c, DType 
     const double t0 = NowSeconds();
     Result<size_t> len = codec.Encode(c, elem, level, raw.data() + off, n, stored.data() + at, bound);
     encode_seconds += NowSeconds() - t0;
-    if (!len.ok()) return len.status().Annotate(std::string(CodecName(c)) + " chunk at raw offset " + std::to_string(off));
+    if (!len.ok()) return len.status().Annotate(format::CodecName(c) + " chunk at raw offset " + std::to_string(off));
     lengths.push_back(*len);
     at += *len;
   }
@@ -92,7 +91,7 @@ Result<CodecRun> MeasureCodec(format::ChunkCodec& codec, format::Codec c, DType 
   for (size_t k = 0; k < lengths.size(); ++k) {
     const size_t off = k * kChunkBytes;
     const size_t n = std::min<size_t>(kChunkBytes, raw.size() - off);
-    const std::string what = std::string(CodecName(c)) + " chunk " + std::to_string(k);
+    const std::string what = format::CodecName(c) + " chunk " + std::to_string(k);
     const double t0 = NowSeconds();
     Status s = codec.Decode(c, elem, stored.data() + at, lengths[k], decoded.data(), n, what);
     decode_seconds += NowSeconds() - t0;
@@ -158,7 +157,7 @@ int RunCompressBench(const CompressBenchOptions& o) {
     nlohmann::json results = nlohmann::json::array();
     for (const CodecRun& r : runs) {
       nlohmann::json j = {{"dtype", r.dtype},
-                          {"codec", CodecName(r.codec)},
+                          {"codec", format::CodecName(r.codec)},
                           {"ratio", r.ratio},
                           {"compress_gbps", r.compress_gbps},
                           {"decompress_gbps", r.decompress_gbps},
@@ -184,7 +183,7 @@ int RunCompressBench(const CompressBenchOptions& o) {
   std::printf("%-6s %-15s %7s %15s %17s %15s\n", "dtype", "codec", "ratio", "compress GB/s", "decompress GB/s",
               "ratio vs plain");
   for (const CodecRun& r : runs)
-    std::printf("%-6s %-15s %7.3f %15.2f %17.2f %15.3f\n", r.dtype.c_str(), CodecName(r.codec), r.ratio,
+    std::printf("%-6s %-15s %7.3f %15.2f %17.2f %15.3f\n", r.dtype.c_str(), format::CodecName(r.codec).c_str(), r.ratio,
                 r.compress_gbps, r.decompress_gbps, r.ratio_vs_plain);
   for (const CodecRun& r : runs)
     if (r.codec == format::Codec::kZstdByteGroup)
