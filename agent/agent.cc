@@ -37,22 +37,6 @@ std::string JoinRanks(const std::vector<int>& ranks) {
   return s.empty() ? "none" : s;
 }
 
-// A free TCP port on loopback for MASTER_PORT when the configuration asks for 0.
-uint32_t PickFreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return 29500;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  uint32_t port = 29500;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
-    port = ntohs(a.sin_port);
-  close(fd);
-  return port;
-}
-
 std::string NewJobId() {
   std::random_device rd;
   char buf[32];
@@ -140,6 +124,10 @@ Agent::~Agent() { Cleanup(); }
 
 void Agent::Cleanup() {
   launcher_.reset();  // kills anything still running
+  if (rdzv_ != nullptr) {
+    rdzv_->Leave(finished_);  // the last node out removes the job's keys from etcd
+    rdzv_.reset();
+  }
   control_.reset();
   rings_.clear();
   if (events_log_ != nullptr) {
@@ -163,6 +151,22 @@ void Agent::Log(nlohmann::json line) {
 }
 
 Status Agent::Setup() {
+  if (!config_.rendezvous.endpoint.empty()) {
+    const RendezvousSettings& z = config_.rendezvous;
+    config_.job_id = z.id;  // LIFELINE_JOB: the same on every node
+    RendezvousConfig rc;
+    rc.endpoint = z.endpoint;
+    rc.job = z.id;
+    rc.min_nodes = z.min_nodes;
+    rc.max_nodes = z.max_nodes;
+    rc.nproc_per_node = config_.nproc;
+    rc.node_rank = z.node_rank;
+    rc.host = z.host;
+    rc.lease_seconds = z.lease_seconds;
+    rc.last_call_seconds = z.last_call_seconds;
+    rc.join_timeout_seconds = z.join_timeout_seconds;
+    LL_ASSIGN_OR_RETURN(rdzv_, Rendezvous::Connect(std::move(rc)));
+  }
   if (config_.job_id.empty()) config_.job_id = NewJobId();
   if (config_.run_dir.empty()) {
     const char* runtime = getenv("XDG_RUNTIME_DIR");
@@ -188,7 +192,10 @@ Status Agent::Setup() {
 }
 
 Status Agent::Launch() {
-  const int world = static_cast<int>(config_.nproc);
+  const int world = static_cast<int>(config_.nproc);  // local ranks (all of them on one node)
+  const std::string checkpoint_dir =
+      !config_.checkpoint_dir.empty() ? config_.checkpoint_dir : ReportedCheckpointDir(ring_dir_);
+  if (rdzv_ != nullptr) LL_RETURN_IF_ERROR(JoinRound(checkpoint_dir));  // this node's place in the job
   rings_.clear();
   for (int r = 0; r < world; ++r) {
     Result<std::unique_ptr<trace::TraceRing>> ring =
@@ -196,7 +203,7 @@ Status Agent::Launch() {
     if (!ring.ok()) return ring.status().Annotate("trace ring of rank " + std::to_string(r));
     rings_.push_back(std::move(*ring));
   }
-  timeline_.Reset(world);
+  timeline_.Reset(world, static_cast<int>(rank_base_));  // the detectors name global ranks
   for (auto& d : detectors_) d->Reset(world);
   const std::string n = std::to_string(world);
   std::map<std::string, std::string> env = {
@@ -245,9 +252,9 @@ Status Agent::Launch() {
   // Every rank of this launch resumes from one step, fixed here: the ranks' own views (memory
   // tiers, a commit landing meanwhile) may differ.
   nlohmann::json resume = nullptr;
-  const std::string checkpoint_dir =
-      !config_.checkpoint_dir.empty() ? config_.checkpoint_dir : ReportedCheckpointDir(ring_dir_);
-  if (!checkpoint_dir.empty()) {
+  if (plan_) {
+    PlanEnvironment(&env, &resume);
+  } else if (!checkpoint_dir.empty()) {
     Result<ResumePoint> point = FindResumePoint(Env::Default(), checkpoint_dir);
     if (!point.ok()) return point.status().Annotate("choosing the resume step");
     env["LIFELINE_RESUME_STEP"] = point->EnvValue();
@@ -256,13 +263,95 @@ Status Agent::Launch() {
               {"location", point->location}};
   }
   launcher_ = std::make_unique<Launcher>(config_.command, env);
-  LL_RETURN_IF_ERROR(launcher_->Start(world));
+  LL_RETURN_IF_ERROR(launcher_->Start(world, static_cast<int>(rank_base_)));
   launched_ns_ = trace::MonotonicNanos();
   metrics_->Launched(world);
   std::vector<int> pids;
   for (const RankProcess& r : launcher_->ranks()) pids.push_back(r.pid);
-  Log({{"action", "launch"}, {"ranks", world}, {"pids", pids}, {"command", config_.command}, {"resume", resume}});
+  nlohmann::json line = {{"action", "launch"}, {"ranks", world}, {"pids", pids}, {"command", config_.command}, {"resume", resume}};
+  if (plan_) {
+    line["first_rank"] = rank_base_;
+    line["world_size"] = plan_->world_size;
+  }
+  Log(line);
   return Status::OK();
+}
+
+Status Agent::JoinRound(const std::string& checkpoint_dir) {
+  ResumeOffer offer;
+  if (!checkpoint_dir.empty()) {
+    Result<ResumeOffer> found = FindResumeOffer(Env::Default(), checkpoint_dir);
+    if (!found.ok()) return found.status().Annotate("choosing the resume step");
+    offer = std::move(*found);
+  }
+  const RendezvousSettings& z = config_.rendezvous;
+  std::cerr << "lifeline-agent: node " << rdzv_->node_id() << " joining job " << z.id << " (" << z.min_nodes
+            << (z.max_nodes != z.min_nodes ? ":" + std::to_string(z.max_nodes) : std::string()) << " nodes) at etcd "
+            << z.endpoint << std::endl;
+  Result<RoundPlan> plan = rdzv_->Join(offer, [] { return g_stop_signal != 0; });
+  if (!plan.ok()) return plan.status();
+  plan_ = std::move(*plan);
+  restarts_ = static_cast<uint32_t>(plan_->round);
+  rank_base_ = plan_->rank_base;
+  nlohmann::json nodes = nlohmann::json::array();
+  for (const RoundNode& n : plan_->nodes) nodes.push_back(n.id);
+  Log({{"action", "rendezvous"},
+       {"round", plan_->round},
+       {"node", rdzv_->node_id()},
+       {"group_rank", plan_->group_rank},
+       {"nodes", nodes},
+       {"world_size", plan_->world_size},
+       {"first_rank", plan_->rank_base},
+       {"master", plan_->master_addr + ":" + std::to_string(plan_->master_port)}});
+  std::cerr << "lifeline-agent: round " << plan_->round << ": node " << plan_->group_rank << " of "
+            << plan_->nodes.size() << ", global ranks " << plan_->rank_base << "-"
+            << plan_->rank_base + config_.nproc - 1 << " of " << plan_->world_size << std::endl;
+  return Status::OK();
+}
+
+void Agent::PlanEnvironment(std::map<std::string, std::string>* env, nlohmann::json* resume) const {
+  const std::string world = std::to_string(plan_->world_size);
+  (*env)["WORLD_SIZE"] = world;
+  (*env)["ROLE_WORLD_SIZE"] = world;
+  (*env)["GROUP_RANK"] = std::to_string(plan_->group_rank);
+  (*env)["GROUP_WORLD_SIZE"] = std::to_string(plan_->nodes.size());
+  (*env)["MASTER_ADDR"] = plan_->master_addr;
+  (*env)["MASTER_PORT"] = std::to_string(plan_->master_port);
+  (*env)["TORCHELASTIC_RESTART_COUNT"] = std::to_string(plan_->round);
+  (*env)["LIFELINE_RESTART"] = std::to_string(plan_->round);
+  (*env)["LIFELINE_LAUNCH_ID"] = plan_->launch_id;
+  // Every node resumes from the round's step, in the directory the plan names (shared storage).
+  if (!plan_->checkpoint_dir.empty()) {
+    ResumePoint point;
+    point.step = plan_->resume_step;
+    point.location = plan_->resume_location;
+    (*env)["LIFELINE_RESUME_STEP"] = point.EnvValue();
+    (*env)["LIFELINE_RESUME_DIR"] = std::filesystem::absolute(plan_->checkpoint_dir).lexically_normal().string();
+    *resume = {{"directory", plan_->checkpoint_dir},
+               {"step", point.step ? nlohmann::json(*point.step) : nlohmann::json(nullptr)},
+               {"location", point.location}};
+  }
+}
+
+void Agent::ReadRendezvous(std::vector<Anomaly>* anomalies, bool* moved) {
+  const RendezvousNews news = rdzv_->TakeNews();
+  const uint64_t now = trace::MonotonicNanos();
+  for (const std::string& id : news.lost_nodes) {
+    int group = -1;
+    for (size_t g = 0; plan_ && g < plan_->nodes.size(); ++g)
+      if (plan_->nodes[g].id == id) group = static_cast<int>(g);
+    if (group < 0 || id == rdzv_->node_id()) continue;
+    Anomaly a;
+    a.kind = "node_lost";
+    a.ranks = plan_->RanksOf(group);
+    a.evidence = {{"node", id}, {"host", plan_->nodes[group].host}, {"lease_seconds", config_.rendezvous.lease_seconds}};
+    a.message = "node " + std::to_string(group) + " (" + id + ") stopped renewing its etcd lease for " +
+                std::to_string(static_cast<int>(config_.rendezvous.lease_seconds)) + " s: its agent or machine is gone";
+    a.detected_ns = now;
+    anomalies->push_back(std::move(a));
+  }
+  *moved = news.round.has_value() || !news.give_up.empty();
+  if (!news.give_up.empty()) give_up_reason_ = news.give_up;
 }
 
 void Agent::DrainRings(uint64_t now) {
@@ -322,8 +411,10 @@ std::optional<Anomaly> Agent::Act(std::vector<Anomaly>& anomalies, uint64_t now)
     if (!a.op.empty()) line["op"] = a.op;
     // How long the culprits had been silent when the verdict came: the detection latency.
     uint64_t last = 0;
-    for (int r : a.ranks)
-      if (r >= 0 && r < timeline_.world()) last = std::max(last, timeline_.rank(r).last_event_ns);
+    for (int global : a.ranks)
+      if (const int r = LocalRank(global); r >= 0 && r < timeline_.world())
+        last = std::max(last, timeline_.rank(r).last_event_ns);
+    if (rdzv_ != nullptr) line["node"] = rdzv_->node_id();
     if (last > 0 && a.detected_ns >= last) line["culprit_silent_seconds"] = Seconds(a.detected_ns - last);
     const auto it = config_.policy.find(a.kind);
     const Action action = it != config_.policy.end() ? it->second : Action::kLog;
@@ -347,7 +438,8 @@ std::string Agent::StartupFailure(const Anomaly& reason) const {
   if (trace::MonotonicNanos() - launched_ns_ > 60'000'000'000ull) return "";
   // Which ranks the detector named first varies between launches; how they failed does not.
   std::set<std::string> ways;
-  for (int r : reason.ranks) {
+  for (int global : reason.ranks) {
+    const int r = LocalRank(global);
     if (r < 0 || static_cast<size_t>(r) >= launcher_->ranks().size()) return "";
     const RankProcess& p = launcher_->ranks()[r];
     // A rank killed by a signal may have been killed from outside: not a failure of the command.
@@ -381,7 +473,18 @@ bool Agent::Restart(const Anomaly& reason, uint64_t detected_ns) {
     give_up_reason_ = "restart budget spent (" + std::to_string(config_.restart.max_restarts) +
                       " restarts); last anomaly: " + reason.kind + ": " + reason.message;
     Log({{"action", "give_up"}, {"reason", give_up_reason_}});
+    if (rdzv_ != nullptr) rdzv_->GiveUp(give_up_reason_).IgnoreError();  // every node ends with it
     return false;
+  }
+  if (rdzv_ != nullptr) {
+    // The budget is the job's: the round number counts its restarts. Another node may have opened
+    // the next round for the same fault meanwhile; either way every node joins it.
+    Result<uint64_t> next = rdzv_->OpenNextRound(plan_ ? plan_->round : restarts_);
+    if (!next.ok()) {
+      give_up_reason_ = "cannot open the next round in etcd: " + next.status().ToString();
+      Log({{"action", "give_up"}, {"reason", give_up_reason_}});
+      return false;
+    }
   }
   const double backoff =
       std::min(config_.restart.backoff_max_seconds,
@@ -497,6 +600,31 @@ int Agent::Run() {
         d->RankExited(timeline_, rank, launcher_->ranks()[rank].wait_status, /*expected=*/false, now, &anomalies);
     }
     for (auto& d : detectors_) d->Poll(timeline_, now, &anomalies);
+    if (rdzv_ != nullptr) {
+      bool moved = false;
+      ReadRendezvous(&anomalies, &moved);
+      if (moved && !give_up_reason_.empty()) {
+        Log({{"action", "stop"}, {"reason", "the job ended on another node: " + give_up_reason_}});
+        launcher_->StopAll(config_.restart.grace_seconds);
+        std::cerr << "lifeline-agent: giving up: " << give_up_reason_ << std::endl;
+        exit_code = 1;
+        break;
+      }
+      if (moved) {  // another node opened the next round: stop here and join it
+        const int killed = launcher_->StopAll(config_.restart.grace_seconds);
+        Log({{"action", "stop"}, {"reason", "round opened by another node"}, {"killed_after_grace", killed}});
+        if (Status s = Launch(); !s.ok()) {
+          give_up_reason_ = "relaunch failed: " + s.ToString();
+          Log({{"action", "give_up"}, {"reason", give_up_reason_}});
+          std::cerr << "lifeline-agent: giving up: " << give_up_reason_ << std::endl;
+          exit_code = g_stop_signal != 0 ? 128 + g_stop_signal : 1;
+          break;
+        }
+        metrics_->Restarted();
+        restart_detected_ns_ = now;
+        continue;
+      }
+    }
     CheckResumed(now);
     std::optional<Anomaly> restart = Act(anomalies, now);
     if (restart) {
@@ -517,6 +645,7 @@ int Agent::Run() {
         if (!(WIFEXITED(p.wait_status) && WEXITSTATUS(p.wait_status) == 0)) failed.push_back(p.rank);
       if (failed.empty()) {
         Log({{"action", "finished"}, {"ranks", config_.nproc}});
+        finished_ = true;
         std::cerr << "lifeline-agent: job finished after " << restarts_ << " restart(s)" << std::endl;
       } else {
         give_up_reason_ = "ranks " + JoinRanks(failed) + " failed and the policy restarts none";

@@ -18,6 +18,7 @@
 #include "agent/config.h"
 #include "agent/detector.h"
 #include "agent/launcher.h"
+#include "agent/rendezvous.h"
 #include "agent/resume.h"
 #include "agent/timeline.h"
 #include "lifeline/internal/trace_ring.h"
@@ -54,6 +55,14 @@ class Agent {
   std::string StartupFailure(const Anomaly& reason) const;
   void Log(nlohmann::json line);
   void Cleanup();
+  // Multi-node: this launch's place in the job, from the round's plan (rendezvous.h).
+  Status JoinRound(const std::string& checkpoint_dir);
+  // The ranks' environment and resume step from that plan.
+  void PlanEnvironment(std::map<std::string, std::string>* env, nlohmann::json* resume) const;
+  // Multi-node: a round opened elsewhere, a node lost or the job ended elsewhere. Returns the
+  // anomalies to act on (node_lost); sets *moved when the job moved to another round.
+  void ReadRendezvous(std::vector<Anomaly>* anomalies, bool* moved);
+  int LocalRank(int global) const { return global - static_cast<int>(rank_base_); }
 
   AgentConfig config_;
   bool owns_run_dir_ = false;
@@ -77,6 +86,11 @@ class Agent {
   // How the previous launch failed when it failed before any step: the exit codes and last lines
   // of the ranks that died ("" otherwise). The same again means a relaunch cannot help.
   std::string startup_failure_;
+  // Multi-node jobs only.
+  std::unique_ptr<Rendezvous> rdzv_;
+  std::optional<RoundPlan> plan_;  // the round this node's ranks run in
+  uint32_t rank_base_ = 0;         // global rank of local rank 0
+  bool finished_ = false;          // every local rank ended normally
 };
 
 // ISO 8601 UTC with milliseconds, e.g. "2026-11-22T21:47:03.512Z".

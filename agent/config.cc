@@ -31,7 +31,7 @@ const char* ActionName(Action a) {
 namespace {
 
 // The anomaly kinds a policy may name, in the order messages list them.
-constexpr const char* kKinds[] = {"dead", "hang", "straggler", "slow_collective", "checkpoint"};
+constexpr const char* kKinds[] = {"dead", "hang", "straggler", "slow_collective", "checkpoint", "node_lost"};
 
 bool IsKnownKind(const std::string& kind) {
   for (const char* k : kKinds) {
@@ -290,6 +290,21 @@ Status ReadDocument(const YamlReader& r, const YAML::Node& root, AgentConfig* c)
         return r.UnknownKey(fk, key);
       });
     }
+    if (name == "rendezvous") {
+      RendezvousSettings& z = c->rendezvous;
+      return r.Group(k, v, name, [&](const std::string& f, const Node& fk, const Node& fv) -> Status {
+        const std::string key = name + "." + f;
+        if (f == "endpoint") return r.String(fk, fv, key, &z.endpoint);
+        if (f == "id") return r.String(fk, fv, key, &z.id);
+        if (f == "min_nodes") return r.U32(fk, fv, key, &z.min_nodes);
+        if (f == "max_nodes") return r.U32(fk, fv, key, &z.max_nodes);
+        if (f == "host") return r.String(fk, fv, key, &z.host);
+        if (f == "lease_seconds") return r.Double(fk, fv, key, &z.lease_seconds);
+        if (f == "last_call_seconds") return r.Double(fk, fv, key, &z.last_call_seconds);
+        if (f == "join_timeout_seconds") return r.Double(fk, fv, key, &z.join_timeout_seconds);
+        return r.UnknownKey(fk, key);
+      });
+    }
     if (name == "policy") {
       return r.Group(k, v, name, [&](const std::string& kind, const Node& fk, const Node& fv) -> Status {
         const std::string key = name + "." + kind;
@@ -398,6 +413,9 @@ Status LoadAgentConfig(const std::string& path, AgentConfig* config) {
 //   poll_interval_seconds      (0, 1]: slower polling would make the rings overflow and the
 //                              detectors late
 //   dump_events                >= 1
+//   rendezvous                 an endpoint (HOST:PORT) needs an id without '/'; 1 <= min_nodes <=
+//                              max_nodes; more than one node needs an endpoint; lease 2..3600 s
+//                              (etcd's own minimum TTL is a few seconds)
 //   python_step_from           empty, "optimizer" or "none"
 //   hang                       0 < floor <= cap, multiplier >= 1, window >= 1
 //   straggler                  window >= 3 (a "share of the window" needs a few samples),
@@ -476,6 +494,21 @@ Status ValidateAgentConfig(const AgentConfig& c) {
   if (c.command[0].empty()) return Status::InvalidArgument("command: the program name is empty");
   if (c.master_addr.empty()) return Status::InvalidArgument("master_addr: must not be empty");
   if (c.master_port > 65535) return Bad("master_port", "0..65535", std::to_string(c.master_port));
+  const RendezvousSettings& z = c.rendezvous;
+  if (!z.endpoint.empty()) {
+    LL_RETURN_IF_ERROR(CheckHostPort("rendezvous.endpoint", z.endpoint.rfind("http://", 0) == 0 ? z.endpoint.substr(7) : z.endpoint));
+    if (z.id.empty()) return Status::InvalidArgument("rendezvous.id: a job id is required with an endpoint (--rdzv-id)");
+    if (z.id.find('/') != std::string::npos) return Status::InvalidArgument("rendezvous.id: must not contain '/'");
+  }
+  if (z.min_nodes < 1 || z.max_nodes < z.min_nodes || z.max_nodes > 100000)
+    return Bad("rendezvous.min_nodes/max_nodes", "1 <= min <= max <= 100000",
+               std::to_string(z.min_nodes) + ":" + std::to_string(z.max_nodes));
+  if (z.endpoint.empty() && z.max_nodes > 1)
+    return Status::InvalidArgument("rendezvous: more than one node needs an etcd endpoint (--rdzv-endpoint)");
+  if (!(z.lease_seconds >= 2 && z.lease_seconds <= 3600)) return Bad("rendezvous.lease_seconds", "2..3600", FormatDouble(z.lease_seconds));
+  if (!(z.last_call_seconds >= 0 && z.last_call_seconds <= 3600))
+    return Bad("rendezvous.last_call_seconds", "0..3600", FormatDouble(z.last_call_seconds));
+  if (!(z.join_timeout_seconds > 0)) return Bad("rendezvous.join_timeout_seconds", "> 0", FormatDouble(z.join_timeout_seconds));
   if (!c.metrics_addr.empty()) LL_RETURN_IF_ERROR(CheckHostPort("metrics_addr", c.metrics_addr));
   if (c.ring_events < 64 || c.ring_events > (uint64_t{1} << 30)) {
     return Bad("ring_events", "64..1073741824", std::to_string(c.ring_events));

@@ -58,6 +58,19 @@ struct RestartConfig {
   double backoff_max_seconds = 60;
 };
 
+// Multi-node jobs: the agents meet and act together through etcd (agent/rendezvous.h).
+struct RendezvousSettings {
+  std::string endpoint;            // --rdzv-endpoint HOST:PORT of etcd; empty: a single-node job
+  std::string id;                  // --rdzv-id: the job's id in etcd, shared by its agents
+  uint32_t min_nodes = 1;          // --nnodes MIN[:MAX]
+  uint32_t max_nodes = 1;
+  int node_rank = -1;              // --node-rank; -1: in the order the nodes join
+  std::string host;                // this node's address as the others reach it; empty: its hostname
+  double lease_seconds = 10;       // an agent silent this long is taken for lost (node_lost)
+  double last_call_seconds = 3;    // with MIN nodes in, how long a round waits for more (up to MAX)
+  double join_timeout_seconds = 900;
+};
+
 struct AgentConfig {
   uint32_t nproc = 1;                    // --nproc: local ranks
   std::vector<std::string> command;      // after "--"
@@ -84,12 +97,14 @@ struct AgentConfig {
   SlowCollectiveConfig slow_collective;
   CheckpointConfig checkpoint;
   RestartConfig restart;
-  // Per anomaly kind ("dead", "hang", "straggler", "slow_collective", "checkpoint").
+  RendezvousSettings rendezvous;
+  // Per anomaly kind ("dead", "hang", "straggler", "slow_collective", "checkpoint", "node_lost").
   std::map<std::string, Action> policy = {{"dead", Action::kRestart},
                                           {"hang", Action::kRestart},
                                           {"straggler", Action::kLog},
                                           {"slow_collective", Action::kLog},
-                                          {"checkpoint", Action::kLog}};
+                                          {"checkpoint", Action::kLog},
+                                          {"node_lost", Action::kRestart}};
 };
 
 // Reads the YAML file at `path` into `config` (fields absent from the file keep their values).

@@ -24,7 +24,9 @@ namespace lifeline::agent {
 
 struct Anomaly {
   std::string kind;               // "dead", "hang", "straggler", "slow_collective", "checkpoint"
-  std::vector<int> ranks;         // the culprits, ascending
+  // The culprits, ascending, by global rank in the job (Timeline::GlobalRank), as are the ranks in
+  // `message` and `evidence`; the timeline and the detectors' own state are by local index.
+  std::vector<int> ranks;
   std::optional<uint64_t> step;   // the step concerned, when known
   std::optional<uint64_t> seq;    // the collective's sequence number, when known
   std::optional<uint32_t> comm;

@@ -1,5 +1,8 @@
 #include "agent/launcher.h"
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -42,7 +45,8 @@ Launcher::~Launcher() {
   }
 }
 
-Status Launcher::Start(int world) {
+Status Launcher::Start(int world, int rank_base) {
+  rank_base_ = rank_base;
   ranks_.clear();
   if (command_.empty()) return Status::InvalidArgument("launch", "no command to run");
   // Build each rank's environment before forking: the child only calls async-signal-safe
@@ -59,7 +63,7 @@ Status Launcher::Start(int world) {
 
   for (int rank = 0; rank < world; ++rank) {
     std::map<std::string, std::string> env = base;
-    env["RANK"] = std::to_string(rank);
+    env["RANK"] = std::to_string(rank_base_ + rank);
     env["LOCAL_RANK"] = std::to_string(rank);
     std::vector<std::string> strings;
     for (const auto& [k, v] : env) strings.push_back(k + "=" + v);
@@ -121,7 +125,7 @@ std::vector<int> Launcher::OutputFds() const {
 
 void Launcher::FlushLine(int rank, bool is_err, std::string_view line) {
   if (line.find_first_not_of(" \t\r") != std::string_view::npos) ranks_[rank].last_line.assign(line.substr(0, 500));
-  std::string text = "[rank " + std::to_string(rank) + "] ";
+  std::string text = "[rank " + std::to_string(rank_base_ + rank) + "] ";
   text.append(line);
   text.push_back('\n');
   std::fwrite(text.data(), 1, text.size(), is_err ? stderr : stdout);
@@ -244,6 +248,21 @@ bool Launcher::Signal(int rank, int sig) {
   for (RankProcess& r : ranks_)
     if (r.rank == rank && r.running) return kill(r.pid, sig) == 0;
   return false;
+}
+
+uint32_t PickFreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 29500;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  socklen_t len = sizeof(a);
+  uint32_t port = 29500;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+    port = ntohs(a.sin_port);
+  close(fd);
+  return port;
 }
 
 }  // namespace lifeline::agent

@@ -34,8 +34,9 @@ class Launcher {
   Launcher(std::vector<std::string> command, std::map<std::string, std::string> env);
   ~Launcher();  // kills what is still running (SIGKILL) and reaps it
 
-  // Starts `world` ranks. On failure nothing is left running.
-  Status Start(int world);
+  // Starts `world` local ranks, global ranks `rank_base` on (RANK; LOCAL_RANK counts from 0). On
+  // failure nothing is left running.
+  Status Start(int world, int rank_base = 0);
   std::vector<RankProcess>& ranks() { return ranks_; }
   // The fds to poll for output.
   std::vector<int> OutputFds() const;
@@ -57,7 +58,12 @@ class Launcher {
   std::vector<std::string> command_;
   std::map<std::string, std::string> env_;
   std::vector<RankProcess> ranks_;
+  int rank_base_ = 0;
 };
+
+// A TCP port free on every address of this machine a moment ago, for MASTER_PORT (29500 when
+// none can be found).
+uint32_t PickFreePort();
 
 // "SIGKILL", "SIGSEGV", ... ("signal N" when unnamed).
 std::string SignalName(int sig);

@@ -15,6 +15,7 @@
 #include "agent/agent.h"
 #include "agent/config.h"
 #include "agent/control_socket.h"
+#include "agent/rendezvous.h"
 
 namespace {
 
@@ -44,7 +45,20 @@ int main(int argc, char** argv) {
   uint32_t max_restarts = 0;
   uint32_t master_port = 0;
   std::vector<std::string> command;
-  CLI::Option* nproc_opt = run->add_option("--nproc", nproc, "Local ranks to launch")->check(CLI::Range(1, 1024));
+  CLI::Option* nproc_opt = run->add_option("--nproc,--nproc-per-node", nproc, "Local ranks to launch (on each node)")
+                               ->check(CLI::Range(1, 1024));
+  std::string nnodes, rdzv_endpoint, rdzv_id, node_host;
+  int node_rank = -1;
+  CLI::Option* nnodes_opt = run->add_option("--nnodes", nnodes,
+                                            "MIN[:MAX] nodes of the job (default 1); more than one needs --rdzv-endpoint");
+  CLI::Option* endpoint_opt =
+      run->add_option("--rdzv-endpoint", rdzv_endpoint, "etcd HOST:PORT where the nodes' agents meet (etcd v3 API)");
+  CLI::Option* id_opt = run->add_option("--rdzv-id", rdzv_id, "The job's id in etcd, the same on every node");
+  CLI::Option* node_rank_opt =
+      run->add_option("--node-rank", node_rank, "This node's place (GROUP_RANK); default: in the order nodes join")
+          ->check(CLI::Range(0, 100000));
+  CLI::Option* host_opt = run->add_option("--node-host", node_host,
+                                          "This node's address as the other nodes reach it (default: its hostname)");
   run->add_option("--config", config_path, "YAML file with any of the agent's settings (see the README)");
   CLI::Option* metrics_opt = run->add_option("--metrics-addr", metrics_addr, "Serve Prometheus metrics on HOST:PORT");
   CLI::Option* hang_opt =
@@ -100,6 +114,18 @@ int main(int argc, char** argv) {
     }
   }
   if (nproc_opt->count() > 0) config.nproc = nproc;
+  if (nnodes_opt->count() > 0) {
+    if (lifeline::Status s = lifeline::agent::ParseNodeRange(nnodes, &config.rendezvous.min_nodes,
+                                                             &config.rendezvous.max_nodes);
+        !s.ok()) {
+      std::cerr << "lifeline-agent: " << s.ToString() << std::endl;
+      return kUsage;
+    }
+  }
+  if (endpoint_opt->count() > 0) config.rendezvous.endpoint = rdzv_endpoint;
+  if (id_opt->count() > 0) config.rendezvous.id = rdzv_id;
+  if (node_rank_opt->count() > 0) config.rendezvous.node_rank = node_rank;
+  if (host_opt->count() > 0) config.rendezvous.host = node_host;
   if (hang_opt->count() > 0) config.hang.floor_seconds = hang_timeout;
   if (restarts_opt->count() > 0) config.restart.max_restarts = max_restarts;
   if (port_opt->count() > 0) config.master_port = master_port;

@@ -10,13 +10,22 @@
 namespace lifeline::agent {
 namespace {
 
+// The sound complete steps under `root`, newest first; at most `most` of them.
+Result<std::vector<uint64_t>> SoundSteps(Env* env, const std::string& root, size_t most) {
+  std::vector<uint64_t> out;
+  if (!env->IsDirectory(root)) return out;
+  LL_ASSIGN_OR_RETURN(std::vector<CheckpointInfo> all, ScanCheckpointDirectory(root, env));
+  for (const CheckpointInfo& info : all) {
+    if (out.size() >= most) break;
+    if (info.complete && CheckCheckpointMetadata(info, env).ok()) out.push_back(info.step);
+  }
+  return out;
+}
+
 // The newest sound complete step under `root`, or nullopt.
 Result<std::optional<uint64_t>> NewestSound(Env* env, const std::string& root) {
-  if (!env->IsDirectory(root)) return std::optional<uint64_t>();
-  LL_ASSIGN_OR_RETURN(std::vector<CheckpointInfo> all, ScanCheckpointDirectory(root, env));
-  for (const CheckpointInfo& info : all)
-    if (info.complete && CheckCheckpointMetadata(info, env).ok()) return std::optional<uint64_t>(info.step);
-  return std::optional<uint64_t>();
+  LL_ASSIGN_OR_RETURN(std::vector<uint64_t> steps, SoundSteps(env, root, 1));
+  return steps.empty() ? std::optional<uint64_t>() : std::optional<uint64_t>(steps[0]);
 }
 
 }  // namespace
@@ -37,6 +46,18 @@ Result<ResumePoint> FindResumePoint(Env* env, const std::string& checkpoint_dir)
     point.location = "disk";
   }
   return point;
+}
+
+Result<ResumeOffer> FindResumeOffer(Env* env, const std::string& checkpoint_dir) {
+  ResumeOffer offer;
+  offer.directory = checkpoint_dir;
+  LL_ASSIGN_OR_RETURN(offer.disk_step, NewestSound(env, checkpoint_dir));
+  if (Result<std::string> tier = FindMemoryTierOf(checkpoint_dir, env); tier.ok()) {
+    // A tier holds a few steps; more would only make the rendezvous entries longer.
+    Result<std::vector<uint64_t>> steps = SoundSteps(env, *tier, 16);
+    if (steps.ok()) offer.memory_steps = std::move(*steps);
+  }
+  return offer;
 }
 
 std::string ReportedCheckpointDir(const std::string& run_dir) {

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "lifeline/env.h"
 #include "lifeline/status.h"
@@ -23,6 +24,15 @@ struct ResumePoint {
 // memory tier (where every rank's snapshot must be present). Damaged and invalid steps are passed
 // over. NotFound-free: a directory that does not exist yet means a fresh start.
 Result<ResumePoint> FindResumePoint(Env* env, const std::string& checkpoint_dir);
+
+// Where one node could resume from: its view of the shared checkpoint directory and of its own
+// memory tier. The agents of a multi-node job resume from a step every node has (rendezvous.h).
+struct ResumeOffer {
+  std::string directory;               // the checkpoint directory this node knows; "" when none
+  std::optional<uint64_t> disk_step;   // newest sound step on (shared) storage
+  std::vector<uint64_t> memory_steps;  // sound steps in this node's memory tier, newest first
+};
+Result<ResumeOffer> FindResumeOffer(Env* env, const std::string& checkpoint_dir);
 
 // Where rank processes tell the agent which directory they checkpoint to: a file in the agent's
 // run directory, written by the library at Checkpointer::Open (first writer wins). Empty when

@@ -10,7 +10,8 @@ using trace::EventType;
 
 Timeline::Timeline(size_t saves_kept) : saves_kept_(std::max<size_t>(saves_kept, 1)) {}
 
-void Timeline::Reset(int world) {
+void Timeline::Reset(int world, int rank_base) {
+  rank_base_ = std::max(rank_base, 0);
   ranks_.assign(static_cast<size_t>(std::max(world, 0)), RankTimeline{});
   members_.clear();
   collectives_.clear();

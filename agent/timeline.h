@@ -11,6 +11,10 @@
 // ranks); older ones are forgotten (a rank that never reports them, e.g. events lost to a full
 // ring). Per rank, the newest `saves_kept` checkpoint saves.
 //
+// Ranks: the ranks this agent supervises, by local index 0..world-1 (its node's share of the job);
+// their global ranks in the job are rank_base..rank_base+world-1. Everything here is by local
+// index; GlobalRank names a rank the way the job (and a person reading an anomaly) knows it.
+//
 // Thread safety: none; one thread (the agent's poll loop) applies and reads. Events from ranks
 // outside [0, world) are ignored.
 #ifndef LIFELINE_AGENT_TIMELINE_H_
@@ -103,14 +107,18 @@ class Timeline {
 
   explicit Timeline(size_t saves_kept = kDefaultSavesKept);
 
-  // A new launch of `world` ranks: everything about the previous one is forgotten.
-  void Reset(int world);
+  // A new launch of `world` ranks, global ranks `rank_base`.. (0 on a single node): everything
+  // about the previous one is forgotten.
+  void Reset(int world, int rank_base = 0);
   // Applies `event` of `rank`. The returned change refers to `event`, which must outlive its use.
   TimelineChange Apply(int rank, const trace::Event& event);
   // `rank`'s process ended (expected or not): it is no longer a live member of anything.
   void RankExited(int rank);
 
   int world() const { return static_cast<int>(ranks_.size()); }
+  int rank_base() const { return rank_base_; }
+  // The job's rank of local rank `local`.
+  int GlobalRank(int local) const { return rank_base_ + local; }
   const RankTimeline& rank(int r) const { return ranks_[static_cast<size_t>(r)]; }
   const std::vector<RankTimeline>& ranks() const { return ranks_; }
   int alive_count() const;
@@ -125,6 +133,7 @@ class Timeline {
   bool AllLiveMembers(uint32_t comm, const CollectiveRecord& rec, bool need_end) const;
 
   size_t saves_kept_;
+  int rank_base_ = 0;
   std::vector<RankTimeline> ranks_;
   std::map<uint32_t, std::set<int>> members_;  // comm != 0: ranks seen beginning on it
   std::map<uint32_t, std::map<uint64_t, CollectiveRecord>> collectives_;

@@ -201,5 +201,27 @@ TEST(TimelineTest, CheckpointSavesAndCommits) {
   EXPECT_EQ(t.rank(0).committed_step, 30u);
 }
 
+TEST(TimelineTest, RankBaseMapsLocalRanksToGlobalOnes) {
+  Timeline t;
+  t.Reset(2);
+  EXPECT_EQ(t.rank_base(), 0);
+  EXPECT_EQ(t.GlobalRank(1), 1);
+
+  // The second node of a job with 4 ranks per node: its local ranks 0 and 1 are ranks 4 and 5.
+  t.Reset(2, /*rank_base=*/4);
+  EXPECT_EQ(t.world(), 2);
+  EXPECT_EQ(t.rank_base(), 4);
+  EXPECT_EQ(t.GlobalRank(0), 4);
+  EXPECT_EQ(t.GlobalRank(1), 5);
+  // Events are still applied by local index; the base only names the ranks.
+  EXPECT_EQ(t.Apply(1, Ev(EventType::kStepBegin, 10, 1)).rank, 1);
+  EXPECT_EQ(t.Apply(4, Ev(EventType::kStepBegin, 10, 1)).rank, -1);
+  EXPECT_EQ(t.Members(0), (std::vector<int>{0, 1}));
+
+  // A later launch on one node names its ranks from 0 again.
+  t.Reset(2);
+  EXPECT_EQ(t.GlobalRank(1), 1);
+}
+
 }  // namespace
 }  // namespace lifeline::agent

@@ -29,7 +29,7 @@ void CheckpointDetector::Observe(const Timeline&, const TimelineChange& c) {
   if (e.type == EventType::kCheckpointFailed) failures_.push_back({c.rank, e.step, e.aux});
 }
 
-void CheckpointDetector::ReportFailures(uint64_t now, std::vector<Anomaly>* out) {
+void CheckpointDetector::ReportFailures(const Timeline& t, uint64_t now, std::vector<Anomaly>* out) {
   // A load that passed over a damaged checkpoint: one anomaly per skipped step, naming the ranks.
   std::map<std::pair<uint64_t, bool>, std::vector<const Fallback*>> skipped;
   for (const Fallback& f : fallbacks_) skipped[{f.skipped_step, f.memory}].push_back(&f);
@@ -38,7 +38,7 @@ void CheckpointDetector::ReportFailures(uint64_t now, std::vector<Anomaly>* out)
     a.kind = "checkpoint";
     a.step = KnownStep(key.first);
     a.detected_ns = now;
-    for (const Fallback* f : list) a.ranks.push_back(f->rank);
+    for (const Fallback* f : list) a.ranks.push_back(t.GlobalRank(f->rank));
     std::sort(a.ranks.begin(), a.ranks.end());
     a.ranks.erase(std::unique(a.ranks.begin(), a.ranks.end()), a.ranks.end());
     const uint64_t loaded = list.front()->loaded_step;
@@ -62,8 +62,9 @@ void CheckpointDetector::ReportFailures(uint64_t now, std::vector<Anomaly>* out)
     a.detected_ns = now;
     nlohmann::json codes = nlohmann::json::object();
     for (const Failure& f : list) {
-      if (a.ranks.empty() || a.ranks.back() != f.rank) a.ranks.push_back(f.rank);
-      codes[std::to_string(f.rank)] = f.code;
+      const int global = t.GlobalRank(f.rank);
+      if (a.ranks.empty() || a.ranks.back() != global) a.ranks.push_back(global);
+      codes[std::to_string(global)] = f.code;
     }
     const uint64_t code = list.front().code;
     const char* code_name = StatusCodeName(static_cast<StatusCode>(code));
@@ -125,12 +126,13 @@ void CheckpointDetector::CheckLag(const Timeline& t, uint64_t now, std::vector<A
                (pending ? " (+: not yet persisted)" : "") + " with " + Duration(Median(intervals)) +
                " between saves";
     }
-    per_rank[std::to_string(rank)] = std::move(e);
+    per_rank[std::to_string(t.GlobalRank(rank))] = std::move(e);
     lagging.push_back(rank);
     reported_[rank] = true;
     reported_ns_[rank] = now;
   }
   if (lagging.empty()) return;
+  lagging = GlobalRanks(t, lagging);
   Anomaly a;
   a.kind = "checkpoint";
   a.ranks = lagging;
@@ -145,7 +147,7 @@ void CheckpointDetector::CheckLag(const Timeline& t, uint64_t now, std::vector<A
 }
 
 void CheckpointDetector::Poll(const Timeline& timeline, uint64_t now_ns, std::vector<Anomaly>* out) {
-  ReportFailures(now_ns, out);
+  ReportFailures(timeline, now_ns, out);
   CheckLag(timeline, now_ns, out);
 }
 

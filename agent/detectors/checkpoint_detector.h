@@ -37,7 +37,7 @@ class CheckpointDetector : public Detector {
     uint64_t loaded_step;
     bool memory;
   };
-  void ReportFailures(uint64_t now, std::vector<Anomaly>* out);
+  void ReportFailures(const Timeline& t, uint64_t now, std::vector<Anomaly>* out);
   void CheckLag(const Timeline& t, uint64_t now, std::vector<Anomaly>* out);
 
   CheckpointConfig config_;

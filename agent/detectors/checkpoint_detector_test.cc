@@ -98,5 +98,40 @@ TEST(CheckpointDetectorTest, SavesThatNeverPersistCountInPoll) {
   EXPECT_EQ(named, (std::vector<int>{0, 1, 2, 3})) << Describe(driver.all());
 }
 
+// On a node whose ranks are the job's 4..7, failures, fallbacks and lag name global ranks.
+TEST(CheckpointDetectorTest, NamesGlobalRanksOnANodeOfALargerJob) {
+  Sim sim;
+  sim.rank_base = 4;
+  sim.steps = 300;
+  sim.checkpoint_every = 20;
+  sim.checkpoint_fails = [](int r, int k) { return r == 2 && k == 39; };
+  sim.persist_seconds = [](int r, int k) { return r == 1 && k >= 100 ? 2.5 : 0.3; };
+  CheckpointDetector checkpoint(CheckpointConfig{});
+  SimDriver driver(sim, {&checkpoint});
+  driver.RunPast(1 * kSec);
+  ASSERT_EQ(driver.all().size(), 2u) << Describe(driver.all());
+  const Anomaly& failed = driver.all()[0];
+  EXPECT_EQ(failed.ranks, std::vector<int>{6});
+  EXPECT_TRUE(failed.evidence["status_codes"].contains("6")) << failed.evidence.dump();
+  EXPECT_EQ(failed.message.rfind("checkpoint of step 39 failed on rank 6: ", 0), 0u) << failed.message;
+  const Anomaly& lag = driver.all()[1];
+  EXPECT_EQ(lag.ranks, std::vector<int>{5});
+  EXPECT_TRUE(lag.evidence["per_rank"].contains("5")) << lag.evidence.dump();
+  EXPECT_EQ(lag.message.rfind("checkpoint persistence cannot keep up on rank 5: ", 0), 0u) << lag.message;
+
+  // A fallback load by local ranks 1 and 3.
+  Stream stream(4);
+  for (int r : {1, 3}) {
+    Event e = Ev(EventType::kCheckpointFallback, driver.now() + 1 * kSec, 200);
+    e.bytes = 100;  // the step loaded instead
+    stream[r].push_back(e);
+  }
+  driver.Load(stream);
+  driver.RunUntil(driver.now() + 2 * kSec);
+  ASSERT_EQ(driver.all().size(), 3u) << Describe(driver.all());
+  EXPECT_EQ(driver.all()[2].ranks, (std::vector<int>{5, 7}));
+  EXPECT_NE(driver.all()[2].message.find(" by ranks 5,7, "), std::string::npos) << driver.all()[2].message;
+}
+
 }  // namespace
 }  // namespace lifeline::agent

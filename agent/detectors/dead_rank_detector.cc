@@ -67,9 +67,10 @@ void DeadRankDetector::RankExited(const Timeline& timeline, int rank, int wait_s
   const RankTimeline none;
   const RankTimeline& r = known ? timeline.rank(rank) : none;
 
+  const int global = timeline.GlobalRank(rank);
   Anomaly a;
   a.kind = "dead";
-  a.ranks = {rank};
+  a.ranks = {global};
   a.step = KnownStep(r.step);
   a.detected_ns = now_ns;
   std::string how;
@@ -87,7 +88,7 @@ void DeadRankDetector::RankExited(const Timeline& timeline, int rank, int wait_s
   }
   a.evidence["orderly_exit_recorded"] = r.finished;
   if (r.last_event_ns != 0) a.evidence["seconds_since_last_event"] = SecondsBetween(r.last_event_ns, now_ns);
-  a.message = "rank " + std::to_string(rank) + " " + how + StepSuffix(r.step);
+  a.message = "rank " + std::to_string(global) + " " + how + StepSuffix(r.step);
   out->push_back(std::move(a));
 }
 

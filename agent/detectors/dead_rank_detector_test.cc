@@ -52,5 +52,17 @@ TEST(DeadRankDetectorTest, NonZeroExitCodeFiresZeroAndExpectedDoNot) {
   EXPECT_EQ(out[0].message, "rank 2 exited with status 3 at step 12");
 }
 
+// On a node whose ranks are the job's 4..7, local rank 1 is rank 5 everywhere a person reads it.
+TEST(DeadRankDetectorTest, NamesTheGlobalRankOnANodeOfALargerJob) {
+  DeadRankDetector dead;
+  Driver driver({&dead}, 4, /*rank_base=*/4);
+  driver.Observe(1, Ev(EventType::kStepBegin, 1 * kSec, 12));
+  std::vector<Anomaly> out;
+  driver.Exit(1, SIGKILL, /*expected=*/false, 2 * kSec, &out);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].ranks, std::vector<int>{5});
+  EXPECT_EQ(out[0].message, "rank 5 died (SIGKILL) at step 12");
+}
+
 }  // namespace
 }  // namespace lifeline::agent

@@ -25,7 +25,7 @@ inline Sim StalledSim(int steps, Stall stall, int rank, int step) {
   return sim;
 }
 
-// A Driver for sim.ranks ranks, loaded with the stream `sim` generates and keeping it, so that a
+// A Driver for sim.ranks ranks (the job's ranks sim.rank_base..), loaded with the stream `sim` generates and keeping it, so that a
 // test can poll relative to its end (RunPast) or look into it (stream()).
 class SimDriver : public Driver {
  public:
@@ -33,11 +33,12 @@ class SimDriver : public Driver {
   explicit SimDriver(const Sim& sim) : SimDriver(sim, MakeDetectors(Config(sim.ranks))) {}
   // Detectors handed over, kept alive as long as this.
   SimDriver(const Sim& sim, std::vector<std::unique_ptr<Detector>> owned)
-      : Driver(&owned, sim.ranks), owned_(std::move(owned)) {  // moving keeps the detectors where they are
+      : Driver(&owned, sim.ranks, sim.rank_base), owned_(std::move(owned)) {  // moving keeps the detectors where they are
     Play(sim);
   }
   // Detectors owned by the caller, which must outlive this.
-  SimDriver(const Sim& sim, std::vector<Detector*> detectors) : Driver(std::move(detectors), sim.ranks) {
+  SimDriver(const Sim& sim, std::vector<Detector*> detectors)
+      : Driver(std::move(detectors), sim.ranks, sim.rank_base) {
     Play(sim);
   }
 

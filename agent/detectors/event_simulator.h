@@ -38,6 +38,7 @@ enum class Stall {
 
 struct Sim {
   int ranks = 4;
+  int rank_base = 0;  // the global rank of local rank 0: this node's share of a larger job
   int steps = 100;
   uint64_t seed = 1;
   uint64_t start_ns = 1 * kSec;
@@ -171,13 +172,14 @@ inline uint64_t LastTime(const Stream& stream) {
 // once, then handed to every detector), and keeps what they report.
 class Driver {
  public:
-  explicit Driver(std::vector<Detector*> detectors, int world, uint64_t seed = 7)
+  // `world` local ranks, the job's ranks `rank_base`.. (see Timeline::Reset).
+  explicit Driver(std::vector<Detector*> detectors, int world, int rank_base = 0, uint64_t seed = 7)
       : detectors_(std::move(detectors)), rng_(seed) {
-    ResetAll(world);
+    ResetAll(world, rank_base);
     Load(Stream(world));
   }
-  explicit Driver(std::vector<std::unique_ptr<Detector>>* owned, int world, uint64_t seed = 7)
-      : Driver(Raw(owned), world, seed) {}
+  explicit Driver(std::vector<std::unique_ptr<Detector>>* owned, int world, int rank_base = 0, uint64_t seed = 7)
+      : Driver(Raw(owned), world, rank_base, seed) {}
 
   void Load(Stream stream) {
     stream_ = std::move(stream);
@@ -204,8 +206,8 @@ class Driver {
     }
   }
   void Exit(int rank, int wait_status, bool expected) { Exit(rank, wait_status, expected, now_, &all_); }
-  void ResetAll(int world) {
-    timeline_.Reset(world);
+  void ResetAll(int world, int rank_base = 0) {
+    timeline_.Reset(world, rank_base);
     for (Detector* d : detectors_) d->Reset(world);
   }
   // By hand: one event, one exit, one poll.

@@ -56,6 +56,13 @@ std::string Duration(double seconds) {
   return std::fabs(seconds) < 1 ? Fmt("%.1f ms", seconds * 1e3) : Fmt("%.1f s", seconds);
 }
 
+std::vector<int> GlobalRanks(const Timeline& timeline, const std::vector<int>& local) {
+  std::vector<int> out;
+  out.reserve(local.size());
+  for (int r : local) out.push_back(timeline.GlobalRank(r));
+  return out;
+}
+
 std::string RankList(const std::vector<int>& ranks) {
   std::string s;
   for (size_t i = 0; i < ranks.size(); ++i) s += (i ? "," : "") + std::to_string(ranks[i]);

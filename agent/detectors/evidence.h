@@ -1,6 +1,11 @@
 // The numbers and words of an anomaly, shared by the detectors: robust statistics over timings
 // (median, MAD) and the spelling of durations, rank lists and steps in messages, so every
 // detector says "rank 2", "40.2 ms" and " at step 7" the same way.
+//
+// Ranks: detectors work with the timeline's local indices, but an anomaly names the job's global
+// ranks (its `ranks`, message and evidence), since that is what a person and the other nodes know.
+// A detector converts once, with GlobalRanks or Timeline::GlobalRank, where it builds the anomaly;
+// the helpers below spell whatever ranks they are given.
 #ifndef LIFELINE_AGENT_DETECTORS_EVIDENCE_H_
 #define LIFELINE_AGENT_DETECTORS_EVIDENCE_H_
 
@@ -12,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "agent/timeline.h"
 #include "lifeline/trace.h"
 
 namespace lifeline::agent::detail {
@@ -31,6 +37,8 @@ double RobustSigma(const std::vector<double>& v, double median);
 nlohmann::json Number(double x);
 std::string Fmt(const char* format, double x);
 std::string Duration(double seconds);               // "40.2 ms", "5.2 s", "?"
+// `local` ranks of `timeline` as the job's ranks; ascending stays ascending.
+std::vector<int> GlobalRanks(const Timeline& timeline, const std::vector<int>& local);
 std::string RankList(const std::vector<int>& ranks);  // "0,1,3"
 std::string Ranks(const std::vector<int>& ranks);     // "rank 2", "ranks 0,1,3"
 std::string StepSuffix(uint64_t step);                // " at step 7", "" for kNoStep

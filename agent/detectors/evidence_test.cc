@@ -2,6 +2,7 @@
 #include "agent/detectors/evidence.h"
 
 #include <cmath>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -20,6 +21,14 @@ TEST(EvidenceTest, RanksAndSteps) {
   EXPECT_EQ(StepSuffix(7), " at step 7");
   EXPECT_EQ(StepSuffix(trace::kNoStep), "");
   EXPECT_FALSE(KnownStep(trace::kNoStep).has_value());
+}
+
+TEST(EvidenceTest, GlobalRanksOfANodeOfALargerJob) {
+  Timeline t;
+  t.Reset(4, /*rank_base=*/8);
+  EXPECT_EQ(GlobalRanks(t, {0, 2, 3}), (std::vector<int>{8, 10, 11}));
+  EXPECT_EQ(Ranks(GlobalRanks(t, {1})), "rank 9");
+  EXPECT_TRUE(GlobalRanks(t, {}).empty());
 }
 
 TEST(EvidenceTest, MedianAndRobustSigma) {

@@ -83,6 +83,11 @@ void HangDetector::CheckCollectives(const Timeline& t, uint64_t now, std::vector
       std::vector<int> not_posted;
       for (int rank : in)
         if (!open_of(rank).posted) not_posted.push_back(rank);
+      // From here on the ranks are named as the job knows them.
+      const std::vector<int> in_global = GlobalRanks(t, in);
+      never_joined = GlobalRanks(t, never_joined);
+      not_posted = GlobalRanks(t, not_posted);
+      exited = GlobalRanks(t, exited);
 
       std::vector<int> culprits;
       std::vector<int> waiting;
@@ -91,18 +96,18 @@ void HangDetector::CheckCollectives(const Timeline& t, uint64_t now, std::vector
           std::string(trace::OpName(first->op)) + " #" + std::to_string(seq) + " (comm " + std::to_string(comm) + ")";
       if (!never_joined.empty()) {
         culprits = never_joined;
-        waiting = in;
+        waiting = in_global;
         what = Ranks(culprits) + " never joined " + name + StepSuffix(first->step) + "; " + Ranks(waiting) +
                " waited " + Duration(Seconds(waited));
-      } else if (!not_posted.empty() && not_posted.size() < in.size()) {
+      } else if (!not_posted.empty() && not_posted.size() < in_global.size()) {
         culprits = not_posted;
-        for (int rank : in)
+        for (int rank : in_global)
           if (!std::binary_search(culprits.begin(), culprits.end(), rank)) waiting.push_back(rank);
         what = Ranks(culprits) + " never posted " + (culprits.size() == 1 ? "its" : "their") + " part of " + name +
                StepSuffix(first->step) + "; " + Ranks(waiting) + " waited " + Duration(Seconds(waited));
       } else {
-        culprits = in;
-        waiting = in;
+        culprits = in_global;
+        waiting = in_global;
         what = Ranks(culprits) + " stuck in " + name + StepSuffix(first->step) + " for " + Duration(Seconds(waited)) +
                " (every member joined it; no rank stands out)";
       }
@@ -163,6 +168,8 @@ void HangDetector::CheckSteps(const Timeline& t, uint64_t now, std::vector<Anoma
     const bool culprit = all_same ? 2 * silence_of(rank) >= longest_silence : t.rank(rank).step == lowest;
     (culprit ? culprits : others).push_back(rank);
   }
+  culprits = GlobalRanks(t, culprits);
+  others = GlobalRanks(t, others);
   if (!all_same) {
     what = Ranks(culprits) + " stuck at step " + std::to_string(lowest) + " for " + Duration(Seconds(waited)) +
            " with no collective open; " + Ranks(others) + " went on";

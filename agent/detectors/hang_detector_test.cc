@@ -66,15 +66,22 @@ TEST(HangDetectorTest, StepStuckWithNoCollectiveNamesTheRankBehind) {
   EXPECT_FALSE(driver.all()[0].seq.has_value());
 }
 
-TEST(HangDetectorTest, AllAtOneStepNamesTheSilentRank) {
+// Four ranks in step 5, local rank 2 silent from its StepBegin on while the others report: what
+// the hang detector says about it over 9 s.
+std::vector<Anomaly> OneRankSilentInAStep(int rank_base) {
   HangDetector hang(FastHang());
-  Driver driver({&hang}, 4);
+  Driver driver({&hang}, 4, rank_base);
   for (int r = 0; r < 4; ++r) driver.Observe(r, Ev(EventType::kStepBegin, 1 * kSec + r * kMs, 5));
   std::vector<Anomaly> out;
   for (uint64_t now = 1 * kSec + 100 * kMs; now < 10 * kSec; now += 100 * kMs) {
     for (int r : {0, 1, 3}) driver.Observe(r, Ev(EventType::kHeartbeat, now - 50 * kMs, 5));
     driver.Poll(now, &out);
   }
+  return out;
+}
+
+TEST(HangDetectorTest, AllAtOneStepNamesTheSilentRank) {
+  const std::vector<Anomaly> out = OneRankSilentInAStep(/*rank_base=*/0);
   ASSERT_EQ(out.size(), 1u) << Describe(out);
   EXPECT_EQ(out[0].ranks, std::vector<int>{2});
   EXPECT_EQ(out[0].step, 5u);
@@ -148,6 +155,34 @@ TEST(HangDetectorTest, ExitedRankIsNeitherWaiterNorCulprit) {
   ASSERT_EQ(driver.all().size(), 1u) << Describe(driver.all());
   EXPECT_EQ(driver.all()[0].ranks, std::vector<int>{2});
   EXPECT_EQ(driver.all()[0].evidence["waiting_ranks"], (std::vector<int>{1, 3}));
+}
+
+// On a node whose ranks are the job's 4..7, culprits, waiters and exited ranks are global ranks.
+TEST(HangDetectorTest, CollectiveHangNamesGlobalRanksOnANodeOfALargerJob) {
+  Sim sim = StalledSim(60, Stall::kNeverJoins, 2, 20);  // allreduce #21
+  sim.rank_base = 4;
+  HangDetector hang(FastHang());
+  SimDriver driver(sim, {&hang});
+  driver.RunPast(100 * kMs);
+  driver.Exit(0, SIGKILL, /*expected=*/false);
+  driver.RunPast(5 * kSec);
+  ASSERT_EQ(driver.all().size(), 1u) << Describe(driver.all());
+  const Anomaly& a = driver.all()[0];
+  EXPECT_EQ(a.ranks, std::vector<int>{6});
+  EXPECT_EQ(a.evidence["waiting_ranks"], (std::vector<int>{5, 7}));
+  EXPECT_EQ(a.evidence["exited_ranks"], std::vector<int>{4});
+  EXPECT_EQ(a.message.rfind("rank 6 never joined allreduce #21 (comm 0) at step 20; ranks 5,7 waited ", 0), 0u)
+      << a.message;
+  EXPECT_NE(a.message.find("; exited: 4"), std::string::npos) << a.message;
+}
+
+TEST(HangDetectorTest, StepHangNamesGlobalRanksOnANodeOfALargerJob) {
+  const std::vector<Anomaly> out = OneRankSilentInAStep(/*rank_base=*/4);
+  ASSERT_EQ(out.size(), 1u) << Describe(out);
+  EXPECT_EQ(out[0].ranks, std::vector<int>{6});
+  EXPECT_EQ(out[0].evidence["waiting_ranks"], (std::vector<int>{4, 5, 7}));
+  EXPECT_EQ(out[0].message.rfind("rank 6 silent for ", 0), 0u) << out[0].message;
+  EXPECT_NE(out[0].message.find("; ranks 4,5,7 still report"), std::string::npos) << out[0].message;
 }
 
 }  // namespace

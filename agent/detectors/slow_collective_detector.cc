@@ -43,8 +43,8 @@ void SlowCollectiveDetector::Observe(const Timeline& t, const TimelineChange& c)
   }
 }
 
-void SlowCollectiveDetector::Check(uint32_t comm, Op op, OpStats* st, uint64_t now,
-                                          std::vector<Anomaly>* out) {
+void SlowCollectiveDetector::Check(const Timeline& t, uint32_t comm, Op op, OpStats* st, uint64_t now,
+                                   std::vector<Anomaly>* out) {
   const SlowCollectiveConfig& c = config_;
   if (st->recent.size() < std::max<uint32_t>(c.recent_window, 1)) return;
   if (st->reported && now - std::min(now, st->reported_ns) < Nanos(c.cooldown_seconds)) return;
@@ -84,7 +84,7 @@ void SlowCollectiveDetector::Check(uint32_t comm, Op op, OpStats* st, uint64_t n
       const bool clear_max = d == top && top - second > c.min_excess_seconds;
       if (d - peer_median > c.min_excess_seconds && (z > 3 || clear_max)) {
         culprits.push_back(r);
-        culprit_delays[std::to_string(r)] = d;
+        culprit_delays[std::to_string(t.GlobalRank(r))] = d;
       }
     }
     std::vector<double> others;
@@ -92,6 +92,7 @@ void SlowCollectiveDetector::Check(uint32_t comm, Op op, OpStats* st, uint64_t n
       if (!std::binary_search(culprits.begin(), culprits.end(), r)) others.push_back(d);
     peers_for_message = Median(others);
   }
+  culprits = GlobalRanks(t, culprits);  // from here on, as the job names them
 
   const std::string name = std::string(trace::OpName(op)) + " on comm " + std::to_string(comm);
   Anomaly a;
@@ -128,11 +129,11 @@ void SlowCollectiveDetector::Check(uint32_t comm, Op op, OpStats* st, uint64_t n
   st->reported_ns = now;
 }
 
-void SlowCollectiveDetector::Poll(const Timeline&, uint64_t now_ns, std::vector<Anomaly>* out) {
+void SlowCollectiveDetector::Poll(const Timeline& timeline, uint64_t now_ns, std::vector<Anomaly>* out) {
   for (auto& [key, st] : stats_) {
     if (!st.dirty) continue;
     st.dirty = false;
-    Check(key.first, key.second, &st, now_ns, out);
+    Check(timeline, key.first, key.second, &st, now_ns, out);
   }
 }
 

@@ -43,7 +43,7 @@ class SlowCollectiveDetector : public Detector {
     bool reported = false;
     uint64_t reported_ns = 0;
   };
-  void Check(uint32_t comm, trace::Op op, OpStats* st, uint64_t now, std::vector<Anomaly>* out);
+  void Check(const Timeline& t, uint32_t comm, trace::Op op, OpStats* st, uint64_t now, std::vector<Anomaly>* out);
 
   SlowCollectiveConfig config_;
   int world_ = 0;

@@ -62,5 +62,22 @@ TEST(SlowCollectiveDetectorTest, SmallSlowdownUnderTheFactorStaysSilent) {
   EXPECT_TRUE(driver.all().empty()) << Describe(driver.all());
 }
 
+// On a node whose ranks are the job's 4..7, local rank 1 is rank 5 in the anomaly and its evidence.
+TEST(SlowCollectiveDetectorTest, NamesTheGlobalRankOnANodeOfALargerJob) {
+  Sim sim;
+  sim.rank_base = 4;
+  sim.extra_post = [](int r, int k) { return r == 1 && k >= 60 ? 0.030 : 0.0; };
+  SlowCollectiveDetector slow(SlowCollectiveConfig{});
+  SimDriver driver(sim, {&slow});
+  driver.RunPast(1 * kSec);
+  ASSERT_EQ(driver.all().size(), 1u) << Describe(driver.all());
+  const Anomaly& a = driver.all()[0];
+  EXPECT_EQ(a.ranks, std::vector<int>{5});
+  const nlohmann::json& delays = a.evidence["posted_delay_median_seconds"];
+  EXPECT_EQ(delays.size(), 1u) << delays.dump();
+  EXPECT_GT(delays.value("5", 0.0), 0.010) << delays.dump();
+  EXPECT_NE(a.message.find(": rank 5 posts its part "), std::string::npos) << a.message;
+}
+
 }  // namespace
 }  // namespace lifeline::agent

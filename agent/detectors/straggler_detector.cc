@@ -174,7 +174,8 @@ void StragglerDetector::Poll(const Timeline& t, uint64_t now_ns, std::vector<Ano
     a.op = op_name;
   }
   for (Finding& f : found) {
-    a.ranks.push_back(f.rank);
+    const int global = t.GlobalRank(f.rank);
+    a.ranks.push_back(global);
     reported_[f.rank] = true;
     reported_ns_[f.rank] = now_ns;
     const bool by_comp = f.comp.judged >= window && f.comp.fraction() >= c.min_fraction &&
@@ -189,7 +190,7 @@ void StragglerDetector::Poll(const Timeline& t, uint64_t now_ns, std::vector<Ano
     e["window"] = window;
     e["fraction"] = basis.fraction();
     e["basis"] = by_comp ? "compute" : "lateness";
-    std::string clause = "rank " + std::to_string(f.rank) + " is " +
+    std::string clause = "rank " + std::to_string(global) + " is " +
                          Duration(Median(f.late.own_excess)) + " late into " +
                          (op_name.empty() ? std::string("collectives") : op_name) + " (peers " +
                          Duration(Median(f.late.peer_excess)) + ")";
@@ -200,7 +201,7 @@ void StragglerDetector::Poll(const Timeline& t, uint64_t now_ns, std::vector<Ano
               (by_comp ? " steps" : " collectives");
     clauses.push_back(clause);
     if (&f == worst) a.evidence = e;
-    per_rank[std::to_string(f.rank)] = std::move(e);
+    per_rank[std::to_string(global)] = std::move(e);
   }
   a.evidence["per_rank"] = std::move(per_rank);
   a.message = "straggler" + StepSuffix(a.step.value_or(kNoStep)) + ": ";

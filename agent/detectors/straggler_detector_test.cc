@@ -83,5 +83,22 @@ TEST(StragglerDetectorTest, CooldownThenReportedAgain) {
   }
 }
 
+// On a node whose ranks are the job's 4..7, local rank 3 is rank 7 in the anomaly and its evidence.
+TEST(StragglerDetectorTest, NamesTheGlobalRankOnANodeOfALargerJob) {
+  Sim sim;
+  sim.rank_base = 4;
+  sim.extra_compute = [](int r, int k) { return r == 3 && k >= 30 ? 0.040 : 0.0; };
+  StragglerDetector straggler(StragglerConfig{});
+  SimDriver driver(sim, {&straggler});
+  driver.RunPast(1 * kSec);
+  ASSERT_EQ(driver.all().size(), 1u) << Describe(driver.all());
+  const Anomaly& a = driver.all()[0];
+  EXPECT_EQ(a.ranks, std::vector<int>{7});
+  EXPECT_TRUE(a.evidence["per_rank"].contains("7")) << a.evidence.dump();
+  EXPECT_EQ(a.evidence["per_rank"].size(), 1u);
+  EXPECT_NE(a.message.find(": rank 7 is "), std::string::npos) << a.message;
+  EXPECT_EQ(a.message.find("rank 3"), std::string::npos) << a.message;
+}
+
 }  // namespace
 }  // namespace lifeline::agent

@@ -137,11 +137,13 @@ std::optional<std::string> ReadLaunch(Launch* l) {
     l->rank = static_cast<uint32_t>(*rank);
     l->world_size = static_cast<uint32_t>(*world);
   }
-  // The allreduce is through this node's shared memory: every rank must be local.
-  if (local_world && *local_world != l->world_size)
+  // The allreduce is through this machine's shared memory: every rank must be on it. A multi-node
+  // job whose "nodes" are agents on one machine says so with LIFELINE_DRILL_ONE_MACHINE=1.
+  const bool one_machine = Getenv("LIFELINE_DRILL_ONE_MACHINE").value_or("") == "1";
+  if (local_world && *local_world != l->world_size && !one_machine)
     return "LOCAL_WORLD_SIZE=" + std::to_string(*local_world) + " differs from WORLD_SIZE=" +
-           std::to_string(l->world_size) + ": lifeline-drill runs all its ranks on one node";
-  if (local_rank && *local_rank != l->rank)
+           std::to_string(l->world_size) + ": lifeline-drill runs all its ranks on one node (LIFELINE_DRILL_ONE_MACHINE=1: nodes that share this machine)";
+  if (local_rank && *local_rank != l->rank && !one_machine)
     return "LOCAL_RANK=" + std::to_string(*local_rank) + " differs from RANK=" + std::to_string(l->rank) +
            ": lifeline-drill runs all its ranks on one node";
   if (port && (*port == 0 || *port > 65535)) return "MASTER_PORT=" + std::to_string(*port) + " is not a port";

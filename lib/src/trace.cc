@@ -167,7 +167,19 @@ void Initialise() {
     g_state.store(1, std::memory_order_release);
     return;
   }
-  Result<std::unique_ptr<TraceRing>> ring = TraceRing::Open(RingPath(dir, static_cast<int>(rank)));
+  // The agent makes one ring per rank it launched, numbered by its local rank (the same as the
+  // global rank on a single node).
+  long local = rank;
+  if (const char* local_env = getenv("LOCAL_RANK"); local_env != nullptr && *local_env != '\0') {
+    char* local_end = nullptr;
+    local = strtol(local_env, &local_end, 10);
+    if (local_end == local_env || *local_end != '\0' || local < 0 || local > 1 << 24) {
+      Log(LogLevel::kWarning, "trace: LOCAL_RANK is not a rank number; tracing is off");
+      g_state.store(1, std::memory_order_release);
+      return;
+    }
+  }
+  Result<std::unique_ptr<TraceRing>> ring = TraceRing::Open(RingPath(dir, static_cast<int>(local)));
   if (!ring.ok()) {
     Log(LogLevel::kWarning, "trace: no ring from the agent, tracing is off: " + ring.status().ToString());
     g_state.store(1, std::memory_order_release);

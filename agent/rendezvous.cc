@@ -1,0 +1,433 @@
+#include "agent/rendezvous.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <set>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "agent/launcher.h"
+#include "agent/resume.h"
+
+namespace lifeline::agent {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+nlohmann::json OfferJson(const ResumeOffer& o) {
+  return {{"directory", o.directory},
+          {"disk_step", o.disk_step ? nlohmann::json(*o.disk_step) : nlohmann::json(nullptr)},
+          {"memory_steps", o.memory_steps}};
+}
+
+nlohmann::json NodeJson(const RoundNode& n) {
+  return {{"id", n.id},           {"host", n.host},
+          {"nproc", n.nproc},     {"requested_rank", n.requested_rank},
+          {"master_port", n.master_port}, {"joined_revision", n.joined_revision},
+          {"resume", OfferJson(n.resume)}};
+}
+
+// A node entry or plan node; Corruption naming `what` when it is not one of ours.
+Result<RoundNode> ParseNode(const nlohmann::json& j, const std::string& what) {
+  try {
+    RoundNode n;
+    n.id = j.at("id").get<std::string>();
+    n.host = j.at("host").get<std::string>();
+    n.nproc = j.at("nproc").get<uint32_t>();
+    n.requested_rank = j.value("requested_rank", -1);
+    n.master_port = j.at("master_port").get<uint32_t>();
+    n.joined_revision = j.value("joined_revision", int64_t{0});
+    const nlohmann::json& r = j.at("resume");
+    n.resume.directory = r.value("directory", "");
+    if (!r.at("disk_step").is_null()) n.resume.disk_step = r.at("disk_step").get<uint64_t>();
+    n.resume.memory_steps = r.at("memory_steps").get<std::vector<uint64_t>>();
+    if (n.nproc == 0) return Status::Corruption(what, "a node with no ranks");
+    return n;
+  } catch (const nlohmann::json::exception& e) {
+    return Status::Corruption(what, std::string("not a node entry of lifeline-agent: ") + e.what());
+  }
+}
+
+// The step every node can resume from: the newest step on shared storage as every node that knows
+// the checkpoint directory sees it (a node that does not know it yet, such as a replacement, has
+// no say), or a newer one that is in every node's memory tier.
+void ChooseResume(const std::vector<RoundNode>& nodes, std::optional<uint64_t>* step, std::string* location) {
+  std::optional<uint64_t> disk;
+  bool all_see_disk = true, any_sees = false;
+  std::optional<std::set<uint64_t>> common;
+  for (const RoundNode& n : nodes) {
+    if (!n.resume.directory.empty()) {
+      any_sees = true;
+      if (!n.resume.disk_step) {
+        all_see_disk = false;
+      } else {
+        disk = disk ? std::min(*disk, *n.resume.disk_step) : *n.resume.disk_step;
+      }
+    }
+    std::set<uint64_t> mine(n.resume.memory_steps.begin(), n.resume.memory_steps.end());
+    if (!common) {
+      common = std::move(mine);
+    } else {
+      std::set<uint64_t> both;
+      std::set_intersection(common->begin(), common->end(), mine.begin(), mine.end(),
+                            std::inserter(both, both.begin()));
+      common = std::move(both);
+    }
+  }
+  if (!all_see_disk || !any_sees) disk.reset();
+  const std::optional<uint64_t> memory =
+      common && !common->empty() ? std::optional<uint64_t>(*common->rbegin()) : std::nullopt;
+  step->reset();
+  location->clear();
+  if (memory && (!disk || *memory > *disk)) {
+    *step = memory;
+    *location = "memory";
+  } else if (disk) {
+    *step = disk;
+    *location = "disk";
+  }
+}
+
+std::string HostName() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof(buf) - 1) != 0 || buf[0] == '\0') return "localhost";
+  return buf;
+}
+
+}  // namespace
+
+std::vector<int> RoundPlan::RanksOf(int group) const {
+  std::vector<int> out;
+  if (group < 0 || static_cast<size_t>(group) >= nodes.size()) return out;
+  int base = 0;
+  for (int g = 0; g < group; ++g) base += static_cast<int>(nodes[g].nproc);
+  for (uint32_t k = 0; k < nodes[group].nproc; ++k) out.push_back(base + static_cast<int>(k));
+  return out;
+}
+
+Status ParseNodeRange(const std::string& text, uint32_t* min_nodes, uint32_t* max_nodes) {
+  const std::string what = "--nnodes " + text;
+  const size_t colon = text.find(':');
+  auto number = [&](const std::string& s, uint32_t* out) {
+    if (s.empty() || s.size() > 6 || s.find_first_not_of("0123456789") != std::string::npos) return false;
+    *out = static_cast<uint32_t>(std::stoul(s));
+    return *out >= 1;
+  };
+  if (!number(text.substr(0, colon), min_nodes))
+    return Status::InvalidArgument(what, "expected MIN or MIN:MAX, whole numbers from 1");
+  *max_nodes = *min_nodes;
+  if (colon != std::string::npos && !number(text.substr(colon + 1), max_nodes))
+    return Status::InvalidArgument(what, "expected MIN or MIN:MAX, whole numbers from 1");
+  if (*max_nodes < *min_nodes) return Status::InvalidArgument(what, "MAX is below MIN");
+  return Status::OK();
+}
+
+Rendezvous::Rendezvous(RendezvousConfig config, std::unique_ptr<EtcdClient> client)
+    : config_(std::move(config)),
+      client_(std::move(client)),
+      prefix_("/lifeline/" + config_.job + "/"),
+      node_id_(config_.host + ":" + std::to_string(getpid()) + ":" + NewLaunchNonce().substr(0, 8)) {}
+
+Result<std::unique_ptr<Rendezvous>> Rendezvous::Connect(RendezvousConfig config) {
+  if (config.job.empty()) return Status::InvalidArgument("--rdzv-id", "a job id is required with --rdzv-endpoint");
+  if (config.job.find('/') != std::string::npos)
+    return Status::InvalidArgument("--rdzv-id " + config.job, "must not contain '/'");
+  if (config.host.empty()) config.host = HostName();
+  LL_ASSIGN_OR_RETURN(std::unique_ptr<EtcdClient> client,
+                      EtcdClient::Create(config.endpoint, std::max(1.0, config.lease_seconds / 4)));
+  if (Status s = client->Ping(); !s.ok())
+    return Status::Unavailable("rendezvous", "etcd at " + config.endpoint + " is unreachable (" + s.ToString() +
+                                                 "); start etcd or correct --rdzv-endpoint");
+  auto r = std::unique_ptr<Rendezvous>(new Rendezvous(std::move(config), std::move(client)));
+  LL_ASSIGN_OR_RETURN(int64_t lease, r->client_->GrantLease(static_cast<int64_t>(std::max(2.0, r->config_.lease_seconds))));
+  r->lease_ = lease;
+  LL_RETURN_IF_ERROR(r->client_->PutIfAbsent(r->Key("round"), "0").status());
+  r->watcher_ = std::thread([p = r.get()] { p->Watch(); });
+  return r;
+}
+
+Rendezvous::~Rendezvous() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (watcher_.joinable()) watcher_.join();
+}
+
+Result<uint64_t> Rendezvous::CurrentRound() {
+  LL_ASSIGN_OR_RETURN(std::optional<EtcdKeyValue> kv, client_->Get(Key("round")));
+  if (!kv) return uint64_t{0};
+  const std::string& v = kv->value;
+  if (v.empty() || v.size() > 19 || v.find_first_not_of("0123456789") != std::string::npos)
+    return Status::Corruption("etcd key " + Key("round"), "'" + v + "' is not a round number");
+  return static_cast<uint64_t>(std::stoull(v));
+}
+
+Result<RoundPlan> Rendezvous::ClosedPlan(uint64_t round, const std::string& text) const {
+  const std::string what = "etcd key " + prefix_ + "rounds/" + std::to_string(round) + "/plan";
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("nodes") || !j["nodes"].is_array())
+    return Status::Corruption(what, "not a round plan of lifeline-agent");
+  RoundPlan plan;
+  plan.round = round;
+  for (const nlohmann::json& n : j["nodes"]) {
+    LL_ASSIGN_OR_RETURN(RoundNode node, ParseNode(n, what));
+    if (node.id == node_id_) {
+      plan.group_rank = static_cast<int>(plan.nodes.size());
+      plan.rank_base = plan.world_size;
+    }
+    plan.world_size += node.nproc;
+    plan.nodes.push_back(std::move(node));
+  }
+  if (plan.nodes.empty()) return Status::Corruption(what, "a round plan with no nodes");
+  plan.master_addr = plan.nodes[0].host;
+  plan.master_port = plan.nodes[0].master_port;
+  if (j.contains("resume_step") && !j["resume_step"].is_null()) plan.resume_step = j["resume_step"].get<uint64_t>();
+  plan.resume_location = j.value("resume_location", "");
+  plan.checkpoint_dir = j.value("checkpoint_dir", "");
+  plan.launch_id = j.value("launch_id", "");
+  return plan;
+}
+
+Status Rendezvous::TryClose(uint64_t round, const std::vector<EtcdKeyValue>& members) {
+  std::vector<RoundNode> nodes;
+  for (const EtcdKeyValue& kv : members) {
+    const nlohmann::json j = nlohmann::json::parse(kv.value, nullptr, /*allow_exceptions=*/false);
+    Result<RoundNode> node = ParseNode(j, "etcd key " + kv.key);
+    if (!node.ok()) continue;  // not an agent's entry: not a member
+    node->joined_revision = kv.create_revision;
+    nodes.push_back(std::move(*node));
+  }
+  // Asked-for ranks first, in that order; then by arrival.
+  std::stable_sort(nodes.begin(), nodes.end(), [](const RoundNode& a, const RoundNode& b) {
+    const bool ra = a.requested_rank >= 0, rb = b.requested_rank >= 0;
+    if (ra != rb) return ra;
+    if (ra && a.requested_rank != b.requested_rank) return a.requested_rank < b.requested_rank;
+    return a.joined_revision < b.joined_revision;
+  });
+  if (nodes.size() > config_.max_nodes) nodes.resize(config_.max_nodes);
+  if (nodes.size() < config_.min_nodes) return Status::OK();
+  nlohmann::json plan = {{"nodes", nlohmann::json::array()}};
+  for (const RoundNode& n : nodes) plan["nodes"].push_back(NodeJson(n));
+  std::optional<uint64_t> step;
+  std::string location;
+  ChooseResume(nodes, &step, &location);
+  plan["resume_step"] = step ? nlohmann::json(*step) : nlohmann::json(nullptr);
+  plan["resume_location"] = location;
+  std::string directory;
+  for (const RoundNode& n : nodes)
+    if (directory.empty()) directory = n.resume.directory;
+  plan["checkpoint_dir"] = directory;
+  plan["launch_id"] = config_.job + ":" + NewLaunchNonce() + ":" + std::to_string(round);
+  plan["closed_by"] = node_id_;
+  return client_->PutIfAbsent(Key("rounds/" + std::to_string(round) + "/plan"), plan.dump()).status();
+}
+
+Result<RoundPlan> Rendezvous::Join(const ResumeOffer& offer, const std::function<bool()>& stop) {
+  const Clock::time_point deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                        std::chrono::duration<double>(config_.join_timeout_seconds));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    in_round_ = false;
+  }
+  Status last_error;
+  std::optional<uint64_t> round;
+  std::string entry_key;
+  size_t seen_members = 0;
+  Clock::time_point last_change = Clock::now();
+  bool closed_without_me = false;
+  // One look at etcd: the plan once the round closed with this node in it, nullopt to look again.
+  auto step = [&]() -> Result<std::optional<RoundPlan>> {
+    LL_ASSIGN_OR_RETURN(std::optional<EtcdKeyValue> gave_up, client_->Get(Key("give_up")));
+    if (gave_up) return Status::Aborted("job " + config_.job, "another node ended it: " + gave_up->value);
+    LL_ASSIGN_OR_RETURN(uint64_t current, CurrentRound());
+    if (!round || current > *round) {  // (re)join the job's current round
+      if (!entry_key.empty()) client_->Delete(entry_key).IgnoreError();
+      round = current;
+      closed_without_me = false;
+      RoundNode me;
+      me.id = node_id_;
+      me.host = config_.host;
+      me.nproc = config_.nproc_per_node;
+      me.requested_rank = config_.node_rank;
+      me.master_port = PickFreePort();
+      me.resume = offer;
+      entry_key = Key("rounds/" + std::to_string(*round) + "/nodes/" + node_id_);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        node_entry_key_ = entry_key;
+        node_entry_ = NodeJson(me).dump();
+      }
+      LL_RETURN_IF_ERROR(client_->Put(entry_key, NodeJson(me).dump(), lease_.load()));
+      seen_members = 0;
+      last_change = Clock::now();
+    }
+    if (closed_without_me) return std::optional<RoundPlan>();  // wait for the next round
+    const std::string round_dir = "rounds/" + std::to_string(*round) + "/";
+    LL_ASSIGN_OR_RETURN(std::optional<EtcdKeyValue> plan_kv, client_->Get(Key(round_dir + "plan")));
+    if (plan_kv) {
+      LL_ASSIGN_OR_RETURN(RoundPlan plan, ClosedPlan(*round, plan_kv->value));
+      if (plan.group_rank >= 0) return std::optional<RoundPlan>(std::move(plan));
+      closed_without_me = true;  // full, or closed before this node came: the next round
+      return std::optional<RoundPlan>();
+    }
+    LL_ASSIGN_OR_RETURN(std::vector<EtcdKeyValue> members, client_->GetPrefix(Key(round_dir + "nodes/")));
+    if (members.size() != seen_members) {
+      seen_members = members.size();
+      last_change = Clock::now();
+    }
+    if (members.size() >= config_.max_nodes ||
+        (members.size() >= config_.min_nodes && SecondsSince(last_change) >= config_.last_call_seconds))
+      LL_RETURN_IF_ERROR(TryClose(*round, members));
+    return std::optional<RoundPlan>();
+  };
+  while (Clock::now() < deadline) {
+    if (stop && stop()) return Status::Aborted("rendezvous", "the agent was stopped");
+    Result<std::optional<RoundPlan>> looked = step();
+    if (looked.ok() && looked->has_value()) {
+      RoundPlan plan = std::move(**looked);
+      std::lock_guard<std::mutex> lock(mu_);
+      my_round_ = plan.round;
+      my_nodes_.clear();
+      for (const RoundNode& n : plan.nodes) my_nodes_.push_back(n.id);
+      in_round_ = true;
+      news_ = RendezvousNews{};
+      reported_lost_.clear();
+      return plan;
+    }
+    if (!looked.ok()) {
+      if (looked.status().code() == StatusCode::kAborted || looked.status().IsCorruption()) return looked.status();
+      last_error = looked.status();  // etcd restarting: keep trying until the deadline
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  std::string why = "round " + (round ? std::to_string(*round) : std::string("?")) + " of job " + config_.job +
+                    " did not form within " + std::to_string(static_cast<int>(config_.join_timeout_seconds)) +
+                    " s: " + std::to_string(seen_members) + " of at least " + std::to_string(config_.min_nodes) +
+                    " nodes joined";
+  if (!last_error.ok()) why += "; last etcd error: " + last_error.ToString();
+  return Status::Unavailable("rendezvous", why);
+}
+
+Result<uint64_t> Rendezvous::OpenNextRound(uint64_t round) {
+  LL_RETURN_IF_ERROR(
+      client_->CompareAndSwap(Key("round"), std::to_string(round), std::to_string(round + 1)).status());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    in_round_ = false;  // the lost-node watch ends with the round
+  }
+  return CurrentRound();
+}
+
+Status Rendezvous::GiveUp(const std::string& reason) {
+  return client_->PutIfAbsent(Key("give_up"), reason).status();
+}
+
+RendezvousNews Rendezvous::TakeNews() {
+  std::lock_guard<std::mutex> lock(mu_);
+  RendezvousNews out = news_;
+  news_.round.reset();
+  news_.lost_nodes.clear();
+  return out;
+}
+
+Status Rendezvous::RenewOrRejoin() {
+  Status s = client_->KeepAlive(lease_.load());
+  if (!s.IsNotFound()) return s;
+  // The lease expired (etcd was away longer than its TTL): a new one, and this node's entry again
+  // so the round it is in still counts it.
+  LL_ASSIGN_OR_RETURN(int64_t lease, client_->GrantLease(static_cast<int64_t>(std::max(2.0, config_.lease_seconds))));
+  lease_ = lease;
+  std::string key, entry;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    key = node_entry_key_;
+    entry = node_entry_;
+  }
+  return key.empty() ? Status::OK() : client_->Put(key, entry, lease);
+}
+
+void Rendezvous::Watch() {
+  Clock::time_point last_renewal = Clock::now();
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, std::chrono::duration<double>(config_.poll_seconds), [&] { return stopping_; });
+      if (stopping_) return;
+    }
+    bool reachable = true;
+    if (SecondsSince(last_renewal) >= config_.lease_seconds / 3) {
+      if (RenewOrRejoin().ok()) {
+        last_renewal = Clock::now();
+      } else {
+        reachable = false;
+      }
+    }
+    uint64_t mine;
+    bool in_round;
+    std::vector<std::string> nodes;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      mine = my_round_;
+      in_round = in_round_;
+      nodes = my_nodes_;
+    }
+    Result<uint64_t> round = CurrentRound();
+    Result<std::optional<EtcdKeyValue>> gave_up = client_->Get(Key("give_up"));
+    // The round's entries: nodes/<id> (leased) and finished/<id> (a node whose ranks all ended).
+    Result<std::vector<EtcdKeyValue>> members =
+        in_round ? client_->GetPrefix(Key("rounds/" + std::to_string(mine) + "/"))
+                 : Result<std::vector<EtcdKeyValue>>(std::vector<EtcdKeyValue>{});
+    reachable = reachable && round.ok() && gave_up.ok() && members.ok();
+    std::lock_guard<std::mutex> lock(mu_);
+    news_.etcd_unreachable = !reachable;
+    if (round.ok() && in_round && *round > mine) news_.round = *round;
+    if (gave_up.ok() && gave_up->has_value()) news_.give_up = (*gave_up)->value;
+    if (members.ok() && in_round_ && my_round_ == mine) {
+      std::set<std::string> present;  // alive or finished
+      const std::string dir = Key("rounds/" + std::to_string(mine) + "/");
+      for (const EtcdKeyValue& kv : *members) {
+        const std::string tail = kv.key.substr(dir.size());
+        for (const char* kind : {"nodes/", "finished/"})
+          if (tail.rfind(kind, 0) == 0) present.insert(tail.substr(std::string(kind).size()));
+      }
+      for (const std::string& id : nodes) {
+        if (present.count(id) || std::count(reported_lost_.begin(), reported_lost_.end(), id)) continue;
+        reported_lost_.push_back(id);
+        news_.lost_nodes.push_back(id);
+      }
+    }
+  }
+}
+
+void Rendezvous::Leave(bool finished) {
+  uint64_t round;
+  bool in_round;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    round = my_round_;
+    in_round = in_round_;
+    in_round_ = false;
+  }
+  cv_.notify_all();
+  if (watcher_.joinable()) watcher_.join();
+  // Finished is not lost: the others must not restart the job when this node's lease ends.
+  if (finished && in_round)
+    client_->Put(Key("rounds/" + std::to_string(round) + "/finished/" + node_id_), "1").IgnoreError();
+  client_->RevokeLease(lease_.load()).IgnoreError();
+  // The last agent out removes the job's keys; one still in (its entry is leased) keeps them.
+  Result<std::vector<EtcdKeyValue>> left = client_->GetPrefix(Key("rounds/"));
+  if (!left.ok()) return;
+  for (const EtcdKeyValue& kv : *left)
+    if (kv.key.find("/nodes/") != std::string::npos) return;
+  client_->DeletePrefix(prefix_).status().IgnoreError();
+}
+
+}  // namespace lifeline::agent

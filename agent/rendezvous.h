@@ -1,0 +1,160 @@
+// How the agents of a multi-node job meet and act together through etcd (agent/etcd/).
+//
+// Everything lives under /lifeline/<job>/ in etcd:
+//   round                    the current round (generation), a decimal number; round R is the
+//                            R-th restart of the job, so the restart budget is job-wide
+//   rounds/R/nodes/<node>    one entry per agent that joined round R, held by the agent's lease:
+//                            its address, ranks, a free port, and where it could resume from
+//   rounds/R/plan            written once when round R closes: the nodes in group-rank order,
+//                            MASTER_ADDR/MASTER_PORT, the resume step, the launch id
+//   give_up                  why the job ended (a spent budget, a relaunch that cannot help)
+// A round closes when MAX nodes joined, or when at least MIN did and no other joined for the
+// last-call time; any agent may close it (the first to create the plan wins). Global ranks go node
+// by node: nodes that asked for a --node-rank first, in that order, then the others in the order
+// they joined. A restart decided on any node moves `round` on (compare-and-swap, so two nodes
+// deciding at once open one round); every agent sees it, stops its ranks and joins the new round.
+// An agent that dies stops renewing its lease; its entry vanishes and the others report the node
+// lost. The last agent to leave removes the job's keys.
+//
+// A background thread renews the lease and watches the round (polling, so an etcd restart needs
+// no stream to be re-established); the agent's loop reads what it saw without blocking.
+//
+// Thread safety: the public methods are called from one thread (the agent's); the watcher runs
+// alone on its own.
+#ifndef LIFELINE_AGENT_RENDEZVOUS_H_
+#define LIFELINE_AGENT_RENDEZVOUS_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "agent/etcd/etcd_client.h"
+#include "agent/resume.h"
+#include "lifeline/status.h"
+
+namespace lifeline::agent {
+
+struct RendezvousConfig {
+  std::string endpoint;            // etcd HOST:PORT (--rdzv-endpoint)
+  std::string job;                 // --rdzv-id
+  uint32_t min_nodes = 1;          // --nnodes MIN[:MAX]
+  uint32_t max_nodes = 1;
+  uint32_t nproc_per_node = 1;
+  int node_rank = -1;              // --node-rank; -1: in the order nodes join
+  std::string host;                // this node's address as the others reach it (MASTER_ADDR)
+  double lease_seconds = 10;       // an agent silent this long is taken for lost
+  double last_call_seconds = 3;    // with MIN nodes in, how long a round waits for more
+  double join_timeout_seconds = 900;
+  double poll_seconds = 0.25;      // how often the watcher reads the round
+};
+
+struct RoundNode {
+  std::string id;
+  std::string host;
+  uint32_t nproc = 0;
+  int requested_rank = -1;
+  uint32_t master_port = 0;
+  int64_t joined_revision = 0;
+  ResumeOffer resume;
+};
+
+struct RoundPlan {
+  uint64_t round = 0;
+  std::vector<RoundNode> nodes;  // in group-rank order
+  int group_rank = -1;           // this node's place; -1 when it is not in the round
+  uint32_t world_size = 0;
+  uint32_t rank_base = 0;        // this node's first global rank
+  std::string master_addr;
+  uint32_t master_port = 0;
+  std::optional<uint64_t> resume_step;
+  std::string resume_location;   // "memory" (in every node's tier), "disk", or "" (fresh start)
+  std::string checkpoint_dir;    // the ranks' checkpoint directory as the first node that knew it
+                                 // said (shared storage: the same path everywhere); "" when unknown
+  std::string launch_id;         // the same on every node of the round
+
+  // The global ranks of node `group` ("" when out of range).
+  std::vector<int> RanksOf(int group) const;
+};
+
+// What the watcher saw since the agent last asked.
+struct RendezvousNews {
+  std::optional<uint64_t> round;          // the job moved to this round (past the agent's)
+  std::string give_up;                    // the job ended: why
+  std::vector<std::string> lost_nodes;    // nodes of the agent's round whose lease expired
+  bool etcd_unreachable = false;          // etcd did not answer the last poll
+};
+
+class Rendezvous {
+ public:
+  // Connects (one request; Unavailable naming the endpoint when etcd does not answer), takes a
+  // lease and starts the watcher.
+  static Result<std::unique_ptr<Rendezvous>> Connect(RendezvousConfig config);
+  ~Rendezvous();
+  Rendezvous(const Rendezvous&) = delete;
+  Rendezvous& operator=(const Rendezvous&) = delete;
+
+  const std::string& node_id() const { return node_id_; }
+  const RendezvousConfig& config() const { return config_; }
+  EtcdClient& client() { return *client_; }
+
+  // Joins the job's current round (or the next one, when the current one closed without this
+  // node) and waits until it closes. Aborted with the reason when the job gave up, or when `stop`
+  // (polled) became true; Unavailable when too few nodes came within the join timeout.
+  Result<RoundPlan> Join(const ResumeOffer& offer, const std::function<bool()>& stop = nullptr);
+
+  // Moves the job past `round` (a restart decided here): the round the job is in afterwards,
+  // opened by this call or by another node's at the same time.
+  Result<uint64_t> OpenNextRound(uint64_t round);
+  // Ends the job on every node with `reason` (kept in etcd until the last agent leaves).
+  Status GiveUp(const std::string& reason);
+
+  // What changed since the last call; never blocks.
+  RendezvousNews TakeNews();
+
+  // Leaves the job: says so when this node's ranks `finished` (so the others do not take it for
+  // lost), ends the lease (this node's entries go) and, when no other agent is left, removes
+  // every key of the job. Best effort.
+  void Leave(bool finished);
+
+ private:
+  explicit Rendezvous(RendezvousConfig config, std::unique_ptr<EtcdClient> client);
+  std::string Key(const std::string& tail) const { return prefix_ + tail; }
+  Result<uint64_t> CurrentRound();
+  Status RenewOrRejoin();
+  void Watch();
+  Result<RoundPlan> ClosedPlan(uint64_t round, const std::string& text) const;
+  Status TryClose(uint64_t round, const std::vector<EtcdKeyValue>& members);
+
+  const RendezvousConfig config_;
+  const std::unique_ptr<EtcdClient> client_;
+  const std::string prefix_;   // "/lifeline/<job>/"
+  const std::string node_id_;  // host:pid:nonce
+
+  std::atomic<int64_t> lease_{0};
+  std::string node_entry_;      // this node's entry in the round it joined (re-put after a lost lease)
+  std::string node_entry_key_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;                 // GUARDED_BY(mu_)
+  uint64_t my_round_ = 0;                 // GUARDED_BY(mu_): the round of the last plan
+  std::vector<std::string> my_nodes_;     // GUARDED_BY(mu_): that plan's nodes
+  bool in_round_ = false;                 // GUARDED_BY(mu_)
+  RendezvousNews news_;                   // GUARDED_BY(mu_)
+  std::vector<std::string> reported_lost_;  // GUARDED_BY(mu_)
+  std::thread watcher_;
+};
+
+// "MIN" or "MIN:MAX" (--nnodes) into min and max. InvalidArgument naming the text.
+Status ParseNodeRange(const std::string& text, uint32_t* min_nodes, uint32_t* max_nodes);
+
+}  // namespace lifeline::agent
+
+#endif  // LIFELINE_AGENT_RENDEZVOUS_H_

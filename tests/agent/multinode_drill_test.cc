@@ -1,0 +1,323 @@
+// Multi-node drills: two lifeline-agents, each a "node" of 2 ranks of lifeline-drill on this machine
+// (LIFELINE_DRILL_ONE_MACHINE=1 lets the drill's shared-memory allreduce span them), meeting
+// through a real etcd (Debian's etcd-server, started by the test). The job must form one world of
+// 4 ranks, act together on a fault anywhere, end like a single-node run of 4 ranks, and leave
+// nothing of itself in etcd.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "agent/etcd/etcd_client.h"
+#include "agent/etcd/etcd_test_server.h"
+
+namespace lifeline::agent {
+namespace {
+
+struct NodeRun {
+  int exit_code = -1;
+  std::string output;
+  std::vector<nlohmann::json> anomalies;  // events-log lines with "kind"
+  std::vector<nlohmann::json> actions;    // lines with "action"
+  std::map<int, std::string> finals;      // global rank -> "step=S checksum=HEX"
+};
+
+// Starts `cmd` under sh with its output to `out`; returns the pid.
+pid_t Spawn(const std::string& cmd, const std::string& out) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    setpgid(0, 0);
+    const std::string line = cmd + " > " + out + " 2>&1";
+    execl("/bin/sh", "sh", "-c", ("exec " + line).c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  return pid;
+}
+
+int WaitFor(pid_t pid, double timeout_seconds) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_seconds);
+  int status = 0;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  kill(-pid, SIGKILL);
+  waitpid(pid, &status, 0);
+  return -1;
+}
+
+std::string Dump(const std::vector<nlohmann::json>& lines) {
+  std::string s;
+  for (const auto& j : lines) s += j.dump() + "\n";
+  return s;
+}
+
+int Count(const std::vector<nlohmann::json>& lines, const std::string& key, const std::string& value) {
+  int n = 0;
+  for (const auto& j : lines)
+    if (j.value(key, "") == value) ++n;
+  return n;
+}
+
+class MultiNodeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(etcd_.ok()) << etcd_.error();
+    char tmpl[] = "/tmp/lifeline-multinode-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    setenv("LIFELINE_DRILL_ONE_MACHINE", "1", 1);
+  }
+  void TearDown() override {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+
+  std::string AgentCommand(const std::string& name, int node, const std::string& job, const std::string& agent_flags,
+                           const std::string& drill_flags) const {
+    return std::string(LIFELINE_AGENT_BIN) + " run --nnodes 2 --nproc-per-node 2 --rdzv-endpoint " +
+           etcd_.endpoint() + " --rdzv-id " + job + " --hang-timeout 5 --events-log " + dir_ + "/" + name + "." +
+           std::to_string(node) + ".events --checkpoint-dir " + dir_ + "/" + name + ".ckpt " + agent_flags +
+           " -- " + LIFELINE_DRILL_BIN + " --dir " + dir_ + "/" + name + ".ckpt " + drill_flags;
+  }
+
+  // Runs the two nodes of job `name` at once and waits for both.
+  std::vector<NodeRun> RunJob(const std::string& name, const std::string& agent_flags, const std::string& drill_flags,
+                              double timeout_seconds = 120) {
+    std::vector<pid_t> pids;
+    for (int node = 0; node < 2; ++node)
+      pids.push_back(Spawn(AgentCommand(name, node, name, agent_flags, drill_flags), Out(name, node)));
+    std::vector<NodeRun> runs(2);
+    for (int node = 0; node < 2; ++node) {
+      runs[node].exit_code = WaitFor(pids[node], timeout_seconds);
+      Read(name, node, &runs[node]);
+    }
+    return runs;
+  }
+
+  std::string Out(const std::string& name, int node) const { return dir_ + "/" + name + "." + std::to_string(node) + ".out"; }
+
+  void Read(const std::string& name, int node, NodeRun* run) const {
+    std::ifstream out(Out(name, node));
+    run->output.assign(std::istreambuf_iterator<char>(out), std::istreambuf_iterator<char>());
+    std::ifstream events(dir_ + "/" + name + "." + std::to_string(node) + ".events");
+    for (std::string line; std::getline(events, line);) {
+      nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      EXPECT_FALSE(j.is_discarded()) << line;
+      if (j.contains("kind")) run->anomalies.push_back(j);
+      else if (j.contains("action")) run->actions.push_back(j);
+    }
+    static const std::regex kFinal(R"(final rank=(\d+) (step=\d+ checksum=[0-9a-f]+))");
+    for (auto it = std::sregex_iterator(run->output.begin(), run->output.end(), kFinal); it != std::sregex_iterator(); ++it)
+      run->finals[std::stoi((*it)[1])] = (*it)[2];
+  }
+
+  // The same job on one node with 4 ranks: what every multi-node run must end with.
+  std::map<int, std::string> SingleNodeFinals(const std::string& drill_flags) {
+    NodeRun run;
+    const std::string cmd = std::string(LIFELINE_AGENT_BIN) + " run --nproc 4 --hang-timeout 5 --events-log " + dir_ +
+                            "/single.0.events -- " + LIFELINE_DRILL_BIN + " --dir " + dir_ + "/single.ckpt " + drill_flags;
+    run.exit_code = WaitFor(Spawn(cmd, Out("single", 0)), 120);
+    Read("single", 0, &run);
+    EXPECT_EQ(run.exit_code, 0) << run.output;
+    EXPECT_EQ(run.finals.size(), 4u) << run.output;
+    return run.finals;
+  }
+
+  std::vector<EtcdKeyValue> JobKeys(const std::string& job) {
+    auto c = EtcdClient::Create(etcd_.endpoint());
+    EXPECT_TRUE(c.ok());
+    auto keys = (*c)->GetPrefix("/lifeline/" + job + "/");
+    EXPECT_TRUE(keys.ok()) << keys.status().ToString();
+    return keys.ok() ? *keys : std::vector<EtcdKeyValue>{};
+  }
+
+  testing::EtcdTestServer etcd_;
+  std::string dir_;
+};
+
+constexpr char kSteps[] = "--steps 120 --ckpt-every 20";
+
+TEST_F(MultiNodeTest, TwoNodesFormOneWorldAndEndLikeOneNodeLeavingNothingInEtcd) {
+  const auto single = SingleNodeFinals(kSteps);
+  std::vector<NodeRun> runs = RunJob("clean", "", kSteps);
+  std::map<int, std::string> finals;
+  std::vector<int> first_ranks;
+  for (const NodeRun& r : runs) {
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_TRUE(r.anomalies.empty()) << Dump(r.anomalies);
+    ASSERT_EQ(Count(r.actions, "action", "rendezvous"), 1) << Dump(r.actions);
+    for (const auto& a : r.actions) {
+      if (a.value("action", "") != "rendezvous") continue;
+      EXPECT_EQ(a["world_size"], 4) << a.dump();
+      EXPECT_EQ(a["round"], 0) << a.dump();
+      EXPECT_EQ(a["nodes"].size(), 2u) << a.dump();
+      first_ranks.push_back(a["first_rank"].get<int>());
+    }
+    EXPECT_EQ(Count(r.actions, "action", "finished"), 1) << Dump(r.actions);
+    finals.insert(r.finals.begin(), r.finals.end());
+  }
+  std::sort(first_ranks.begin(), first_ranks.end());
+  EXPECT_EQ(first_ranks, (std::vector<int>{0, 2}));
+  EXPECT_EQ(finals, single);
+  EXPECT_TRUE(JobKeys("clean").empty()) << "the job's keys stay in etcd";
+}
+
+TEST_F(MultiNodeTest, ACrashOnOneNodeRestartsEveryNodeInTheNextRoundNamingTheGlobalRank) {
+  const auto single = SingleNodeFinals(kSteps);
+  std::vector<NodeRun> runs = RunJob("crash", "--max-restarts 2", std::string(kSteps) + " --fault crash@3:50");
+  std::map<int, std::string> finals;
+  int dead_reports = 0;
+  for (const NodeRun& r : runs) {
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    for (const auto& a : r.anomalies) {
+      EXPECT_EQ(a["kind"], "dead") << a.dump();
+      EXPECT_EQ(a["ranks"], nlohmann::json::array({3})) << a.dump();
+      EXPECT_NE(a.value("message", "").find("rank 3"), std::string::npos) << a.dump();
+      ++dead_reports;
+    }
+    // Both nodes went to round 1 together and resumed from the same step.
+    std::vector<int> rounds;
+    for (const auto& a : r.actions)
+      if (a.value("action", "") == "rendezvous") rounds.push_back(a["round"].get<int>());
+    EXPECT_EQ(rounds, (std::vector<int>{0, 1})) << Dump(r.actions);
+    finals.insert(r.finals.begin(), r.finals.end());
+  }
+  EXPECT_EQ(dead_reports, 1) << "only the node that ran rank 3 saw it die";
+  EXPECT_EQ(finals, single);
+  EXPECT_TRUE(JobKeys("crash").empty());
+}
+
+TEST_F(MultiNodeTest, ASpentBudgetEndsTheJobOnEveryNodeWithTheReason) {
+  std::vector<NodeRun> runs = RunJob("budget", "--max-restarts 0", std::string(kSteps) + " --fault crash@1:30");
+  for (const NodeRun& r : runs) {
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find("restart budget spent"), std::string::npos) << r.output;
+  }
+  EXPECT_TRUE(JobKeys("budget").empty());
+}
+
+// A node whose agent and ranks die (SIGKILL, as a machine lost) is reported as node_lost naming
+// its global ranks once its lease expires; the other node stops its ranks, opens the next round
+// and waits; a replacement agent joins it and the job ends like one that never lost a node.
+TEST_F(MultiNodeTest, ALostNodeIsNamedWithItsRanksAndAReplacementResumesTheJob) {
+  const std::string steps = "--steps 1500 --ckpt-every 50 --compute-ms 2";
+  const auto single = SingleNodeFinals(steps);
+  const std::string config = dir_ + "/agent.yaml";
+  std::ofstream(config) << "rendezvous:\n  lease_seconds: 3\n  join_timeout_seconds: 120\n";
+  const std::string flags = "--max-restarts 2 --config " + config;
+  const pid_t survivor = Spawn(AgentCommand("lost", 0, "lost", flags + " --node-rank 0", steps), Out("lost", 0));
+  const pid_t victim = Spawn(AgentCommand("lost", 1, "lost", flags + " --node-rank 1", steps), Out("lost", 1));
+  // Let it train past a checkpoint, then lose node 1: its agent and its ranks.
+  std::vector<int> victim_ranks;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < deadline) {
+    NodeRun so_far;
+    Read("lost", 1, &so_far);
+    victim_ranks.clear();
+    for (const auto& a : so_far.actions)
+      if (a.value("action", "") == "launch") victim_ranks = a["pids"].get<std::vector<int>>();
+    if (!victim_ranks.empty() && so_far.output.find("checkpoint step=100") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_EQ(victim_ranks.size(), 2u);
+  kill(victim, SIGKILL);
+  for (int pid : victim_ranks) kill(-pid, SIGKILL);  // each rank leads its own process group
+  int status = 0;
+  waitpid(victim, &status, 0);
+  const auto lost_at = std::chrono::steady_clock::now();
+  // The survivor names the lost node, then waits in the next round for a node to come.
+  std::optional<nlohmann::json> lost;
+  while (!lost && std::chrono::steady_clock::now() - lost_at < std::chrono::seconds(30)) {
+    NodeRun so_far;
+    Read("lost", 0, &so_far);
+    for (const auto& a : so_far.anomalies)
+      if (a.value("kind", "") == "node_lost") lost = a;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(lost.has_value()) << "no node_lost within 30 s";
+  EXPECT_EQ((*lost)["ranks"], nlohmann::json::array({2, 3})) << lost->dump();
+  EXPECT_LT(std::chrono::steady_clock::now() - lost_at, std::chrono::seconds(10)) << "lease 3 s";
+  const pid_t replacement = Spawn(AgentCommand("lost", 2, "lost", flags + " --node-rank 1", steps), Out("lost", 2));
+  NodeRun a, b;
+  a.exit_code = WaitFor(survivor, 120);
+  b.exit_code = WaitFor(replacement, 120);
+  Read("lost", 0, &a);
+  Read("lost", 2, &b);
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  std::map<int, std::string> finals = a.finals;
+  finals.insert(b.finals.begin(), b.finals.end());
+  EXPECT_EQ(finals, single);
+  for (const NodeRun* r : {&a, &b}) {
+    int last_round = -1;
+    for (const auto& x : r->actions)
+      if (x.value("action", "") == "rendezvous") last_round = x["round"].get<int>();
+    EXPECT_EQ(last_round, 1) << Dump(r->actions);
+  }
+  EXPECT_TRUE(JobKeys("lost").empty());
+}
+
+// etcd going away for a few seconds in the middle of training (SIGKILL, then back on the same
+// data) changes nothing: the ranks never talk to it, the agents retry.
+TEST_F(MultiNodeTest, AnEtcdRestartDuringTheJobIsSurvived) {
+  const std::string steps = "--steps 2000 --ckpt-every 100 --compute-ms 2";
+  const auto single = SingleNodeFinals(steps);
+  std::vector<pid_t> pids;
+  for (int node = 0; node < 2; ++node)
+    pids.push_back(Spawn(AgentCommand("etcd", node, "etcd", "", steps), Out("etcd", node)));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  for (bool running = false; !running && std::chrono::steady_clock::now() < deadline;) {
+    NodeRun so_far;
+    Read("etcd", 0, &so_far);
+    running = so_far.output.find("checkpoint step=100") != std::string::npos;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  etcd_.Stop();
+  std::this_thread::sleep_for(std::chrono::seconds(4));
+  etcd_.Start();
+  ASSERT_TRUE(etcd_.ok()) << etcd_.error();
+  for (pid_t pid : pids) EXPECT_EQ(waitpid(pid, nullptr, WNOHANG), 0) << "the job ended before etcd came back";
+  std::map<int, std::string> finals;
+  for (int node = 0; node < 2; ++node) {
+    NodeRun r;
+    r.exit_code = WaitFor(pids[node], 120);
+    Read("etcd", node, &r);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_TRUE(r.anomalies.empty()) << Dump(r.anomalies);
+    EXPECT_EQ(Count(r.actions, "action", "rendezvous"), 1) << Dump(r.actions);
+    finals.insert(r.finals.begin(), r.finals.end());
+  }
+  EXPECT_EQ(finals, single);
+  EXPECT_TRUE(JobKeys("etcd").empty());
+}
+
+TEST_F(MultiNodeTest, AnUnreachableEtcdIsAClearErrorNamingTheEndpoint) {
+  const std::string endpoint = "127.0.0.1:" + std::to_string(testing::FreeLoopbackPort());
+  const std::string cmd = std::string(LIFELINE_AGENT_BIN) + " run --nnodes 2 --nproc-per-node 1 --rdzv-endpoint " +
+                          endpoint + " --rdzv-id nothing -- /bin/true";
+  const auto t0 = std::chrono::steady_clock::now();
+  const int rc = WaitFor(Spawn(cmd, Out("unreachable", 0)), 60);
+  NodeRun run;
+  Read("unreachable", 0, &run);
+  EXPECT_EQ(rc, 2) << run.output;
+  EXPECT_NE(run.output.find(endpoint), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("unreachable"), std::string::npos) << run.output;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20));
+}
+
+}  // namespace
+}  // namespace lifeline::agent
