@@ -187,6 +187,7 @@ Status Agent::Setup() {
   if (!control.ok()) return control.status();
   control_ = std::move(*control);
   metrics_ = std::make_unique<AgentMetrics>(config_.job_id, static_cast<int>(config_.nproc));
+
   if (!config_.metrics_addr.empty()) LL_RETURN_IF_ERROR(metrics_->Serve(config_.metrics_addr));
   return Status::OK();
 }
@@ -265,7 +266,8 @@ Status Agent::Launch() {
   launcher_ = std::make_unique<Launcher>(config_.command, env);
   LL_RETURN_IF_ERROR(launcher_->Start(world, static_cast<int>(rank_base_)));
   launched_ns_ = trace::MonotonicNanos();
-  metrics_->Launched(world);
+  metrics_->Launched(world, static_cast<int>(rank_base_));
+  if (plan_) metrics_->JoinedRound(rdzv_->node_id(), plan_->group_rank);
   std::vector<int> pids;
   for (const RankProcess& r : launcher_->ranks()) pids.push_back(r.pid);
   nlohmann::json line = {{"action", "launch"}, {"ranks", world}, {"pids", pids}, {"command", config_.command}, {"resume", resume}};

@@ -79,8 +79,8 @@ const std::vector<MetricFamilyInfo>& MetricFamilies() {
       {"lifeline_ranks_alive", "gauge", "", "Local ranks running now"},
       {"lifeline_restarts_total", "counter", "", "Restarts of the local ranks by the agent"},
       {"lifeline_anomalies_total", "counter", "kind, rank",
-       "Anomalies detected, by kind (dead, hang, straggler, slow_collective, checkpoint) and culprit rank (\"none\" "
-       "when no rank stands out)"},
+       "Anomalies detected, by kind (dead, hang, straggler, slow_collective, checkpoint, node_lost) and culprit "
+       "rank, global in a multi-node job (\"none\" when no rank stands out)"},
       {"lifeline_step_duration_seconds", "histogram", "rank", "Step durations, StepBegin to StepEnd"},
       {"lifeline_steps_total", "counter", "rank", "Steps completed"},
       {"lifeline_step", "gauge", "rank", "The step each rank began last (-1: none yet)"},
@@ -99,6 +99,8 @@ const std::vector<MetricFamilyInfo>& MetricFamilies() {
        "Unix time the newest checkpoint was committed (0: none yet)"},
       {"lifeline_trace_events_dropped_total", "counter", "rank",
        "Trace events a rank could not record because its ring was full"},
+      {"lifeline_node_info", "gauge", "node, group_rank",
+       "Always 1: the agent's node (its id in a multi-node job, the hostname on one node) and its place (GROUP_RANK) in the current round"},
   };
   return kFamilies;
 }
@@ -154,8 +156,11 @@ AgentMetrics::AgentMetrics(const std::string& job, int world) : registry_(std::m
   last_committed_time_ = gauge("lifeline_checkpoint_last_committed_timestamp_seconds");
   last_committed_time_->Add({}).Set(0);
   dropped_ = counter("lifeline_trace_events_dropped_total");
+  node_info_ = gauge("lifeline_node_info");
+  char host[256] = {};
+  JoinedRound(gethostname(host, sizeof(host) - 1) == 0 && host[0] != '\0' ? host : "localhost", 0);  // one node
   // Every kind appears from the start, so a rate() over it is defined before the first anomaly.
-  for (const char* kind : {"dead", "hang", "straggler", "slow_collective", "checkpoint"})
+  for (const char* kind : {"dead", "hang", "straggler", "slow_collective", "checkpoint", "node_lost"})
     anomalies_->Add({{"kind", kind}, {"rank", "none"}});
   Launched(world);
 }
@@ -214,9 +219,12 @@ Status AgentMetrics::Serve(const std::string& address) {
   return Status::OK();
 }
 
-void AgentMetrics::Launched(int world) {
-  for (int r = static_cast<int>(ranks_.size()); r < world; ++r) {
-    const std::string rank = std::to_string(r);
+void AgentMetrics::Launched(int world, int rank_base) {
+  // Series are by global rank: a node that takes other ranks in a new round gets new series.
+  const bool moved = rank_base != rank_base_;
+  rank_base_ = rank_base;
+  for (int r = moved ? 0 : static_cast<int>(ranks_.size()); r < world; ++r) {
+    const std::string rank = Label(r);
     step_duration_->Add({{"rank", rank}}, StepBuckets());
     steps_->Add({{"rank", rank}});
     step_->Add({{"rank", rank}}).Set(-1);
@@ -233,8 +241,14 @@ void AgentMetrics::RankExited(const Timeline& timeline) { alive_->Add({}).Set(ti
 void AgentMetrics::RingDropped(int rank, uint64_t total) {
   if (rank < 0 || static_cast<size_t>(rank) >= ranks_.size()) return;
   RankState& s = *ranks_[rank];
-  if (total > s.dropped) dropped_->Add({{"rank", std::to_string(rank)}}).Increment(static_cast<double>(total - s.dropped));
+  if (total > s.dropped) dropped_->Add({{"rank", Label(rank)}}).Increment(static_cast<double>(total - s.dropped));
   s.dropped = total;
+}
+
+void AgentMetrics::JoinedRound(const std::string& node, int group_rank) {
+  if (node_series_ != nullptr) node_info_->Remove(node_series_);
+  node_series_ = &node_info_->Add({{"node", node}, {"group_rank", std::to_string(group_rank)}});
+  node_series_->Set(1);
 }
 
 void AgentMetrics::Restarted() { restarts_->Add({}).Increment(); }
@@ -248,7 +262,7 @@ void AgentMetrics::Observe(const Timeline& timeline, const TimelineChange& c) {
   const int rank = c.rank;
   if (rank < 0 || static_cast<size_t>(rank) >= ranks_.size()) return;
   const trace::Event& e = *c.event;
-  const std::string r = std::to_string(rank);
+  const std::string r = Label(rank);
   const double seconds = static_cast<double>(e.duration_ns) * 1e-9;
   switch (e.type) {
     case trace::EventType::kStepBegin:
@@ -273,7 +287,7 @@ void AgentMetrics::Observe(const Timeline& timeline, const TimelineChange& c) {
           const double late = (static_cast<double>(begins[i]) - static_cast<double>(median)) * 1e-9;
           rs.lateness = rs.lateness_seen ? 0.9 * rs.lateness + 0.1 * late : late;
           rs.lateness_seen = true;
-          lateness_->Add({{"rank", std::to_string(i)}}).Set(rs.lateness);
+          lateness_->Add({{"rank", Label(i)}}).Set(rs.lateness);
         }
       }
       break;

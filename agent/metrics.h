@@ -47,9 +47,11 @@ class AgentMetrics {
   // when it cannot listen there.
   Status Serve(const std::string& address);
 
-  // A new launch of `world` ranks (per-launch state such as open steps is forgotten; counters
-  // go on).
-  void Launched(int world);
+  // A new launch of `world` local ranks, global ranks `rank_base`.. (per-launch state such as
+  // open steps is forgotten; counters go on). Rank labels are global ranks.
+  void Launched(int world, int rank_base = 0);
+  // A multi-node job's round placed this agent as `node`, GROUP_RANK `group_rank`.
+  void JoinedRound(const std::string& node, int group_rank);
   // `change` was just applied to `timeline` (see Detector::Observe).
   void Observe(const Timeline& timeline, const TimelineChange& change);
   // A rank's exit was applied to `timeline`: the live-rank gauge follows it.
@@ -67,6 +69,8 @@ class AgentMetrics {
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::string job_;
   std::vector<std::unique_ptr<RankState>> ranks_;
+  int rank_base_ = 0;
+  std::string Label(int local) const { return std::to_string(rank_base_ + local); }
   // Families.
   prometheus::Family<prometheus::Counter>* restarts_;
   prometheus::Family<prometheus::Counter>* anomalies_;
@@ -85,6 +89,8 @@ class AgentMetrics {
   prometheus::Family<prometheus::Gauge>* alive_;
   prometheus::Family<prometheus::Counter>* dropped_;
   prometheus::Family<prometheus::Gauge>* build_info_;
+  prometheus::Family<prometheus::Gauge>* node_info_;
+  prometheus::Gauge* node_series_ = nullptr;
   uint64_t last_committed_step_ = trace::kNoStep;
 };
 

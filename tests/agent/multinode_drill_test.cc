@@ -145,6 +145,38 @@ class MultiNodeTest : public ::testing::Test {
     return keys.ok() ? *keys : std::vector<EtcdKeyValue>{};
   }
 
+  // Lets job `name` train past a checkpoint, then loses node 1 (agent `agent`, its 2 ranks) as a
+  // machine would be lost: SIGKILL to all. *lost: node 0's node_lost anomaly, which must come
+  // within the 3-second lease and a few polls.
+  void LoseNode(const std::string& name, pid_t agent, std::optional<nlohmann::json>* lost) {
+    std::vector<int> ranks;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (std::chrono::steady_clock::now() < deadline) {
+      NodeRun so_far;
+      Read(name, 1, &so_far);
+      ranks.clear();
+      for (const auto& a : so_far.actions)
+        if (a.value("action", "") == "launch") ranks = a["pids"].get<std::vector<int>>();
+      if (!ranks.empty() && so_far.output.find("checkpoint step=100") != std::string::npos) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ASSERT_EQ(ranks.size(), 2u);
+    kill(agent, SIGKILL);
+    for (int pid : ranks) kill(-pid, SIGKILL);  // each rank leads its own process group
+    waitpid(agent, nullptr, 0);
+    const auto lost_at = std::chrono::steady_clock::now();
+    while (!*lost && std::chrono::steady_clock::now() - lost_at < std::chrono::seconds(30)) {
+      NodeRun so_far;
+      Read(name, 0, &so_far);
+      for (const auto& a : so_far.anomalies)
+        if (a.value("kind", "") == "node_lost") *lost = a;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    ASSERT_TRUE(lost->has_value()) << "no node_lost within 30 s";
+    EXPECT_EQ((**lost)["ranks"], nlohmann::json::array({2, 3})) << (*lost)->dump();
+    EXPECT_LT(std::chrono::steady_clock::now() - lost_at, std::chrono::seconds(10)) << "lease 3 s";
+  }
+
   testing::EtcdTestServer etcd_;
   std::string dir_;
 };
@@ -221,36 +253,9 @@ TEST_F(MultiNodeTest, ALostNodeIsNamedWithItsRanksAndAReplacementResumesTheJob) 
   const std::string flags = "--max-restarts 2 --config " + config;
   const pid_t survivor = Spawn(AgentCommand("lost", 0, "lost", flags + " --node-rank 0", steps), Out("lost", 0));
   const pid_t victim = Spawn(AgentCommand("lost", 1, "lost", flags + " --node-rank 1", steps), Out("lost", 1));
-  // Let it train past a checkpoint, then lose node 1: its agent and its ranks.
-  std::vector<int> victim_ranks;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (std::chrono::steady_clock::now() < deadline) {
-    NodeRun so_far;
-    Read("lost", 1, &so_far);
-    victim_ranks.clear();
-    for (const auto& a : so_far.actions)
-      if (a.value("action", "") == "launch") victim_ranks = a["pids"].get<std::vector<int>>();
-    if (!victim_ranks.empty() && so_far.output.find("checkpoint step=100") != std::string::npos) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  ASSERT_EQ(victim_ranks.size(), 2u);
-  kill(victim, SIGKILL);
-  for (int pid : victim_ranks) kill(-pid, SIGKILL);  // each rank leads its own process group
-  int status = 0;
-  waitpid(victim, &status, 0);
-  const auto lost_at = std::chrono::steady_clock::now();
-  // The survivor names the lost node, then waits in the next round for a node to come.
   std::optional<nlohmann::json> lost;
-  while (!lost && std::chrono::steady_clock::now() - lost_at < std::chrono::seconds(30)) {
-    NodeRun so_far;
-    Read("lost", 0, &so_far);
-    for (const auto& a : so_far.anomalies)
-      if (a.value("kind", "") == "node_lost") lost = a;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  ASSERT_TRUE(lost.has_value()) << "no node_lost within 30 s";
-  EXPECT_EQ((*lost)["ranks"], nlohmann::json::array({2, 3})) << lost->dump();
-  EXPECT_LT(std::chrono::steady_clock::now() - lost_at, std::chrono::seconds(10)) << "lease 3 s";
+  ASSERT_NO_FATAL_FAILURE(LoseNode("lost", victim, &lost));
+  // The survivor waits in the next round for a node to come.
   const pid_t replacement = Spawn(AgentCommand("lost", 2, "lost", flags + " --node-rank 1", steps), Out("lost", 2));
   NodeRun a, b;
   a.exit_code = WaitFor(survivor, 120);
@@ -269,6 +274,43 @@ TEST_F(MultiNodeTest, ALostNodeIsNamedWithItsRanksAndAReplacementResumesTheJob) 
     EXPECT_EQ(last_round, 1) << Dump(r->actions);
   }
   EXPECT_TRUE(JobKeys("lost").empty());
+}
+
+// With --nnodes 1:2 the job goes on without a lost node: the next round forms with the node
+// that remains (after the last call), its ranks renumbered into a world of 2, loading the
+// checkpoint 4 ranks saved (resharded) and training to the last step.
+TEST_F(MultiNodeTest, WithMaxAboveMinTheJobGoesOnWithTheNodesThatRemain) {
+  const std::string steps = "--steps 1500 --ckpt-every 50 --compute-ms 2";
+  const std::string config = dir_ + "/elastic.yaml";
+  std::ofstream(config) << "rendezvous:\n  lease_seconds: 3\n  last_call_seconds: 1\n";
+  auto command = [&](int node) {
+    std::string c = AgentCommand("elastic", node, "elastic", "--max-restarts 2 --config " + config +
+                                                             " --node-rank " + std::to_string(node), steps);
+    return c.replace(c.find("--nnodes 2"), 10, "--nnodes 1:2");
+  };
+  const pid_t survivor = Spawn(command(0), Out("elastic", 0));
+  const pid_t victim = Spawn(command(1), Out("elastic", 1));
+  std::optional<nlohmann::json> lost;
+  ASSERT_NO_FATAL_FAILURE(LoseNode("elastic", victim, &lost));
+  NodeRun r;
+  r.exit_code = WaitFor(survivor, 120);
+  Read("elastic", 0, &r);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::vector<nlohmann::json> rounds;
+  for (const auto& a : r.actions)
+    if (a.value("action", "") == "rendezvous") rounds.push_back(a);
+  ASSERT_EQ(rounds.size(), 2u) << Dump(r.actions);
+  EXPECT_EQ(rounds[1]["world_size"], 2) << rounds[1].dump();
+  EXPECT_EQ(rounds[1]["nodes"].size(), 1u) << rounds[1].dump();
+  ASSERT_EQ(Count(r.actions, "action", "resumed"), 1) << Dump(r.actions);
+  for (const auto& a : r.actions) {
+    if (a.value("action", "") == "resumed") {
+      EXPECT_GE(a["resumed_from_checkpoint"].get<int>(), 100) << a.dump();
+    }
+  }
+  ASSERT_EQ(r.finals.size(), 2u) << r.output;
+  for (const auto& [rank, final] : r.finals) EXPECT_EQ(final.rfind("step=1500 ", 0), 0u) << final;
+  EXPECT_TRUE(JobKeys("elastic").empty());
 }
 
 // etcd going away for a few seconds in the middle of training (SIGKILL, then back on the same
