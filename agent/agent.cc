@@ -4,6 +4,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -124,9 +125,28 @@ Agent::~Agent() { Cleanup(); }
 
 void Agent::Cleanup() {
   launcher_.reset();  // kills anything still running
+  // What supervising cost this node: the agent's own CPU, and its etcd traffic in a multi-node job.
+  nlohmann::json usage = nullptr;
+  if (started_ns_ != 0) {
+    rusage ru{};
+    getrusage(RUSAGE_SELF, &ru);
+    const double cpu = static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+                       static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
+    usage = {{"action", "usage"}, {"seconds", Seconds(trace::MonotonicNanos() - started_ns_)}, {"cpu_seconds", cpu}};
+  }
   if (rdzv_ != nullptr) {
     rdzv_->Leave(finished_);  // the last node out removes the job's keys from etcd
+    if (!usage.is_null()) {
+      const EtcdTraffic t = rdzv_->client().traffic();
+      usage["etcd_requests"] = t.requests;
+      usage["etcd_bytes_sent"] = t.bytes_sent;
+      usage["etcd_bytes_received"] = t.bytes_received;
+    }
     rdzv_.reset();
+  }
+  if (!usage.is_null()) {
+    Log(usage);
+    started_ns_ = 0;
   }
   control_.reset();
   rings_.clear();
@@ -550,6 +570,7 @@ std::string Agent::HandleControl(const std::string& request) {
 }
 
 int Agent::Run() {
+  started_ns_ = trace::MonotonicNanos();
   if (Status s = Setup(); !s.ok()) {
     std::cerr << "lifeline-agent: " << s.ToString() << std::endl;
     Cleanup();

@@ -91,6 +91,7 @@ class Agent {
   std::optional<RoundPlan> plan_;  // the round this node's ranks run in
   uint32_t rank_base_ = 0;         // global rank of local rank 0
   bool finished_ = false;          // every local rank ended normally
+  uint64_t started_ns_ = 0;        // when Run began (0: not running)
 };
 
 // ISO 8601 UTC with milliseconds, e.g. "2026-11-22T21:47:03.512Z".

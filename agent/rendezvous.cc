@@ -378,18 +378,23 @@ void Rendezvous::Watch() {
       in_round = in_round_;
       nodes = my_nodes_;
     }
-    Result<uint64_t> round = CurrentRound();
-    Result<std::optional<EtcdKeyValue>> gave_up = client_->Get(Key("give_up"));
-    // The round's entries: nodes/<id> (leased) and finished/<id> (a node whose ranks all ended).
-    Result<std::vector<EtcdKeyValue>> members =
-        in_round ? client_->GetPrefix(Key("rounds/" + std::to_string(mine) + "/"))
-                 : Result<std::vector<EtcdKeyValue>>(std::vector<EtcdKeyValue>{});
-    reachable = reachable && round.ok() && gave_up.ok() && members.ok();
+    // One request: the round, the give-up reason, and the keys of the round's entries (nodes/<id>,
+    // leased, and finished/<id>, a node whose ranks all ended; keys only, so a poll stays small).
+    Result<std::vector<std::vector<EtcdKeyValue>>> read = client_->ReadMany(
+        {{Key("round")}, {Key("give_up")}, {Key("rounds/" + std::to_string(mine) + "/"), /*keys_only=*/true}});
+    std::optional<uint64_t> round;
+    if (read.ok() && !(*read)[0].empty()) {
+      const std::string& v = (*read)[0][0].value;
+      if (!v.empty() && v.size() <= 19 && v.find_first_not_of("0123456789") == std::string::npos) round = std::stoull(v);
+    }
+    reachable = reachable && read.ok();
     std::lock_guard<std::mutex> lock(mu_);
     news_.etcd_unreachable = !reachable;
-    if (round.ok() && in_round && *round > mine) news_.round = *round;
-    if (gave_up.ok() && gave_up->has_value()) news_.give_up = (*gave_up)->value;
-    if (members.ok() && in_round_ && my_round_ == mine) {
+    if (!read.ok()) continue;
+    const std::vector<EtcdKeyValue>* members = &(*read)[2];
+    if (round && in_round && *round > mine) news_.round = *round;
+    if (!(*read)[1].empty()) news_.give_up = (*read)[1][0].value;
+    if (in_round && in_round_ && my_round_ == mine) {
       std::set<std::string> present;  // alive or finished
       const std::string dir = Key("rounds/" + std::to_string(mine) + "/");
       for (const EtcdKeyValue& kv : *members) {

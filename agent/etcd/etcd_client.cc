@@ -234,6 +234,32 @@ Result<std::vector<EtcdKeyValue>> EtcdClient::GetPrefix(std::string_view prefix,
   return out;
 }
 
+Result<std::vector<std::vector<EtcdKeyValue>>> EtcdClient::ReadMany(const std::vector<Range>& ranges) {
+  nlohmann::json ops = nlohmann::json::array();
+  for (const Range& r : ranges) {
+    nlohmann::json range = {{"key", Base64Encode(r.key)}};
+    if (!r.key.empty() && r.key.back() == '/') range["range_end"] = Base64Encode(PrefixEnd(r.key));
+    if (r.keys_only) range["keys_only"] = true;
+    ops.push_back({{"request_range", range}});
+  }
+  LL_ASSIGN_OR_RETURN(nlohmann::json a, Call("/v3/kv/txn", {{"success", ops}}));
+  const nlohmann::json responses = a.value("responses", nlohmann::json::array());
+  if (!responses.is_array() || responses.size() != ranges.size())
+    return Status::Corruption("etcd at " + endpoint_, "a transaction answered " + std::to_string(responses.size()) +
+                                                         " reads of " + std::to_string(ranges.size()));
+  std::vector<std::vector<EtcdKeyValue>> out;
+  for (const nlohmann::json& r : responses) {
+    out.emplace_back();
+    const nlohmann::json kvs = r.value("response_range", nlohmann::json::object()).value("kvs", nlohmann::json::array());
+    if (!kvs.is_array()) continue;
+    for (const nlohmann::json& kv : kvs) {
+      LL_ASSIGN_OR_RETURN(EtcdKeyValue decoded, DecodeKeyValue(kv));
+      out.back().push_back(std::move(decoded));
+    }
+  }
+  return out;
+}
+
 Result<int64_t> EtcdClient::DeletePrefix(std::string_view prefix) {
   LL_ASSIGN_OR_RETURN(nlohmann::json a, Call("/v3/kv/deleterange", {{"key", Base64Encode(prefix)},
                                                                   {"range_end", Base64Encode(PrefixEnd(prefix))}}));

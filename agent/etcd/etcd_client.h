@@ -66,6 +66,15 @@ class EtcdClient {
   Result<std::optional<EtcdKeyValue>> Get(std::string_view key);
   // Every key starting with `prefix`, in key order; `revision` receives the store's revision.
   Result<std::vector<EtcdKeyValue>> GetPrefix(std::string_view prefix, int64_t* revision = nullptr);
+  // Several reads in one request (a transaction with no condition), all at one revision: for
+  // each of `ranges`, the key itself, or every key under it when it ends with '/' (keys only,
+  // with empty values, when `keys_only`).
+  struct Range {
+    std::string key;
+    bool keys_only = false;
+  };
+  Result<std::vector<std::vector<EtcdKeyValue>>> ReadMany(const std::vector<Range>& ranges);
+
   // Deletes every key starting with `prefix`; returns how many were deleted.
   Result<int64_t> DeletePrefix(std::string_view prefix);
   Status Delete(std::string_view key);

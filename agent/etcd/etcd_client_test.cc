@@ -82,6 +82,24 @@ TEST_F(EtcdClientServerTest, PutGetPrefixAndDelete) {
   EXPECT_GT(client_->traffic().bytes_received, client_->traffic().requests * 50);
 }
 
+TEST_F(EtcdClientServerTest, ReadManyReadsKeysAndPrefixesInOneRequest) {
+  ASSERT_TRUE(client_->Put("/r/round", "7").ok());
+  ASSERT_TRUE(client_->Put("/r/nodes/a", "a long value").ok());
+  ASSERT_TRUE(client_->Put("/r/nodes/b", "another").ok());
+  const uint64_t before = client_->traffic().requests;
+  auto read = client_->ReadMany({{"/r/round"}, {"/r/give_up"}, {"/r/nodes/", /*keys_only=*/true}});
+  ASSERT_TRUE(read.ok()) << read.status().ToString();
+  EXPECT_EQ(client_->traffic().requests, before + 1);
+  ASSERT_EQ(read->size(), 3u);
+  ASSERT_EQ((*read)[0].size(), 1u);
+  EXPECT_EQ((*read)[0][0].value, "7");
+  EXPECT_TRUE((*read)[1].empty());
+  ASSERT_EQ((*read)[2].size(), 2u);
+  EXPECT_EQ((*read)[2][0].key, "/r/nodes/a");
+  EXPECT_EQ((*read)[2][0].value, "");  // keys only
+  EXPECT_EQ((*read)[2][1].key, "/r/nodes/b");
+}
+
 TEST_F(EtcdClientServerTest, PutIfAbsentAndCompareAndSwapDecideOnce) {
   EXPECT_TRUE(*client_->PutIfAbsent("/k", "first"));
   EXPECT_FALSE(*client_->PutIfAbsent("/k", "second"));
