@@ -2,14 +2,11 @@
 
 #include <curl/curl.h>
 
-#include <array>
 #include <cstdlib>
 #include <utility>
 
 namespace lifeline::agent {
 namespace {
-
-constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
 // The gateway writes int64 fields as JSON strings, and leaves out fields that are zero.
 int64_t Int64Field(const nlohmann::json& j, const char* name) {
@@ -32,9 +29,9 @@ void InitCurlOnce() {
 
 Result<EtcdKeyValue> DecodeKeyValue(const nlohmann::json& kv) {
   EtcdKeyValue out;
-  std::optional<std::string> key = Base64Decode(kv.value("key", ""));
-  std::optional<std::string> value = Base64Decode(kv.value("value", ""));
-  if (!key || !value) return Status::Corruption("etcd answer", "a key or value that is not base64");
+  Result<std::string> key = Base64Decode(kv.value("key", ""));
+  Result<std::string> value = Base64Decode(kv.value("value", ""));
+  if (!key.ok() || !value.ok()) return Status::Corruption("etcd answer", "a key or value that is not base64");
   out.key = std::move(*key);
   out.value = std::move(*value);
   out.create_revision = Int64Field(kv, "create_revision");
@@ -44,55 +41,6 @@ Result<EtcdKeyValue> DecodeKeyValue(const nlohmann::json& kv) {
 }
 
 }  // namespace
-
-std::string Base64Encode(std::string_view bytes) {
-  std::string out;
-  out.reserve((bytes.size() + 2) / 3 * 4);
-  size_t i = 0;
-  for (; i + 3 <= bytes.size(); i += 3) {
-    const uint32_t v = (uint32_t{static_cast<uint8_t>(bytes[i])} << 16) |
-                       (uint32_t{static_cast<uint8_t>(bytes[i + 1])} << 8) | static_cast<uint8_t>(bytes[i + 2]);
-    for (int s = 18; s >= 0; s -= 6) out += kAlphabet[(v >> s) & 63];
-  }
-  const size_t left = bytes.size() - i;
-  if (left > 0) {
-    uint32_t v = uint32_t{static_cast<uint8_t>(bytes[i])} << 16;
-    if (left == 2) v |= uint32_t{static_cast<uint8_t>(bytes[i + 1])} << 8;
-    out += kAlphabet[(v >> 18) & 63];
-    out += kAlphabet[(v >> 12) & 63];
-    out += left == 2 ? kAlphabet[(v >> 6) & 63] : '=';
-    out += '=';
-  }
-  return out;
-}
-
-std::optional<std::string> Base64Decode(std::string_view text) {
-  std::array<int, 256> value;
-  value.fill(-1);
-  for (int k = 0; k < 64; ++k) value[static_cast<uint8_t>(kAlphabet[k])] = k;
-  if (text.size() % 4 != 0) return std::nullopt;
-  std::string out;
-  out.reserve(text.size() / 4 * 3);
-  for (size_t i = 0; i < text.size(); i += 4) {
-    uint32_t v = 0;
-    int pad = 0;
-    for (size_t k = 0; k < 4; ++k) {
-      const char c = text[i + k];
-      if (c == '=' && i + 4 == text.size() && k >= 2) {
-        ++pad;
-        v <<= 6;
-        continue;
-      }
-      const int d = value[static_cast<uint8_t>(c)];
-      if (d < 0 || pad > 0) return std::nullopt;  // a digit after padding, or not a digit
-      v = (v << 6) | static_cast<uint32_t>(d);
-    }
-    out += static_cast<char>((v >> 16) & 0xff);
-    if (pad < 2) out += static_cast<char>((v >> 8) & 0xff);
-    if (pad < 1) out += static_cast<char>(v & 0xff);
-  }
-  return out;
-}
 
 std::string PrefixEnd(std::string_view prefix) {
   std::string end(prefix);

@@ -22,6 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "lifeline/internal/base64.h"  // the gateway carries bytes as base64
 #include "lifeline/status.h"
 
 namespace lifeline::agent {
@@ -99,11 +100,6 @@ class EtcdClient {
   void* curl_ = nullptr;  // CURL*, GUARDED_BY(mu_)
   EtcdTraffic traffic_;   // GUARDED_BY(mu_)
 };
-
-// Base64 (RFC 4648, with padding), as the gateway carries bytes.
-std::string Base64Encode(std::string_view bytes);
-// nullopt for text that is not base64.
-std::optional<std::string> Base64Decode(std::string_view text);
 
 // The key just past every key starting with `prefix` (etcd's range_end for a prefix).
 std::string PrefixEnd(std::string_view prefix);

@@ -39,6 +39,7 @@
 #include "lifeline/convert.h"
 #include "lifeline/dtype.h"
 #include "lifeline/env.h"
+#include "lifeline/internal/base64.h"  // objects in safetensors metadata are base64
 #include "lifeline/status.h"
 
 namespace lifeline {
@@ -56,9 +57,6 @@ TensorRegion ToTensorRegion(const format::Region& region);
 std::string Hdf5DatasetName(std::string_view name);
 std::string Hdf5NameFromDataset(std::string_view dataset_name);
 
-// Base64 (RFC 4648, with padding) for objects in safetensors metadata.
-std::string Base64Encode(std::string_view bytes);
-Result<std::string> Base64Decode(std::string_view text);
 
 // The prefix of the metadata keys that carry per-rank objects in safetensors.
 inline constexpr char kObjectKeyPrefix[] = "lifeline_object.";
