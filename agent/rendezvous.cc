@@ -46,7 +46,8 @@ Result<RoundNode> ParseNode(const nlohmann::json& j, const std::string& what) {
     n.resume.directory = r.value("directory", "");
     if (!r.at("disk_step").is_null()) n.resume.disk_step = r.at("disk_step").get<uint64_t>();
     n.resume.memory_steps = r.at("memory_steps").get<std::vector<uint64_t>>();
-    if (n.nproc == 0) return Status::Corruption(what, "a node with no ranks");
+    if (n.nproc == 0 || n.nproc > 1024) return Status::Corruption(what, "a node with " + std::to_string(n.nproc) + " ranks");
+    if (n.master_port == 0 || n.master_port > 65535) return Status::Corruption(what, "a node without a port");
     return n;
   } catch (const nlohmann::json::exception& e) {
     return Status::Corruption(what, std::string("not a node entry of lifeline-agent: ") + e.what());
@@ -188,10 +189,14 @@ Result<RoundPlan> Rendezvous::ClosedPlan(uint64_t round, const std::string& text
   if (plan.nodes.empty()) return Status::Corruption(what, "a round plan with no nodes");
   plan.master_addr = plan.nodes[0].host;
   plan.master_port = plan.nodes[0].master_port;
-  if (j.contains("resume_step") && !j["resume_step"].is_null()) plan.resume_step = j["resume_step"].get<uint64_t>();
-  plan.resume_location = j.value("resume_location", "");
-  plan.checkpoint_dir = j.value("checkpoint_dir", "");
-  plan.launch_id = j.value("launch_id", "");
+  try {
+    if (j.contains("resume_step") && !j["resume_step"].is_null()) plan.resume_step = j["resume_step"].get<uint64_t>();
+    plan.resume_location = j.value("resume_location", "");
+    plan.checkpoint_dir = j.value("checkpoint_dir", "");
+    plan.launch_id = j.value("launch_id", "");
+  } catch (const nlohmann::json::exception& e) {
+    return Status::Corruption(what, std::string("not a round plan of lifeline-agent: ") + e.what());
+  }
   return plan;
 }
 
@@ -294,9 +299,12 @@ Result<RoundPlan> Rendezvous::Join(const ResumeOffer& offer, const std::function
       RoundPlan plan = std::move(**looked);
       std::lock_guard<std::mutex> lock(mu_);
       my_round_ = plan.round;
+      my_group_ = plan.group_rank;
       my_nodes_.clear();
       for (const RoundNode& n : plan.nodes) my_nodes_.push_back(n.id);
       in_round_ = true;
+      leader_ = false;
+      progress_out_.clear();
       news_ = RendezvousNews{};
       reported_lost_.clear();
       return plan;
@@ -316,8 +324,15 @@ Result<RoundPlan> Rendezvous::Join(const ResumeOffer& offer, const std::function
 }
 
 Result<uint64_t> Rendezvous::OpenNextRound(uint64_t round) {
-  LL_RETURN_IF_ERROR(
-      client_->CompareAndSwap(Key("round"), std::to_string(round), std::to_string(round + 1)).status());
+  // etcd may be away for a moment (a restart): retry for as long as a lease lasts.
+  const Clock::time_point deadline =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(config_.lease_seconds));
+  for (;;) {
+    Status s = client_->CompareAndSwap(Key("round"), std::to_string(round), std::to_string(round + 1)).status();
+    if (s.ok()) break;
+    if (!s.IsUnavailable() || Clock::now() >= deadline) return s;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     in_round_ = false;  // the lost-node watch ends with the round
@@ -334,7 +349,13 @@ RendezvousNews Rendezvous::TakeNews() {
   RendezvousNews out = news_;
   news_.round.reset();
   news_.lost_nodes.clear();
+  news_.progress.clear();
   return out;
+}
+
+void Rendezvous::PublishProgress(std::string summary) {
+  std::lock_guard<std::mutex> lock(mu_);
+  progress_out_ = std::move(summary);
 }
 
 Status Rendezvous::RenewOrRejoin() {
@@ -355,6 +376,7 @@ Status Rendezvous::RenewOrRejoin() {
 
 void Rendezvous::Watch() {
   Clock::time_point last_renewal = Clock::now();
+  Clock::time_point last_progress = Clock::now();
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mu_);
@@ -371,17 +393,51 @@ void Rendezvous::Watch() {
     }
     uint64_t mine;
     bool in_round;
+    int my_group;
     std::vector<std::string> nodes;
     {
       std::lock_guard<std::mutex> lock(mu_);
       mine = my_round_;
       in_round = in_round_;
       nodes = my_nodes_;
+      my_group = my_group_;
     }
-    // One request: the round, the give-up reason, and the keys of the round's entries (nodes/<id>,
-    // leased, and finished/<id>, a node whose ranks all ended; keys only, so a poll stays small).
-    Result<std::vector<std::vector<EtcdKeyValue>>> read = client_->ReadMany(
-        {{Key("round")}, {Key("give_up")}, {Key("rounds/" + std::to_string(mine) + "/"), /*keys_only=*/true}});
+    // About once a second: this node's progress out, and (the leader) everyone's in.
+    const std::string round_dir = "rounds/" + std::to_string(mine) + "/";
+    bool progress_tick = false;
+    if (in_round && SecondsSince(last_progress) >= config_.progress_seconds) {
+      progress_tick = true;
+      last_progress = Clock::now();
+      std::string summary;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        summary.swap(progress_out_);
+      }
+      if (!summary.empty())
+        reachable = client_->Put(Key(round_dir + "progress/" + node_id_), summary, lease_.load()).ok() && reachable;
+    }
+    bool leader;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      leader = leader_ && in_round_;
+    }
+    // One request: the round, the give-up reason, the keys of the round's entries (nodes/<id>,
+    // leased, and finished/<id>, a node whose ranks all ended; keys only, so a poll stays small)
+    // and its leader; the leader's reads every summary too, once a second.
+    std::vector<EtcdClient::Range> ranges = {
+        {Key("round")}, {Key("give_up")}, {Key(round_dir + "nodes/"), /*keys_only=*/true},
+        {Key(round_dir + "finished/"), /*keys_only=*/true}, {Key(round_dir + "leader")}};
+    if (leader && progress_tick) ranges.push_back({Key(round_dir + "progress/")});
+    Result<std::vector<std::vector<EtcdKeyValue>>> read = client_->ReadMany(ranges);
+    // No leader: the node of group rank 0 takes it at once; the others only when it has been
+    // missing for a lease (that node is gone), so the leader is predictable.
+    if (read.ok() && in_round && (*read)[4].empty()) {
+      if (leader_missing_since_ == Clock::time_point{}) leader_missing_since_ = Clock::now();
+      if (my_group == 0 || SecondsSince(leader_missing_since_) >= config_.lease_seconds)
+        client_->PutIfAbsent(Key(round_dir + "leader"), node_id_, lease_.load()).status().IgnoreError();
+    } else if (read.ok()) {
+      leader_missing_since_ = Clock::time_point{};
+    }
     std::optional<uint64_t> round;
     if (read.ok() && !(*read)[0].empty()) {
       const std::string& v = (*read)[0][0].value;
@@ -391,16 +447,16 @@ void Rendezvous::Watch() {
     std::lock_guard<std::mutex> lock(mu_);
     news_.etcd_unreachable = !reachable;
     if (!read.ok()) continue;
-    const std::vector<EtcdKeyValue>* members = &(*read)[2];
     if (round && in_round && *round > mine) news_.round = *round;
     if (!(*read)[1].empty()) news_.give_up = (*read)[1][0].value;
+    leader_ = !(*read)[4].empty() && (*read)[4][0].value == node_id_;
+    news_.leader = leader_;
+    if (read->size() > 5) news_.progress = (*read)[5];
     if (in_round && in_round_ && my_round_ == mine) {
       std::set<std::string> present;  // alive or finished
-      const std::string dir = Key("rounds/" + std::to_string(mine) + "/");
-      for (const EtcdKeyValue& kv : *members) {
-        const std::string tail = kv.key.substr(dir.size());
-        for (const char* kind : {"nodes/", "finished/"})
-          if (tail.rfind(kind, 0) == 0) present.insert(tail.substr(std::string(kind).size()));
+      for (size_t k : {size_t{2}, size_t{3}}) {
+        const std::string dir = Key(round_dir + (k == 2 ? "nodes/" : "finished/"));
+        for (const EtcdKeyValue& kv : (*read)[k]) present.insert(kv.key.substr(dir.size()));
       }
       for (const std::string& id : nodes) {
         if (present.count(id) || std::count(reported_lost_.begin(), reported_lost_.end(), id)) continue;

@@ -16,6 +16,10 @@
 // An agent that dies stops renewing its lease; its entry vanishes and the others report the node
 // lost. The last agent to leave removes the job's keys.
 //
+// The round's leader (rounds/R/leader, leased: the node of group rank 0, or another one when that
+// node is gone) reads every node's progress summary about once a second and runs the job-wide
+// detectors (agent/detectors/job_hang_detector.h).
+//
 // A background thread renews the lease and watches the round (polling, so an etcd restart needs
 // no stream to be re-established); the agent's loop reads what it saw without blocking.
 //
@@ -25,6 +29,7 @@
 #define LIFELINE_AGENT_RENDEZVOUS_H_
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -53,6 +58,7 @@ struct RendezvousConfig {
   double last_call_seconds = 3;    // with MIN nodes in, how long a round waits for more
   double join_timeout_seconds = 900;
   double poll_seconds = 0.25;      // how often the watcher reads the round
+  double progress_seconds = 1.0;   // how often a node publishes its progress, and the leader reads all
 };
 
 struct RoundNode {
@@ -86,6 +92,8 @@ struct RoundPlan {
 // What the watcher saw since the agent last asked.
 struct RendezvousNews {
   std::optional<uint64_t> round;          // the job moved to this round (past the agent's)
+  bool leader = false;                    // this node runs the job-wide detectors of its round
+  std::vector<EtcdKeyValue> progress;     // the leader's: every node's newest progress summary
   std::string give_up;                    // the job ended: why
   std::vector<std::string> lost_nodes;    // nodes of the agent's round whose lease expired
   bool etcd_unreachable = false;          // etcd did not answer the last poll
@@ -118,6 +126,10 @@ class Rendezvous {
   // What changed since the last call; never blocks.
   RendezvousNews TakeNews();
 
+  // This node's progress summary (agent/progress.h) for the round's leader; published by the
+  // watcher at most once per `progress_seconds`, never blocking the caller.
+  void PublishProgress(std::string summary);
+
   // Leaves the job: says so when this node's ranks `finished` (so the others do not take it for
   // lost), ends the lease (this node's entries go) and, when no other agent is left, removes
   // every key of the job. Best effort.
@@ -145,10 +157,14 @@ class Rendezvous {
   std::condition_variable cv_;
   bool stopping_ = false;                 // GUARDED_BY(mu_)
   uint64_t my_round_ = 0;                 // GUARDED_BY(mu_): the round of the last plan
+  int my_group_ = -1;                     // GUARDED_BY(mu_): this node's group rank in it
   std::vector<std::string> my_nodes_;     // GUARDED_BY(mu_): that plan's nodes
   bool in_round_ = false;                 // GUARDED_BY(mu_)
   RendezvousNews news_;                   // GUARDED_BY(mu_)
   std::vector<std::string> reported_lost_;  // GUARDED_BY(mu_)
+  std::string progress_out_;              // GUARDED_BY(mu_): the newest summary not yet published
+  bool leader_ = false;                   // GUARDED_BY(mu_): this node holds rounds/R/leader
+  std::chrono::steady_clock::time_point leader_missing_since_{};  // the watcher's own
   std::thread watcher_;
 };
 

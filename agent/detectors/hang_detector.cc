@@ -124,6 +124,9 @@ void HangDetector::CheckCollectives(const Timeline& t, uint64_t now, std::vector
       a.evidence["waited_seconds"] = Seconds(waited);
       a.evidence["waiting_ranks"] = waiting;
       a.evidence["history_size"] = h == nullptr ? 0 : h->size();
+      // Which rule named the culprits: in a multi-node job the agent leaves "all_joined" (no rank
+      // of this node stands out) to the job-wide view, where the rank holding it up may show.
+      a.evidence["verdict"] = !never_joined.empty() ? "never_joined" : culprits == in_global ? "all_joined" : "never_posted";
       if (!exited.empty()) a.evidence["exited_ranks"] = exited;
       a.message = what;
       a.detected_ns = now;

@@ -233,6 +233,66 @@ TEST_F(MultiNodeTest, ACrashOnOneNodeRestartsEveryNodeInTheNextRoundNamingTheGlo
   EXPECT_TRUE(JobKeys("crash").empty());
 }
 
+// A rank hung on node 1 is the one named, on every node: node 0, whose ranks all joined the
+// allreduce rank 3 never entered, does not blame them (its view stops at its own ranks); the
+// culprit's node or the round's leader (the job-wide view) names rank 3 within the hang timeout
+// plus 2 s, and the job ends like a clean one.
+TEST_F(MultiNodeTest, AHangOnOneNodeIsNamedAsTheGlobalCulpritOnEveryNode) {
+  const auto single = SingleNodeFinals(kSteps);
+  std::vector<NodeRun> runs = RunJob("hang", "--max-restarts 2", std::string(kSteps) + " --fault hang@3:110");
+  std::map<int, std::string> finals;
+  int hangs = 0;
+  for (const NodeRun& r : runs) {
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    for (const auto& a : r.anomalies) {
+      // A rank-less slow_collective from CPU contention on this 2-core machine is issue 24's
+      // subject; what matters here is that no other rank is ever blamed.
+      for (const auto& rank : a["ranks"]) EXPECT_EQ(rank, 3) << a.dump();
+      if (a["kind"] != "hang") continue;
+      EXPECT_EQ(a["ranks"], nlohmann::json::array({3})) << a.dump();
+      const double waited = a["evidence"].value("waited_seconds", 0.0);
+      EXPECT_LT(waited, 5.0 + 2.0) << a.dump();
+      ++hangs;
+    }
+    finals.insert(r.finals.begin(), r.finals.end());
+  }
+  EXPECT_GE(hangs, 1);
+  EXPECT_EQ(finals, single);
+}
+
+// The job-wide view at work: node 1's own detectors are given a 60 s hang timeout, so only the
+// round's leader (node 0, timeout 5 s), reading every node's progress summary, can name rank 3,
+// which never joined the allreduce rank 2 (on its node) and ranks 0 and 1 (on node 0) wait in.
+TEST_F(MultiNodeTest, TheLeaderNamesAHungRankOfAnotherNodeFromTheProgressSummaries) {
+  const auto single = SingleNodeFinals(kSteps);
+  const std::string drill = std::string(kSteps) + " --fault hang@3:110";
+  const pid_t leader = Spawn(AgentCommand("view", 0, "view", "--max-restarts 2 --node-rank 0", drill), Out("view", 0));
+  std::string slow = AgentCommand("view", 1, "view", "--max-restarts 2 --node-rank 1", drill);
+  slow.replace(slow.find("--hang-timeout 5"), 16, "--hang-timeout 60");
+  const pid_t other = Spawn(slow, Out("view", 1));
+  NodeRun a, b;
+  a.exit_code = WaitFor(leader, 120);
+  b.exit_code = WaitFor(other, 120);
+  Read("view", 0, &a);
+  Read("view", 1, &b);
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  std::vector<nlohmann::json> hangs;
+  for (const auto& x : a.anomalies)
+    if (x["kind"] == "hang") hangs.push_back(x);
+  ASSERT_EQ(hangs.size(), 1u) << Dump(a.anomalies);
+  EXPECT_EQ(hangs[0]["ranks"], nlohmann::json::array({3})) << hangs[0].dump();
+  EXPECT_EQ(hangs[0]["evidence"].value("job_wide", false), true) << hangs[0].dump();
+  EXPECT_EQ(hangs[0]["evidence"]["waiting_ranks"], nlohmann::json::array({0, 1, 2})) << hangs[0].dump();
+  // Published once a second and read once a second: seen at most ~2 s late, so named within the
+  // timeout plus 2 s of the last rank entering (what waited_seconds counts from its first sight).
+  EXPECT_LT(hangs[0]["evidence"]["waited_seconds"].get<double>(), 5.0 + 2.0) << hangs[0].dump();
+  for (const auto& x : b.anomalies) EXPECT_NE(x["kind"], "hang") << "node 1's own view needed 60 s: " << x.dump();
+  std::map<int, std::string> finals = a.finals;
+  finals.insert(b.finals.begin(), b.finals.end());
+  EXPECT_EQ(finals, single);
+}
+
 TEST_F(MultiNodeTest, ASpentBudgetEndsTheJobOnEveryNodeWithTheReason) {
   std::vector<NodeRun> runs = RunJob("budget", "--max-restarts 0", std::string(kSteps) + " --fault crash@1:30");
   for (const NodeRun& r : runs) {

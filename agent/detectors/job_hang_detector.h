@@ -1,0 +1,50 @@
+// hang, judged over the whole job: the collectives that ranks on other nodes hold up. Run by the
+// round's leader (agent/rendezvous.h) on every node's progress summary (agent/progress.h), where
+// each node's own HangDetector sees only its ranks: a collective that every local rank joined is
+// stuck "with no rank standing out" on one node while the rank holding it up sits on another.
+//
+// Per communicator it follows the front, the highest seq any member began. When the front has
+// stood for the timeout with some members in it (by the members' own time in it, as the summaries
+// carry it, or else since this detector first saw it), the culprits are, in order: the members that
+// never began it; else those in it that never posted their part while others did; else (every
+// member in it and posted) all of them, no rank standing out. Reported once per collective.
+//
+// Members: every live rank for communicator 0 (the world), the ranks that ever reported it for
+// any other. A communicator with a dead member is left to the dead-rank detector.
+#ifndef LIFELINE_AGENT_DETECTORS_JOB_HANG_DETECTOR_H_
+#define LIFELINE_AGENT_DETECTORS_JOB_HANG_DETECTOR_H_
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "agent/detector.h"
+#include "agent/progress.h"
+
+namespace lifeline::agent {
+
+class JobHangDetector {
+ public:
+  explicit JobHangDetector(double timeout_seconds) : timeout_ns_(static_cast<uint64_t>(timeout_seconds * 1e9)) {}
+
+  // A new round: forget the previous one.
+  void Reset() { fronts_.clear(); }
+
+  // The newest progress of every rank of the job, read at `now_ns`.
+  void Poll(const std::vector<RankProgress>& ranks, uint64_t now_ns, std::vector<Anomaly>* out);
+
+ private:
+  struct Front {
+    uint64_t seq = 0;
+    uint64_t since_ns = 0;
+    bool reported = false;
+  };
+  const uint64_t timeout_ns_;
+  std::map<uint32_t, Front> fronts_;
+};
+
+}  // namespace lifeline::agent
+
+#endif  // LIFELINE_AGENT_DETECTORS_JOB_HANG_DETECTOR_H_

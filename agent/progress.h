@@ -1,0 +1,55 @@
+// A node's compact summary of its ranks' progress, published about once a second in a multi-node
+// job so that one agent (the round's leader, agent/rendezvous.h) can judge the job as a whole
+// (agent/detectors/job_hang_detector.h): per rank its step, how long it has been silent, and per
+// communicator the highest collective it began and the oldest one it has not ended.
+//
+// Size: about 30 bytes per rank plus about 20 per communicator the rank is in, so a node of 8
+// ranks in 3 communicators publishes under 1 KB; it grows with ranks and communicators, never with
+// steps or collectives.
+#ifndef LIFELINE_AGENT_PROGRESS_H_
+#define LIFELINE_AGENT_PROGRESS_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "agent/timeline.h"
+#include "lifeline/status.h"
+
+namespace lifeline::agent {
+
+struct CommProgress {
+  uint64_t begun = 0;       // the highest seq the rank began on the communicator
+  int64_t open = -1;        // the oldest seq it began and did not end; -1: none
+  bool posted = false;      // it handed its part of `open` over
+  int op = 0;               // trace::Op of `open`
+  double open_seconds = 0;  // how long the rank has been in `open` (as of reading the summary)
+};
+
+struct RankProgress {
+  int rank = 0;             // global
+  int node = 0;             // the node's group rank
+  bool alive = true;
+  int64_t step = -1;        // the last step begun; -1: none
+  double silent_seconds = 0;  // since its last event, as of the summary
+  std::map<uint32_t, CommProgress> comms;
+};
+
+// The progress of `timeline`'s ranks at `now_ns`, as node `node` of the job.
+std::vector<RankProgress> SummarizeProgress(const Timeline& timeline, int node, uint64_t now_ns);
+
+// Compact JSON stamped with the wall-clock time `unix_ms`, and back: the ages in a summary read
+// at `now_unix_ms` grow by the time it spent in transit (clocks of the nodes assumed in step, as
+// NTP keeps them to milliseconds; never negative). Corruption naming `what` for text that is not
+// a summary.
+std::string EncodeProgress(const std::vector<RankProgress>& ranks, int64_t unix_ms);
+Result<std::vector<RankProgress>> DecodeProgress(std::string_view text, const std::string& what, int64_t now_unix_ms);
+
+// Milliseconds since the Unix epoch, now.
+int64_t UnixMillisNow();
+
+}  // namespace lifeline::agent
+
+#endif  // LIFELINE_AGENT_PROGRESS_H_
