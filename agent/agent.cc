@@ -570,20 +570,28 @@ std::string Agent::HandleControl(const std::string& request) {
     if (launcher_ != nullptr)
       for (const RankProcess& p : launcher_->ranks()) {
         const RankTimeline& v = timeline_.rank(p.rank);
-        nlohmann::json j = {{"rank", p.rank}, {"pid", p.pid}, {"running", p.running}, {"events", v.events}};
+        nlohmann::json j = {{"rank", static_cast<int>(rank_base_) + p.rank}, {"pid", p.pid}, {"running", p.running},
+                            {"events", v.events}};
         j["step"] = v.step == trace::kNoStep ? nlohmann::json(nullptr) : nlohmann::json(v.step);
         j["last_event_age_seconds"] = v.last_event_ns == 0 ? nlohmann::json(nullptr)
                                                            : nlohmann::json(Seconds(now - v.last_event_ns));
         if (!p.running) j["exit"] = DescribeWaitStatus(p.wait_status);
         ranks.push_back(j);
       }
-    return nlohmann::json({{"job", config_.job_id},
-                           {"restarts", restarts_},
-                           {"max_restarts", config_.restart.max_restarts},
-                           {"anomalies", anomalies_},
-                           {"run_dir", config_.run_dir},
-                           {"ranks", ranks}})
-        .dump();
+    nlohmann::json status = {{"job", config_.job_id},
+                             {"restarts", restarts_},
+                             {"max_restarts", config_.restart.max_restarts},
+                             {"anomalies", anomalies_},
+                             {"run_dir", config_.run_dir},
+                             {"ranks", ranks}};
+    if (plan_) {  // a multi-node job: this node's place in the current round
+      status["node"] = rdzv_->node_id();
+      status["round"] = plan_->round;
+      status["group_rank"] = plan_->group_rank;
+      status["nodes"] = plan_->nodes.size();
+      status["world_size"] = plan_->world_size;
+    }
+    return status.dump();
   }
   if (cmd == "dump") {
     if (launcher_ != nullptr) RequestDumps("control socket");
