@@ -187,7 +187,7 @@ Status Agent::Setup() {
     rc.last_call_seconds = z.last_call_seconds;
     rc.join_timeout_seconds = z.join_timeout_seconds;
     LL_ASSIGN_OR_RETURN(rdzv_, Rendezvous::Connect(std::move(rc)));
-    job_hang_ = std::make_unique<JobHangDetector>(config_.hang.floor_seconds);
+    job_view_ = std::make_unique<JobView>(config_);
   }
   if (config_.job_id.empty()) config_.job_id = NewJobId();
   if (config_.run_dir.empty()) {
@@ -315,7 +315,7 @@ Status Agent::JoinRound(const std::string& checkpoint_dir) {
   Result<RoundPlan> plan = rdzv_->Join(offer, [] { return g_stop_signal != 0; });
   if (!plan.ok()) return plan.status();
   plan_ = std::move(*plan);
-  job_hang_->Reset();
+  job_view_->Reset(static_cast<int>(plan_->world_size));
   restarts_ = static_cast<uint32_t>(plan_->round);
   rank_base_ = plan_->rank_base;
   nlohmann::json nodes = nlohmann::json::array();
@@ -361,13 +361,9 @@ void Agent::PlanEnvironment(std::map<std::string, std::string>* env, nlohmann::j
 void Agent::ReadRendezvous(std::vector<Anomaly>* anomalies, bool* moved) {
   const uint64_t now = trace::MonotonicNanos();
   if (plan_ && plan_->nodes.size() > 1) {
-    // This node sees its own ranks only: a collective all of them joined is for the job-wide view
-    // to judge, where the rank holding it up on another node shows.
-    anomalies->erase(std::remove_if(anomalies->begin(), anomalies->end(),
-                                    [](const Anomaly& a) {
-                                      return a.kind == "hang" && a.evidence.value("verdict", "") == "all_joined";
-                                    }),
-                     anomalies->end());
+    // This node sees its own ranks only: stragglers, slow collectives and a collective all of
+    // them joined are for the job-wide view to judge, where the ranks of other nodes show.
+    anomalies->erase(std::remove_if(anomalies->begin(), anomalies->end(), LeftToJobView), anomalies->end());
   }
   if (plan_ && now - progress_published_ns_ >= 500'000'000ull) {
     rdzv_->PublishProgress(EncodeProgress(SummarizeProgress(timeline_, plan_->group_rank, now), UnixMillisNow()));
@@ -381,7 +377,7 @@ void Agent::ReadRendezvous(std::vector<Anomaly>* anomalies, bool* moved) {
       if (!ranks.ok()) continue;  // not one of ours: no say in the verdict
       job.insert(job.end(), ranks->begin(), ranks->end());
     }
-    job_hang_->Poll(job, now, anomalies);
+    job_view_->Update(job, now, anomalies);
   }
   for (const std::string& id : news.lost_nodes) {
     int group = -1;

@@ -17,7 +17,7 @@
 
 #include "agent/config.h"
 #include "agent/detector.h"
-#include "agent/detectors/job_hang_detector.h"
+#include "agent/job_view.h"
 #include "agent/launcher.h"
 #include "agent/rendezvous.h"
 #include "agent/resume.h"
@@ -92,7 +92,7 @@ class Agent {
   std::optional<RoundPlan> plan_;  // the round this node's ranks run in
   uint32_t rank_base_ = 0;         // global rank of local rank 0
   bool finished_ = false;          // every local rank ended normally
-  std::unique_ptr<JobHangDetector> job_hang_;  // run while this node leads its round
+  std::unique_ptr<JobView> job_view_;  // judged while this node leads its round
   uint64_t progress_published_ns_ = 0;
   uint64_t started_ns_ = 0;        // when Run began (0: not running)
 };

@@ -3,9 +3,9 @@
 // (agent/detectors/job_hang_detector.h): per rank its step, how long it has been silent, and per
 // communicator the highest collective it began and the oldest one it has not ended.
 //
-// Size: about 30 bytes per rank plus about 20 per communicator the rank is in, so a node of 8
-// ranks in 3 communicators publishes under 1 KB; it grows with ranks and communicators, never with
-// steps or collectives.
+// Size: about 40 bytes per rank plus about 20 per communicator the rank is in, and the rank's
+// newest ended collectives (at most kSamplesPerComm per communicator, about 30 bytes each), so it
+// grows with ranks and communicators, never with steps or the collective rate beyond that window.
 #ifndef LIFELINE_AGENT_PROGRESS_H_
 #define LIFELINE_AGENT_PROGRESS_H_
 
@@ -28,6 +28,15 @@ struct CommProgress {
   double open_seconds = 0;  // how long the rank has been in `open` (as of reading the summary)
 };
 
+// One collective a rank ended, with its times as seconds before the summary (posted: -1 when the
+// rank recorded no post).
+struct CollectiveSample {
+  uint32_t comm = 0;
+  uint64_t seq = 0;
+  int op = 0;
+  double begin_ago = 0, posted_ago = -1, end_ago = 0;
+};
+
 struct RankProgress {
   int rank = 0;             // global
   int node = 0;             // the node's group rank
@@ -35,7 +44,12 @@ struct RankProgress {
   int64_t step = -1;        // the last step begun; -1: none
   double silent_seconds = 0;  // since its last event, as of the summary
   std::map<uint32_t, CommProgress> comms;
+  // The newest collectives it ended (at most kSamplesPerComm per communicator, oldest first): what
+  // the leader replays to judge stragglers and slow collectives across nodes.
+  std::vector<CollectiveSample> recent;
 };
+
+inline constexpr size_t kSamplesPerComm = 32;
 
 // The progress of `timeline`'s ranks at `now_ns`, as node `node` of the job.
 std::vector<RankProgress> SummarizeProgress(const Timeline& timeline, int node, uint64_t now_ns);

@@ -73,7 +73,7 @@ int Count(const std::vector<nlohmann::json>& lines, const std::string& key, cons
 }
 
 class MultiNodeTest : public ::testing::Test {
- protected:
+ public:
   void SetUp() override {
     ASSERT_TRUE(etcd_.ok()) << etcd_.error();
     char tmpl[] = "/tmp/lifeline-multinode-XXXXXX";
@@ -291,6 +291,40 @@ TEST_F(MultiNodeTest, TheLeaderNamesAHungRankOfAnotherNodeFromTheProgressSummari
   std::map<int, std::string> finals = a.finals;
   finals.insert(b.finals.begin(), b.finals.end());
   EXPECT_EQ(finals, single);
+}
+
+// Stragglers and slow links are judged on the job-wide view: the leader replays every node's
+// summaries and names the rank once, wherever it runs; nothing restarts; the job ends like a
+// clean one. `kind` is the expected anomaly, `fault` the drill's.
+void ExpectNamedOnceByTheLeader(MultiNodeTest* t, const std::string& name, const std::string& steps,
+                                const std::string& fault, const std::string& kind, int rank) {
+  const auto single = t->SingleNodeFinals(steps);
+  std::vector<NodeRun> runs = t->RunJob(name, "--max-restarts 2", steps + " --fault " + fault);
+  std::map<int, std::string> finals;
+  int named = 0;
+  for (const NodeRun& r : runs) {
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(Count(r.actions, "action", "restart"), 0) << Dump(r.actions);
+    for (const auto& a : r.anomalies) {
+      for (const auto& x : a["ranks"]) EXPECT_EQ(x, rank) << a.dump();
+      if (a["kind"] != kind) continue;
+      EXPECT_EQ(a["ranks"], nlohmann::json::array({rank})) << a.dump();
+      EXPECT_EQ(a["evidence"].value("job_wide", false), true) << a.dump();
+      ++named;
+    }
+    finals.insert(r.finals.begin(), r.finals.end());
+  }
+  EXPECT_EQ(named, 1) << "one fault, one alarm (the detectors' cooldown outlasts the job)";
+  EXPECT_EQ(finals, single);
+}
+
+TEST_F(MultiNodeTest, AStragglerOnAnotherNodeIsNamedOnceByTheLeader) {
+  ExpectNamedOnceByTheLeader(this, "straggler", "--steps 200 --ckpt-every 20", "slow@3:30:40", "straggler", 3);
+}
+
+TEST_F(MultiNodeTest, ASlowLinkIsNamedByTheLeader) {
+  ExpectNamedOnceByTheLeader(this, "slowlink", "--steps 500 --ckpt-every 50 --compute-ms 5", "slowcomm@1:200:30",
+                             "slow_collective", 1);
 }
 
 TEST_F(MultiNodeTest, ASpentBudgetEndsTheJobOnEveryNodeWithTheReason) {

@@ -1,0 +1,86 @@
+// The leader's job-wide view: summaries of ranks on different nodes replayed into one timeline,
+// judged by the node detectors as if every rank were local.
+#include "agent/job_view.h"
+
+#include <gtest/gtest.h>
+
+namespace lifeline::agent {
+namespace {
+
+constexpr uint64_t kMs = 1000000;
+
+// Four ranks on two nodes; collectives 1..n on comm 0, one every 100 ms from t = 1 s; rank
+// `late` enters each `late_ms` after the others; every rank ends it 5 ms after the last entry
+// (plus `slow_ms` from collective `slow_from` on).
+std::vector<RankProgress> Summaries(uint64_t now_ns, uint64_t n, int late, uint64_t late_ms, uint64_t slow_from = 0,
+                                    uint64_t slow_ms = 0) {
+  std::vector<RankProgress> out;
+  for (int r = 0; r < 4; ++r) {
+    RankProgress p;
+    p.rank = r;
+    p.node = r / 2;
+    p.step = static_cast<int64_t>(n);
+    for (uint64_t seq = n > kSamplesPerComm ? n - kSamplesPerComm + 1 : 1; seq <= n; ++seq) {
+      const uint64_t start = 1000 * kMs + seq * 100 * kMs;
+      const uint64_t begin = start + (r == late ? late_ms * kMs : 0);
+      const uint64_t end = start + late_ms * kMs + 5 * kMs + (seq >= slow_from && slow_from > 0 ? slow_ms * kMs : 0);
+      CollectiveSample s;
+      s.seq = seq;
+      s.op = static_cast<int>(trace::Op::kAllReduce);
+      s.begin_ago = (now_ns - begin) * 1e-9;
+      s.posted_ago = (now_ns - begin) * 1e-9;
+      s.end_ago = (now_ns - end) * 1e-9;
+      p.recent.push_back(s);
+    }
+    p.comms[0] = CommProgress{n, -1, false, 0, 0};
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+TEST(JobViewTest, AComputeStragglerOnAnotherNodeIsNamedOnceFromReplayedSummaries) {
+  AgentConfig config;
+  JobView view(config);
+  view.Reset(4);
+  std::vector<Anomaly> out;
+  // A summary a second: each carries the newest 16 collectives, some of them replayed already.
+  for (uint64_t n = 10; n <= 60; n += 10) {
+    const uint64_t now = 1000 * kMs + n * 100 * kMs + 200 * kMs;
+    view.Update(Summaries(now, n, /*late=*/3, /*late_ms=*/40), now, &out);
+  }
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].kind, "straggler");
+  EXPECT_EQ(out[0].ranks, std::vector<int>({3}));
+  EXPECT_EQ(out[0].evidence.value("job_wide", false), true);
+  EXPECT_NE(out[0].message.find("rank 3"), std::string::npos) << out[0].message;
+  // Every collective was replayed once, in full.
+  const auto* records = view.timeline().Collectives(0);
+  ASSERT_NE(records, nullptr);
+  EXPECT_EQ(records->size(), 60u);
+  EXPECT_TRUE(records->rbegin()->second.exited_by_all);
+}
+
+TEST(JobViewTest, OnTimeRanksRaiseNothingAndNodeVerdictsAreLeftToTheView) {
+  AgentConfig config;
+  JobView view(config);
+  view.Reset(4);
+  std::vector<Anomaly> out;
+  for (uint64_t n = 10; n <= 60; n += 10) {
+    const uint64_t now = 1000 * kMs + n * 100 * kMs + 200 * kMs;
+    view.Update(Summaries(now, n, /*late=*/-1, /*late_ms=*/0), now, &out);
+  }
+  EXPECT_TRUE(out.empty()) << out[0].message;
+  Anomaly local;
+  local.kind = "straggler";
+  EXPECT_TRUE(LeftToJobView(local));
+  local.kind = "hang";
+  local.evidence["verdict"] = "never_joined";
+  EXPECT_FALSE(LeftToJobView(local));
+  local.evidence["verdict"] = "all_joined";
+  EXPECT_TRUE(LeftToJobView(local));
+  local.kind = "dead";
+  EXPECT_FALSE(LeftToJobView(local));
+}
+
+}  // namespace
+}  // namespace lifeline::agent
