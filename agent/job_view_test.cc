@@ -38,16 +38,21 @@ std::vector<RankProgress> Summaries(uint64_t now_ns, uint64_t n, int late, uint6
   return out;
 }
 
-TEST(JobViewTest, AComputeStragglerOnAnotherNodeIsNamedOnceFromReplayedSummaries) {
-  AgentConfig config;
-  JobView view(config);
-  view.Reset(4);
+// Six summaries a second apart through a fresh view of 4 ranks (each carries the newest
+// kSamplesPerComm collectives, some of them replayed already); the anomalies it raised.
+std::vector<Anomaly> Replay(JobView* view, int late, uint64_t late_ms) {
+  view->Reset(4);
   std::vector<Anomaly> out;
-  // A summary a second: each carries the newest 16 collectives, some of them replayed already.
   for (uint64_t n = 10; n <= 60; n += 10) {
     const uint64_t now = 1000 * kMs + n * 100 * kMs + 200 * kMs;
-    view.Update(Summaries(now, n, /*late=*/3, /*late_ms=*/40), now, &out);
+    view->Update(Summaries(now, n, late, late_ms), now, &out);
   }
+  return out;
+}
+
+TEST(JobViewTest, AComputeStragglerOnAnotherNodeIsNamedOnceFromReplayedSummaries) {
+  JobView view{AgentConfig()};
+  const std::vector<Anomaly> out = Replay(&view, /*late=*/3, /*late_ms=*/40);
   ASSERT_EQ(out.size(), 1u);
   EXPECT_EQ(out[0].kind, "straggler");
   EXPECT_EQ(out[0].ranks, std::vector<int>({3}));
@@ -61,14 +66,8 @@ TEST(JobViewTest, AComputeStragglerOnAnotherNodeIsNamedOnceFromReplayedSummaries
 }
 
 TEST(JobViewTest, OnTimeRanksRaiseNothingAndNodeVerdictsAreLeftToTheView) {
-  AgentConfig config;
-  JobView view(config);
-  view.Reset(4);
-  std::vector<Anomaly> out;
-  for (uint64_t n = 10; n <= 60; n += 10) {
-    const uint64_t now = 1000 * kMs + n * 100 * kMs + 200 * kMs;
-    view.Update(Summaries(now, n, /*late=*/-1, /*late_ms=*/0), now, &out);
-  }
+  JobView view{AgentConfig()};
+  const std::vector<Anomaly> out = Replay(&view, /*late=*/-1, /*late_ms=*/0);
   EXPECT_TRUE(out.empty()) << out[0].message;
   Anomaly local;
   local.kind = "straggler";
