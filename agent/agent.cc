@@ -370,7 +370,8 @@ void Agent::ReadRendezvous(std::vector<Anomaly>* anomalies, bool* moved) {
     progress_published_ns_ = now;
   }
   const RendezvousNews news = rdzv_->TakeNews();
-  if (news.leader && !news.progress.empty()) {
+  // With one node in the round its own detectors see everything: no second view, no second alarm.
+  if (news.leader && !news.progress.empty() && plan_ && plan_->nodes.size() > 1) {
     std::vector<RankProgress> job;
     for (const EtcdKeyValue& kv : news.progress) {
       Result<std::vector<RankProgress>> ranks = DecodeProgress(kv.value, "etcd key " + kv.key, UnixMillisNow());
