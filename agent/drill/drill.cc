@@ -1,6 +1,7 @@
 // lifeline-drill: a synthetic data-parallel training job for fault drills of lifeline-agent. The
-// agent launches it N times on one node, torchrun-style (RANK, WORLD_SIZE, LOCAL_RANK,
-// LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LIFELINE_JOB, LIFELINE_RESTART, LIFELINE_AGENT), and
+// agent launches it N times on each node, torchrun-style (RANK, WORLD_SIZE, LOCAL_RANK,
+// LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LIFELINE_JOB, LIFELINE_RESTART, LIFELINE_LAUNCH_ID,
+// LIFELINE_AGENT), and
 // --fault makes a rank crash, hang or straggle on the first launch so the agent has something to
 // detect, diagnose and restart from.
 //
@@ -22,6 +23,12 @@
 // relaunched ends with exactly the state of a run that never failed: the last line,
 // "final rank=R step=S checksum=HEX" (XXH3-64 of the parameter then the momentum bytes), is the
 // same on every rank and in both runs. Faults apply only when LIFELINE_RESTART is 0 or unset.
+//
+// The allreduce runs through shared memory when every rank is on this node (LOCAL_WORLD_SIZE equal
+// to WORLD_SIZE, or unset), and over TCP through global rank 0 at MASTER_ADDR:MASTER_PORT when the
+// world spans nodes; both add in rank order, so the final state does not depend on the layout. A
+// rank whose peer's connection closes mid-collective says so and waits to be stopped, as an NCCL
+// rank would: the supervisor names the rank that died, not its peers.
 //
 // Exit status: 0 at the end of training (a failed checkpoint is reported on stderr but does not
 // stop training), 1 when the job cannot run (checkpoint directory, load, the shared-memory group),
@@ -49,6 +56,7 @@
 #include <xxhash.h>
 
 #include "agent/drill/shm_allreduce.h"
+#include "agent/drill/tcp_allreduce.h"
 #include "lifeline/checkpoint.h"
 #include "lifeline/log.h"
 #include "lifeline/trace.h"
@@ -90,6 +98,10 @@ struct Launch {
   uint64_t restart = 0;
   std::string job;       // LIFELINE_JOB, may be empty
   std::string shm_key;   // what names the shared-memory segment: the job, else the port, else the uid
+  bool spans_nodes = false;  // LOCAL_WORLD_SIZE < WORLD_SIZE: the allreduce goes over TCP
+  std::string master_addr;
+  uint16_t master_port = 0;
+  std::string launch_key;  // LIFELINE_LAUNCH_ID, else the job and the restart
 };
 
 bool ParseU64(const std::string& text, uint64_t* out) {
@@ -137,16 +149,21 @@ std::optional<std::string> ReadLaunch(Launch* l) {
     l->rank = static_cast<uint32_t>(*rank);
     l->world_size = static_cast<uint32_t>(*world);
   }
-  // The allreduce is through this machine's shared memory: every rank must be on it. A multi-node
-  // job whose "nodes" are agents on one machine says so with LIFELINE_DRILL_ONE_MACHINE=1.
-  const bool one_machine = Getenv("LIFELINE_DRILL_ONE_MACHINE").value_or("") == "1";
-  if (local_world && *local_world != l->world_size && !one_machine)
-    return "LOCAL_WORLD_SIZE=" + std::to_string(*local_world) + " differs from WORLD_SIZE=" +
-           std::to_string(l->world_size) + ": lifeline-drill runs all its ranks on one node (LIFELINE_DRILL_ONE_MACHINE=1: nodes that share this machine)";
-  if (local_rank && *local_rank != l->rank && !one_machine)
-    return "LOCAL_RANK=" + std::to_string(*local_rank) + " differs from RANK=" + std::to_string(l->rank) +
-           ": lifeline-drill runs all its ranks on one node";
   if (port && (*port == 0 || *port > 65535)) return "MASTER_PORT=" + std::to_string(*port) + " is not a port";
+  if (local_world && (*local_world == 0 || *local_world > l->world_size))
+    return "LOCAL_WORLD_SIZE=" + std::to_string(*local_world) + " must be 1 to WORLD_SIZE=" +
+           std::to_string(l->world_size);
+  l->spans_nodes = local_world && *local_world < l->world_size;
+  if (!l->spans_nodes && local_rank && *local_rank != l->rank)
+    return "LOCAL_RANK=" + std::to_string(*local_rank) + " differs from RANK=" + std::to_string(l->rank) +
+           " in a world on one node (LOCAL_WORLD_SIZE=WORLD_SIZE)";
+  if (l->spans_nodes) {  // the allreduce goes over TCP through global rank 0
+    l->master_addr = Getenv("MASTER_ADDR").value_or("");
+    if (l->master_addr.empty() || !port)
+      return "the world spans nodes (LOCAL_WORLD_SIZE=" + std::to_string(*local_world) + " < WORLD_SIZE=" +
+             std::to_string(l->world_size) + ") but MASTER_ADDR or MASTER_PORT is not set";
+    l->master_port = static_cast<uint16_t>(*port);
+  }
   l->restart = restart.value_or(0);
   l->job = Getenv("LIFELINE_JOB").value_or("");
   if (!l->job.empty()) {
@@ -156,6 +173,7 @@ std::optional<std::string> ReadLaunch(Launch* l) {
   } else {
     l->shm_key = "uid" + std::to_string(getuid());
   }
+  l->launch_key = Getenv("LIFELINE_LAUNCH_ID").value_or(l->shm_key + ":" + std::to_string(l->restart));
   return std::nullopt;
 }
 
@@ -329,6 +347,78 @@ SaveRequest MakeSaveRequest(Model* m, const Launch& l, uint64_t step, const Flag
 }
 
 // True when the checkpoint directory or the memory tier holds a complete checkpoint.
+// ---- the collective ----
+
+// The drill's allreduce, whichever way it travels. A connection that fails mid-collective is said
+// once on stderr and the rank then waits to be stopped, as a rank of a broken NCCL communicator
+// does: its supervisor names the rank that failed first, not the peers left waiting.
+class Group {
+ public:
+  virtual ~Group() = default;
+  virtual void Post(const float* data) = 0;
+  virtual void Finish(float* out) = 0;
+  virtual std::vector<uint64_t> AllGather(uint64_t word) = 0;
+};
+
+class ShmGroup final : public Group {
+ public:
+  explicit ShmGroup(std::unique_ptr<ShmAllReduce> c) : c_(std::move(c)) {}
+  void Post(const float* data) override { c_->Post(data); }
+  void Finish(float* out) override { c_->Finish(out); }
+  std::vector<uint64_t> AllGather(uint64_t word) override { return c_->AllGather(word); }
+
+ private:
+  std::unique_ptr<ShmAllReduce> c_;
+};
+
+class TcpGroup final : public Group {
+ public:
+  explicit TcpGroup(std::unique_ptr<TcpAllReduce> c) : c_(std::move(c)) {}
+  void Post(const float* data) override { c_->Post(data); }
+  void Finish(float* out) override { WaitIfFailed(c_->Finish(out)); }
+  std::vector<uint64_t> AllGather(uint64_t word) override {
+    Result<std::vector<uint64_t>> all = c_->AllGather(word);
+    WaitIfFailed(all.status());
+    return std::move(all).value();
+  }
+
+ private:
+  void WaitIfFailed(const Status& s) {
+    if (s.ok()) return;
+    std::fprintf(stderr, "lifeline-drill: rank %u: collective #%" PRIu64 " failed: %s; waiting to be stopped\n",
+                 c_->rank(), c_->completed() + 1, s.ToString().c_str());
+    std::fflush(nullptr);
+    for (;;) pause();
+  }
+
+  std::unique_ptr<TcpAllReduce> c_;
+};
+
+Result<std::unique_ptr<Group>> JoinGroup(const Launch& l, const Flags& flags) {
+  if (l.spans_nodes) {
+    TcpAllReduceOptions o;
+    o.master_addr = l.master_addr;
+    o.master_port = l.master_port;
+    o.launch_key = l.launch_key.substr(0, 256);
+    o.rank = l.rank;
+    o.world_size = l.world_size;
+    o.count = flags.params;
+    o.join_timeout_seconds = flags.join_timeout_s;
+    LL_ASSIGN_OR_RETURN(std::unique_ptr<TcpAllReduce> c, TcpAllReduce::Join(o));
+    return std::unique_ptr<Group>(new TcpGroup(std::move(c)));
+  }
+  ShmAllReduceOptions o;
+  const std::string key = ShmNameComponent(l.shm_key);
+  o.stale_prefix = "lifeline-drill." + key + ".";
+  o.name = o.stale_prefix + "w" + std::to_string(l.world_size) + ".r" + std::to_string(l.restart);
+  o.rank = l.rank;
+  o.world_size = l.world_size;
+  o.count = flags.params;
+  o.join_timeout_seconds = flags.join_timeout_s;
+  LL_ASSIGN_OR_RETURN(std::unique_ptr<ShmAllReduce> c, ShmAllReduce::Join(o));
+  return std::unique_ptr<Group>(new ShmGroup(std::move(c)));
+}
+
 Result<bool> HasCheckpoint(Checkpointer* ckpt) {
   LL_ASSIGN_OR_RETURN(std::optional<uint64_t> on_disk, ckpt->LatestStep());
   if (on_disk) return true;
@@ -415,21 +505,13 @@ int Run(const Flags& flags, const Launch& l) {
     std::printf("rank %u resumed from step %" PRIu64 " (%s)\n", rank, resumed, from_memory ? "memory tier" : "disk");
   }
 
-  ShmAllReduceOptions group;
-  const std::string key = ShmNameComponent(l.shm_key);
-  group.stale_prefix = "lifeline-drill." + key + ".";
-  group.name = group.stale_prefix + "w" + std::to_string(l.world_size) + ".r" + std::to_string(l.restart);
-  group.rank = rank;
-  group.world_size = l.world_size;
-  group.count = flags.params;
-  group.join_timeout_seconds = flags.join_timeout_s;
-  Result<std::unique_ptr<ShmAllReduce>> joined = ShmAllReduce::Join(group);
+  Result<std::unique_ptr<Group>> joined = JoinGroup(l, flags);
   if (!joined.ok()) {
     std::fprintf(stderr, "lifeline-drill: rank %u: cannot form the group of %u ranks: %s\n", rank, l.world_size,
                  joined.status().ToString().c_str());
     return kExitFailure;
   }
-  std::unique_ptr<ShmAllReduce> comm = std::move(*joined);
+  std::unique_ptr<Group> comm = std::move(*joined);
 
   // Every rank must continue from the same step, or the sums mix different steps.
   const std::vector<uint64_t> starts = comm->AllGather(resumed);

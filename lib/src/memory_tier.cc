@@ -118,18 +118,30 @@ Result<std::string> CheckpointDirectoryId(Env* env, const std::string& checkpoin
   return id;
 }
 
-std::string DefaultMemoryTierRoot(const std::string& checkpoint_dir, std::string_view dir_id) {
+Result<std::string> MemoryTierFileSystem() {
+  const char* set = std::getenv(kMemoryTierDirVariable);
+  if (set == nullptr || *set == '\0') return std::string("/dev/shm");
+  std::string dir(set);
+  if (dir[0] != '/')
+    return Status::InvalidArgument(std::string(kMemoryTierDirVariable) + "='" + dir + "'",
+                                   "must be an absolute path (every process of the node must find the same tier)");
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  return dir;
+}
+
+Result<std::string> DefaultMemoryTierRoot(const std::string& checkpoint_dir, std::string_view dir_id) {
+  LL_ASSIGN_OR_RETURN(std::string base, MemoryTierFileSystem());
   std::string key = RealPath(checkpoint_dir);
   key.push_back('\0');
   key.append(dir_id);
   char hex[17];
   std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(format::Checksum64(key)));
-  return "/dev/shm/lifeline-" + std::to_string(geteuid()) + "/" + hex;
+  return JoinPath(base, "lifeline-" + std::to_string(geteuid())) + "/" + hex;
 }
 
 Result<std::string> FindMemoryTierRoot(Env* env, const std::string& checkpoint_dir) {
   LL_ASSIGN_OR_RETURN(std::string id, CheckpointDirectoryId(env, checkpoint_dir, /*create=*/false));
-  std::string root = DefaultMemoryTierRoot(checkpoint_dir, id);
+  LL_ASSIGN_OR_RETURN(std::string root, DefaultMemoryTierRoot(checkpoint_dir, id));
   if (!Env::Default()->IsDirectory(root)) return Status::NotFound(root, "no memory tier on this node");
   return root;
 }
@@ -142,8 +154,11 @@ Result<std::unique_ptr<MemoryTier>> MemoryTier::Open(std::string root, const std
                                                      const std::string& dir_id, std::string run_hash, uint32_t rank,
                                                      uint32_t world_size, unsigned slots) {
   if (root.empty()) {
-    root = DefaultMemoryTierRoot(checkpoint_dir, dir_id);
+    LL_ASSIGN_OR_RETURN(root, DefaultMemoryTierRoot(checkpoint_dir, dir_id));
     const std::string user_dir = root.substr(0, root.rfind('/'));
+    // The file system's directory itself (/dev/shm or the variable's) is created when missing and
+    // otherwise left as it is; only our per-user directory below it is made private.
+    LL_RETURN_IF_ERROR(Env::Default()->CreateDir(user_dir.substr(0, user_dir.rfind('/'))).Annotate("memory tier"));
     LL_RETURN_IF_ERROR(MakePrivateDir(user_dir).Annotate("memory tier"));
     LL_RETURN_IF_ERROR(MakePrivateDir(root).Annotate("memory tier"));
     const std::string real_path = RealPath(checkpoint_dir);

@@ -83,9 +83,18 @@ class MemoryTier {
 // never sees the old directory's snapshots.
 Result<std::string> CheckpointDirectoryId(Env* env, const std::string& checkpoint_dir, bool create);
 
+// The environment variable that moves the memory tier off /dev/shm for this process: an absolute
+// directory (created when missing). Several agents on one machine given different ones behave as
+// separate nodes, each with a memory tier of its own.
+inline constexpr char kMemoryTierDirVariable[] = "LIFELINE_MEMORY_TIER_DIR";
+
+// Where memory tiers live for this process: $LIFELINE_MEMORY_TIER_DIR when set, else /dev/shm.
+// InvalidArgument naming the variable when it is not an absolute path.
+Result<std::string> MemoryTierFileSystem();
+
 // The default root for a checkpoint directory of identity `dir_id`:
-// /dev/shm/lifeline-<uid>/<16 hex of XXH3-64 of (real path, NUL, dir_id)>.
-std::string DefaultMemoryTierRoot(const std::string& checkpoint_dir, std::string_view dir_id);
+// <MemoryTierFileSystem()>/lifeline-<uid>/<16 hex of XXH3-64 of (real path, NUL, dir_id)>.
+Result<std::string> DefaultMemoryTierRoot(const std::string& checkpoint_dir, std::string_view dir_id);
 
 // The memory tier of `checkpoint_dir` on this node if there is one (for tools): its root, or
 // NotFound when the directory has no identity yet or nothing in memory.

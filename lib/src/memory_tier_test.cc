@@ -48,12 +48,26 @@ TEST(MemoryTierTest, MalformedIdentityIsCorruptionNamingTheFile) {
 }
 
 TEST(MemoryTierTest, DefaultRootIsPerUserAndChangesWithTheDirectoryIdentity) {
-  const std::string a = DefaultMemoryTierRoot("/nonexistent/ckpt", "0123456789abcdef0123456789abcdef");
-  const std::string b = DefaultMemoryTierRoot("/nonexistent/ckpt", "fedcba9876543210fedcba9876543210");
+  test::ScopedEnv unset(kMemoryTierDirVariable, nullptr);
+  const std::string id = "0123456789abcdef0123456789abcdef";
+  const std::string a = DefaultMemoryTierRoot("/nonexistent/ckpt", id).value_or("");
+  const std::string b = DefaultMemoryTierRoot("/nonexistent/ckpt", "fedcba9876543210fedcba9876543210").value_or("");
   EXPECT_EQ(0u, a.rfind("/dev/shm/lifeline-" + std::to_string(::geteuid()) + "/", 0)) << a;
   EXPECT_NE(a, b) << "a directory created again under the same path would see the old snapshots";
-  EXPECT_EQ(a, DefaultMemoryTierRoot("/nonexistent/ckpt", "0123456789abcdef0123456789abcdef"));
-  EXPECT_NE(a, DefaultMemoryTierRoot("/nonexistent/other", "0123456789abcdef0123456789abcdef"));
+  EXPECT_EQ(a, DefaultMemoryTierRoot("/nonexistent/ckpt", id).value_or(""));
+  EXPECT_NE(a, DefaultMemoryTierRoot("/nonexistent/other", id).value_or(""));
+
+  // LIFELINE_MEMORY_TIER_DIR moves the tier's file system; a relative path is refused by name.
+  {
+    test::ScopedEnv moved(kMemoryTierDirVariable, "/run/node-1/");
+    EXPECT_EQ("/run/node-1/lifeline-" + std::to_string(::geteuid()) + a.substr(a.rfind('/')),
+              DefaultMemoryTierRoot("/nonexistent/ckpt", id).value_or(""));
+  }
+  test::ScopedEnv relative(kMemoryTierDirVariable, "node-1");
+  Result<std::string> bad = DefaultMemoryTierRoot("/nonexistent/ckpt", id);
+  ASSERT_EQ(bad.status().code(), StatusCode::kInvalidArgument) << bad.status().ToString();
+  EXPECT_NE(std::string::npos, bad.status().ToString().find("LIFELINE_MEMORY_TIER_DIR='node-1'"))
+      << bad.status().ToString();
 }
 
 TEST(MemoryTierTest, TierIsPrivateAndANewAttemptFreesTheSlotsOfAKilledOne) {
@@ -293,6 +307,56 @@ TEST(MemoryTierTest, ADirectoryCreatedAgainAtTheSamePathNeverLoadsTheOldSnapshot
   const std::string second_root = (*ckpt)->memory_tier_directory();
   ckpt->reset();
   Env::Default()->RemoveTree(second_root).IgnoreError();
+}
+
+// Two processes of one machine given different LIFELINE_MEMORY_TIER_DIR are two nodes: each serves
+// its own snapshots from memory and never the other's.
+TEST(MemoryTierTest, AVariableTierDirectoryMakesAProcessANodeOfItsOwn) {
+  TempDir dir;
+  test::TempDir shm("/dev/shm", "lifeline-tier-var-test");
+  if (shm.path().empty()) GTEST_SKIP() << "no /dev/shm here";
+  CheckpointerOptions o = BaseOptions(dir.Sub("ckpt"));
+  o.memory_tier = true;  // default root, moved by the variable
+  o.memory_tier_cleanup_on_close = false;
+  o.run_id = "node-a";
+  {
+    test::ScopedEnv node_a(kMemoryTierDirVariable, shm.Sub("node-a").c_str());
+    auto ckpt = Checkpointer::Open(o);
+    ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
+    EXPECT_EQ(0u, (*ckpt)->memory_tier_directory().rfind(shm.Sub("node-a") + "/lifeline-", 0))
+        << (*ckpt)->memory_tier_directory();
+    WholeState state(4);
+    ASSERT_TRUE((*ckpt)->Save(4, state.Request()).WaitCommitted(30).ok());
+    auto found = FindMemoryTierOf(dir.Sub("ckpt"));
+    ASSERT_TRUE(found.ok()) << found.status().ToString();
+    EXPECT_EQ(*found, (*ckpt)->memory_tier_directory());
+  }
+  // Step 5 reaches node b's memory only: node a still loads step 5 from disk, node b from memory.
+  o.run_id = "node-b";
+  {
+    test::ScopedEnv node_b(kMemoryTierDirVariable, shm.Sub("node-b").c_str());
+    EXPECT_FALSE(FindMemoryTierOf(dir.Sub("ckpt")).ok()) << "node b sees node a's memory tier";
+    auto ckpt = Checkpointer::Open(o);
+    ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
+    WholeState state(5);
+    ASSERT_TRUE((*ckpt)->Save(5, state.Request()).WaitCommitted(30).ok());
+    std::vector<uint8_t> buf;
+    auto r = LoadFirstTensor(ckpt->get(), state, &buf);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_TRUE(r->from_memory_tier);
+    EXPECT_EQ(r->step, 5u);
+  }
+  test::ScopedEnv node_a(kMemoryTierDirVariable, shm.Sub("node-a").c_str());
+  o.run_id = "node-a-again";
+  auto ckpt = Checkpointer::Open(o);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
+  WholeState state(5);
+  std::vector<uint8_t> buf;
+  auto r = LoadFirstTensor(ckpt->get(), state, &buf);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_FALSE(r->from_memory_tier) << "node a loaded node b's snapshot";
+  EXPECT_EQ(r->step, 5u);
+  EXPECT_EQ(buf, state.tensors[0].bytes);
 }
 
 // Ranks opening a new directory at the same moment agree on one identity.

@@ -120,8 +120,9 @@ class SaverWriteTest : public ::testing::TestWithParam<format::Codec> {
     ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
     EXPECT_EQ(w_, w);
     EXPECT_EQ(b_, b);
-    if (GetParam() != format::Codec::kNone)
+    if (GetParam() != format::Codec::kNone) {
       EXPECT_LT(index->files[0].size, (w_.size() * 4 + b_.size() * 8)) << "the codec did not compress";
+    }
   }
 
   std::unique_ptr<MemEnv> env_ = NewMemEnv();

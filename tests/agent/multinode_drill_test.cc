@@ -1,8 +1,8 @@
-// Multi-node drills: two lifeline-agents, each a "node" of 2 ranks of lifeline-drill on this machine
-// (LIFELINE_DRILL_ONE_MACHINE=1 lets the drill's shared-memory allreduce span them), meeting
-// through a real etcd (Debian's etcd-server, started by the test). The job must form one world of
-// 4 ranks, act together on a fault anywhere, end like a single-node run of 4 ranks, and leave
-// nothing of itself in etcd.
+// Multi-node drills: two or three lifeline-agents, each a "node" of 2 ranks of lifeline-drill on this
+// machine with a memory tier of its own (LIFELINE_MEMORY_TIER_DIR), meeting through a real etcd
+// (Debian's etcd-server, started by the test); the drill's allreduce goes over TCP through global
+// rank 0, as a job spanning machines would. The job must form one world, act together on a fault
+// anywhere, end like a single-node run of as many ranks, and leave nothing of itself in etcd.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -14,6 +14,7 @@
 #include <map>
 #include <optional>
 #include <regex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -79,29 +80,30 @@ class MultiNodeTest : public ::testing::Test {
     char tmpl[] = "/tmp/lifeline-multinode-XXXXXX";
     ASSERT_NE(mkdtemp(tmpl), nullptr);
     dir_ = tmpl;
-    setenv("LIFELINE_DRILL_ONE_MACHINE", "1", 1);
   }
   void TearDown() override {
     std::error_code ec;
     std::filesystem::remove_all(dir_, ec);
   }
 
+  // Node `node` of job `job`: an agent whose memory tier is its own, as on a machine of its own.
   std::string AgentCommand(const std::string& name, int node, const std::string& job, const std::string& agent_flags,
-                           const std::string& drill_flags) const {
-    return std::string(LIFELINE_AGENT_BIN) + " run --nnodes 2 --nproc-per-node 2 --rdzv-endpoint " +
+                           const std::string& drill_flags, int nnodes = 2) const {
+    return "env LIFELINE_MEMORY_TIER_DIR=" + dir_ + "/" + name + ".tier." + std::to_string(node) + " " +
+           LIFELINE_AGENT_BIN + " run --nnodes " + std::to_string(nnodes) + " --nproc-per-node 2 --rdzv-endpoint " +
            etcd_.endpoint() + " --rdzv-id " + job + " --hang-timeout 5 --events-log " + dir_ + "/" + name + "." +
            std::to_string(node) + ".events --checkpoint-dir " + dir_ + "/" + name + ".ckpt " + agent_flags +
            " -- " + LIFELINE_DRILL_BIN + " --dir " + dir_ + "/" + name + ".ckpt " + drill_flags;
   }
 
-  // Runs the two nodes of job `name` at once and waits for both.
+  // Runs the `nnodes` nodes of job `name` at once and waits for all.
   std::vector<NodeRun> RunJob(const std::string& name, const std::string& agent_flags, const std::string& drill_flags,
-                              double timeout_seconds = 120) {
+                              int nnodes = 2, double timeout_seconds = 120) {
     std::vector<pid_t> pids;
-    for (int node = 0; node < 2; ++node)
-      pids.push_back(Spawn(AgentCommand(name, node, name, agent_flags, drill_flags), Out(name, node)));
-    std::vector<NodeRun> runs(2);
-    for (int node = 0; node < 2; ++node) {
+    for (int node = 0; node < nnodes; ++node)
+      pids.push_back(Spawn(AgentCommand(name, node, name, agent_flags, drill_flags, nnodes), Out(name, node)));
+    std::vector<NodeRun> runs(nnodes);
+    for (int node = 0; node < nnodes; ++node) {
       runs[node].exit_code = WaitFor(pids[node], timeout_seconds);
       Read(name, node, &runs[node]);
     }
@@ -125,15 +127,16 @@ class MultiNodeTest : public ::testing::Test {
       run->finals[std::stoi((*it)[1])] = (*it)[2];
   }
 
-  // The same job on one node with 4 ranks: what every multi-node run must end with.
-  std::map<int, std::string> SingleNodeFinals(const std::string& drill_flags) {
+  // The same job on one node with `nproc` ranks: what every multi-node run must end with.
+  std::map<int, std::string> SingleNodeFinals(const std::string& drill_flags, int nproc = 4) {
     NodeRun run;
-    const std::string cmd = std::string(LIFELINE_AGENT_BIN) + " run --nproc 4 --hang-timeout 5 --events-log " + dir_ +
+    const std::string cmd = std::string(LIFELINE_AGENT_BIN) + " run --nproc " + std::to_string(nproc) +
+                            " --hang-timeout 5 --events-log " + dir_ +
                             "/single.0.events -- " + LIFELINE_DRILL_BIN + " --dir " + dir_ + "/single.ckpt " + drill_flags;
     run.exit_code = WaitFor(Spawn(cmd, Out("single", 0)), 120);
     Read("single", 0, &run);
     EXPECT_EQ(run.exit_code, 0) << run.output;
-    EXPECT_EQ(run.finals.size(), 4u) << run.output;
+    EXPECT_EQ(run.finals.size(), static_cast<size_t>(nproc)) << run.output;
     return run.finals;
   }
 
@@ -231,6 +234,42 @@ TEST_F(MultiNodeTest, ACrashOnOneNodeRestartsEveryNodeInTheNextRoundNamingTheGlo
   EXPECT_EQ(dead_reports, 1) << "only the node that ran rank 3 saw it die";
   EXPECT_EQ(finals, single);
   EXPECT_TRUE(JobKeys("crash").empty());
+}
+
+// Three nodes of two ranks: the crash of global rank 3 (node 1's second rank) takes every node to
+// round 1 together; they resume from one step and end like one node of 6 ranks.
+TEST_F(MultiNodeTest, ThreeNodesActTogetherOnACrashAndEndLikeOneNodeOfSixRanks) {
+  const auto single = SingleNodeFinals(kSteps, 6);
+  std::vector<NodeRun> runs = RunJob("three", "--max-restarts 2", std::string(kSteps) + " --fault crash@3:50", 3);
+  std::map<int, std::string> finals;
+  std::vector<int> first_ranks;
+  std::set<std::string> resumed;
+  int dead_reports = 0;
+  for (const NodeRun& r : runs) {
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    for (const auto& a : r.anomalies) {
+      EXPECT_EQ(a["kind"], "dead") << a.dump();
+      EXPECT_EQ(a["ranks"], nlohmann::json::array({3})) << a.dump();
+      ++dead_reports;
+    }
+    std::vector<int> rounds;
+    for (const auto& a : r.actions) {
+      if (a.value("action", "") == "rendezvous") {
+        rounds.push_back(a["round"].get<int>());
+        EXPECT_EQ(a["world_size"], 6) << a.dump();
+        if (a["round"] == 0) first_ranks.push_back(a["first_rank"].get<int>());
+      }
+      if (a.value("action", "") == "resumed") resumed.insert(a["resumed_from_checkpoint"].dump());
+    }
+    EXPECT_EQ(rounds, (std::vector<int>{0, 1})) << Dump(r.actions);
+    finals.insert(r.finals.begin(), r.finals.end());
+  }
+  EXPECT_EQ(dead_reports, 1) << "only the node that ran rank 3 saw it die";
+  std::sort(first_ranks.begin(), first_ranks.end());
+  EXPECT_EQ(first_ranks, (std::vector<int>{0, 2, 4}));
+  EXPECT_EQ(resumed.size(), 1u) << "the nodes resumed from different steps";
+  EXPECT_EQ(finals, single);
+  EXPECT_TRUE(JobKeys("three").empty());
 }
 
 // A rank hung on node 1 is the one named, on every node: node 0, whose ranks all joined the

@@ -256,7 +256,9 @@ struct LIFELINE_EXPORT CheckpointerOptions {
   // finished. Load prefers the memory tier when its newest complete step is at least as new as the
   // disk's. Needs every rank of the saved job on this node to be complete (single-node jobs).
   bool memory_tier = false;
-  // Empty: /dev/shm/lifeline-<uid>/<hash of the checkpoint directory's real path and identity>.
+  // Empty: /dev/shm/lifeline-<uid>/<hash of the checkpoint directory's real path and identity>,
+  // or $LIFELINE_MEMORY_TIER_DIR/lifeline-<uid>/<hash> when that variable is set (an absolute path;
+  // agents on one machine given different ones act as separate nodes).
   // The identity is a random id kept in <directory>/lifeline.id (written by the first rank), so a
   // directory that is deleted and created again never loads the old directory's snapshots. A
   // directory where it cannot be created (read-only) gets no memory tier, with one warning: loads
