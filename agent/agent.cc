@@ -219,6 +219,7 @@ Status Agent::Launch() {
   const std::string checkpoint_dir =
       !config_.checkpoint_dir.empty() ? config_.checkpoint_dir : ReportedCheckpointDir(ring_dir_);
   if (rdzv_ != nullptr) LL_RETURN_IF_ERROR(JoinRound(checkpoint_dir));  // this node's place in the job
+  held_failure_.reset();
   rings_.clear();
   for (int r = 0; r < world; ++r) {
     Result<std::unique_ptr<trace::TraceRing>> ring =
@@ -396,6 +397,60 @@ void Agent::ReadRendezvous(std::vector<Anomaly>* anomalies, bool* moved) {
   }
   *moved = news.round.has_value() || !news.give_up.empty();
   if (!news.give_up.empty()) give_up_reason_ = news.give_up;
+}
+
+void Agent::HoldFailureEchoes(std::vector<Anomaly>* anomalies, uint64_t now, bool moved) {
+  if (!plan_ || plan_->nodes.size() < 2) return;
+  if (moved) {
+    if (held_failure_) {
+      Log({{"action", "echo"},
+           {"ranks", held_failure_->anomaly.ranks},
+           {"message", held_failure_->anomaly.message + ", after a failure on another node (not counted)"}});
+      held_failure_.reset();
+    }
+    return;
+  }
+  const double grace = config_.rendezvous.failure_grace_seconds;
+  for (auto it = anomalies->begin(); it != anomalies->end();) {
+    if (it->kind != "dead") {
+      ++it;
+      continue;
+    }
+    const int64_t at = UnixMillisNow();
+    rdzv_->ReportFailure(plan_->round, static_cast<uint64_t>(at)).IgnoreError();  // keeps the earliest
+    // A rank that exited with a status or aborted may have been failed by a peer elsewhere (gloo
+    // and NCCL raise when a connection closes); one killed by another signal was not.
+    bool may_echo = grace > 0;
+    for (int global : it->ranks) {
+      const int r = LocalRank(global);
+      if (r < 0 || static_cast<size_t>(r) >= launcher_->ranks().size()) {
+        may_echo = false;
+        continue;
+      }
+      const int ws = launcher_->ranks()[r].wait_status;
+      if (!(WIFEXITED(ws) || (WIFSIGNALED(ws) && WTERMSIG(ws) == SIGABRT))) may_echo = false;
+    }
+    if (!may_echo) {
+      ++it;
+      continue;
+    }
+    if (!held_failure_) {
+      held_failure_ = HeldFailure{std::move(*it), at, now};
+    } else {  // a rank of this node failing after it: its echo, as on a single node
+      nlohmann::json& after = held_failure_->anomaly.evidence["failed_after"];
+      for (int r : it->ranks) after.push_back(r);
+    }
+    it = anomalies->erase(it);
+  }
+  if (!held_failure_ || now - held_failure_->since_ns < static_cast<uint64_t>(grace * 1e9)) return;
+  // Still here after the grace: act, unless another node failed first and is about to (it gets
+  // a few graces more, in case its agent is gone).
+  Result<bool> earlier = rdzv_->FailedEarlierElsewhere(plan_->round, static_cast<uint64_t>(held_failure_->unix_ms));
+  const bool waited_long = now - held_failure_->since_ns >= static_cast<uint64_t>(4 * grace * 1e9);
+  if (earlier.ok() && *earlier && !waited_long) return;
+  held_failure_->anomaly.evidence["held_seconds"] = Seconds(now - held_failure_->since_ns);
+  anomalies->push_back(std::move(held_failure_->anomaly));
+  held_failure_.reset();
 }
 
 void Agent::DrainRings(uint64_t now) {
@@ -656,6 +711,7 @@ int Agent::Run() {
     if (rdzv_ != nullptr) {
       bool moved = false;
       ReadRendezvous(&anomalies, &moved);
+      HoldFailureEchoes(&anomalies, now, moved);
       if (moved && !give_up_reason_.empty()) {
         Log({{"action", "stop"}, {"reason", "the job ended on another node: " + give_up_reason_}});
         launcher_->StopAll(config_.restart.grace_seconds);
@@ -689,7 +745,7 @@ int Agent::Run() {
       }
       continue;
     }
-    if (launcher_->AllExited()) {
+    if (launcher_->AllExited() && !held_failure_) {  // a held failure is decided first
       // Output still in the pipes comes first.
       for (int fd : launcher_->OutputFds()) launcher_->PumpOutput(fd);
       DrainRings(trace::MonotonicNanos());

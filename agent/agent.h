@@ -63,6 +63,10 @@ class Agent {
   // Multi-node: a round opened elsewhere, a node lost or the job ended elsewhere. Returns the
   // anomalies to act on (node_lost); sets *moved when the job moved to another round.
   void ReadRendezvous(std::vector<Anomaly>* anomalies, bool* moved);
+  // Multi-node: reports this node's rank failures in etcd and holds back the ones that may echo a
+  // failure elsewhere (RendezvousSettings::failure_grace_seconds), releasing them into
+  // `anomalies` unless another node failed first; one held when the job `moved` is an echo.
+  void HoldFailureEchoes(std::vector<Anomaly>* anomalies, uint64_t now, bool moved);
   int LocalRank(int global) const { return global - static_cast<int>(rank_base_); }
 
   AgentConfig config_;
@@ -94,6 +98,12 @@ class Agent {
   bool finished_ = false;          // every local rank ended normally
   std::unique_ptr<JobView> job_view_;  // judged while this node leads its round
   uint64_t progress_published_ns_ = 0;
+  struct HeldFailure {
+    Anomaly anomaly;
+    int64_t unix_ms = 0;    // when it was seen, as reported in etcd
+    uint64_t since_ns = 0;  // held since
+  };
+  std::optional<HeldFailure> held_failure_;
   uint64_t started_ns_ = 0;        // when Run began (0: not running)
 };
 

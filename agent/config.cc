@@ -302,6 +302,7 @@ Status ReadDocument(const YamlReader& r, const YAML::Node& root, AgentConfig* c)
         if (f == "lease_seconds") return r.Double(fk, fv, key, &z.lease_seconds);
         if (f == "last_call_seconds") return r.Double(fk, fv, key, &z.last_call_seconds);
         if (f == "join_timeout_seconds") return r.Double(fk, fv, key, &z.join_timeout_seconds);
+        if (f == "failure_grace_seconds") return r.Double(fk, fv, key, &z.failure_grace_seconds);
         return r.UnknownKey(fk, key);
       });
     }
@@ -509,6 +510,8 @@ Status ValidateAgentConfig(const AgentConfig& c) {
   if (!(z.last_call_seconds >= 0 && z.last_call_seconds <= 3600))
     return Bad("rendezvous.last_call_seconds", "0..3600", FormatDouble(z.last_call_seconds));
   if (!(z.join_timeout_seconds > 0)) return Bad("rendezvous.join_timeout_seconds", "> 0", FormatDouble(z.join_timeout_seconds));
+  if (!(z.failure_grace_seconds >= 0 && z.failure_grace_seconds <= 60))
+    return Bad("rendezvous.failure_grace_seconds", "0..60", FormatDouble(z.failure_grace_seconds));
   if (!c.metrics_addr.empty()) LL_RETURN_IF_ERROR(CheckHostPort("metrics_addr", c.metrics_addr));
   if (c.ring_events < 64 || c.ring_events > (uint64_t{1} << 30)) {
     return Bad("ring_events", "64..1073741824", std::to_string(c.ring_events));

@@ -69,6 +69,11 @@ struct RendezvousSettings {
   double lease_seconds = 10;       // an agent silent this long is taken for lost (node_lost)
   double last_call_seconds = 3;    // with MIN nodes in, how long a round waits for more (up to MAX)
   double join_timeout_seconds = 900;
+  // A rank of this node that exits with a status (or aborts) is held back this long before it is
+  // acted on: it is often the echo of a failure on another node (its collective's connection
+  // closed under it), and the node that failed first, by the failure times reported in etcd,
+  // is the one that names its rank. A rank killed by another signal is acted on at once. 0: never.
+  double failure_grace_seconds = 1;
 };
 
 struct AgentConfig {

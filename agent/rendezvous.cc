@@ -19,6 +19,12 @@ using Clock = std::chrono::steady_clock;
 
 double SecondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
+// A decimal number as the agents write them (rounds, times); nullopt for anything else.
+std::optional<uint64_t> ParseDecimal(const std::string& v) {
+  if (v.empty() || v.size() > 19 || v.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
+  return static_cast<uint64_t>(std::stoull(v));
+}
+
 nlohmann::json OfferJson(const ResumeOffer& o) {
   return {{"directory", o.directory},
           {"disk_step", o.disk_step ? nlohmann::json(*o.disk_step) : nlohmann::json(nullptr)},
@@ -164,10 +170,9 @@ Rendezvous::~Rendezvous() {
 Result<uint64_t> Rendezvous::CurrentRound() {
   LL_ASSIGN_OR_RETURN(std::optional<EtcdKeyValue> kv, client_->Get(Key("round")));
   if (!kv) return uint64_t{0};
-  const std::string& v = kv->value;
-  if (v.empty() || v.size() > 19 || v.find_first_not_of("0123456789") != std::string::npos)
-    return Status::Corruption("etcd key " + Key("round"), "'" + v + "' is not a round number");
-  return static_cast<uint64_t>(std::stoull(v));
+  const std::optional<uint64_t> round = ParseDecimal(kv->value);
+  if (!round) return Status::Corruption("etcd key " + Key("round"), "'" + kv->value + "' is not a round number");
+  return *round;
 }
 
 Result<RoundPlan> Rendezvous::ClosedPlan(uint64_t round, const std::string& text) const {
@@ -344,6 +349,25 @@ Status Rendezvous::GiveUp(const std::string& reason) {
   return client_->PutIfAbsent(Key("give_up"), reason).status();
 }
 
+Status Rendezvous::ReportFailure(uint64_t round, uint64_t unix_ms) {
+  return client_->PutIfAbsent(Key("rounds/" + std::to_string(round) + "/failures/" + node_id_),
+                              std::to_string(unix_ms), lease_.load())
+      .status();
+}
+
+Result<bool> Rendezvous::FailedEarlierElsewhere(uint64_t round, uint64_t unix_ms) {
+  const std::string dir = Key("rounds/" + std::to_string(round) + "/failures/");
+  LL_ASSIGN_OR_RETURN(std::vector<EtcdKeyValue> reports, client_->GetPrefix(dir));
+  for (const EtcdKeyValue& kv : reports) {
+    const std::string node = kv.key.substr(dir.size());
+    if (node == node_id_) continue;
+    const std::optional<uint64_t> at = ParseDecimal(kv.value);
+    if (!at) continue;  // not one of ours
+    if (*at < unix_ms || (*at == unix_ms && node < node_id_)) return true;
+  }
+  return false;
+}
+
 RendezvousNews Rendezvous::TakeNews() {
   std::lock_guard<std::mutex> lock(mu_);
   RendezvousNews out = news_;
@@ -439,10 +463,7 @@ void Rendezvous::Watch() {
       leader_missing_since_ = Clock::time_point{};
     }
     std::optional<uint64_t> round;
-    if (read.ok() && !(*read)[0].empty()) {
-      const std::string& v = (*read)[0][0].value;
-      if (!v.empty() && v.size() <= 19 && v.find_first_not_of("0123456789") == std::string::npos) round = std::stoull(v);
-    }
+    if (read.ok() && !(*read)[0].empty()) round = ParseDecimal((*read)[0][0].value);
     reachable = reachable && read.ok();
     std::lock_guard<std::mutex> lock(mu_);
     news_.etcd_unreachable = !reachable;

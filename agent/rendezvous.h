@@ -7,6 +7,7 @@
 //                            its address, ranks, a free port, and where it could resume from
 //   rounds/R/plan            written once when round R closes: the nodes in group-rank order,
 //                            MASTER_ADDR/MASTER_PORT, the resume step, the launch id
+//   rounds/R/failures/<node> when a rank of the node first failed in round R (unix ms, leased)
 //   give_up                  why the job ended (a spent budget, a relaunch that cannot help)
 // A round closes when MAX nodes joined, or when at least MIN did and no other joined for the
 // last-call time; any agent may close it (the first to create the plan wins). Global ranks go node
@@ -122,6 +123,15 @@ class Rendezvous {
   Result<uint64_t> OpenNextRound(uint64_t round);
   // Ends the job on every node with `reason` (kept in etcd until the last agent leaves).
   Status GiveUp(const std::string& reason);
+
+  // A rank of this node failed at `unix_ms` (wall clock) in `round`: said in etcd
+  // (rounds/R/failures/<node>, leased), so that a node whose ranks failed later, often because of
+  // it (a peer's connection closed under them), can tell it was not first. Keeps the earliest.
+  Status ReportFailure(uint64_t round, uint64_t unix_ms);
+  // Whether another node reported a failure in `round` before `unix_ms` (or at the same
+  // millisecond with a smaller node id). Relies on the nodes' clocks agreeing to well under the
+  // time a failure takes to reach a peer (NTP: milliseconds; a broken connection: tens of them).
+  Result<bool> FailedEarlierElsewhere(uint64_t round, uint64_t unix_ms);
 
   // What changed since the last call; never blocks.
   RendezvousNews TakeNews();

@@ -20,6 +20,8 @@ step s depends only on (--seed, s), every rank runs one thread, and gloo's all-r
 deterministic. Faults for drills (--fault, repeatable; each on the launch whose restart count,
 LIFELINE_RESTART or TORCHELASTIC_RESTART_COUNT, equals RESTART, default 0):
     kill@RANK:STEP[:RESTART]   that rank SIGKILLs itself at the start of STEP
+    raise@RANK:STEP[:RESTART]  that rank raises an exception at the start of STEP (exit status 1;
+                               its peers' next collective fails and they exit too)
     hang@RANK:STEP[:RESTART]   that rank blocks forever in STEP before its first collective
 """
 
@@ -77,7 +79,7 @@ def parse_args(argv):
     p.add_argument("--global-batch", type=int, default=16, help="sequences per step, split evenly over dp ranks")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--fault", action="append", default=[], metavar="SPEC",
-                   help="kill@RANK:STEP[:RESTART] or hang@RANK:STEP[:RESTART] (repeatable)")
+                   help="kill@, raise@ or hang@RANK:STEP[:RESTART] (repeatable)")
     p.add_argument("--no-memory-tier", action="store_true", help="save to disk only, not also to /dev/shm")
     p.add_argument("--quiet", action="store_true", help="print every 10th step only")
     p.add_argument("--compare", nargs=2, metavar=("DIR1", "DIR2"),
@@ -101,8 +103,8 @@ def parse_fault(spec):
     """'kill@1:23' -> ("kill", 1, 23, 0); 'hang@2:41:1' -> ("hang", 2, 41, 1)."""
     kind, sep, rest = spec.partition("@")
     fields = rest.split(":")
-    if kind not in ("kill", "hang") or not sep or len(fields) not in (2, 3):
-        raise ValueError(f"--fault {spec!r}: expected kill@RANK:STEP[:RESTART] or hang@RANK:STEP[:RESTART]")
+    if kind not in ("kill", "raise", "hang") or not sep or len(fields) not in (2, 3):
+        raise ValueError(f"--fault {spec!r}: expected kill@, raise@ or hang@RANK:STEP[:RESTART]")
     try:
         rank, step, restart = int(fields[0]), int(fields[1]), int(fields[2]) if len(fields) == 3 else 0
     except ValueError:
@@ -395,6 +397,7 @@ def train(args):
     comm = Comm(rank, world, tp)
     comm.hang_steps = {step for kind, step in faults if kind == "hang"}
     kill_steps = {step for kind, step in faults if kind == "kill"}
+    raise_steps = {step for kind, step in faults if kind == "raise"}
 
     model = TinyGPT(args, comm)
     opt = make_optimizer(model, args.lr)
@@ -424,6 +427,8 @@ def train(args):
             if s in kill_steps:
                 sys.stdout.flush()
                 os.kill(os.getpid(), signal.SIGKILL)
+            if s in raise_steps:
+                raise RuntimeError(f"fault: rank {rank} raises at step {s}")
             inputs, targets = make_batch(args, s, dp, comm.dp_rank)
             for prm in params:
                 prm.grad = None

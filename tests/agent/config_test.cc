@@ -92,6 +92,16 @@ restart:
   backoff_initial_seconds: 2
   backoff_multiplier: 3
   backoff_max_seconds: 120
+rendezvous:
+  endpoint: etcd-0:2379
+  id: llama-7b
+  min_nodes: 2
+  max_nodes: 4
+  host: 10.0.0.7
+  lease_seconds: 15
+  last_call_seconds: 5
+  join_timeout_seconds: 600
+  failure_grace_seconds: 2.5
 policy:
   straggler: dump
   hang: log
@@ -137,6 +147,16 @@ policy:
   EXPECT_DOUBLE_EQ(c.restart.backoff_initial_seconds, 2);
   EXPECT_DOUBLE_EQ(c.restart.backoff_multiplier, 3);
   EXPECT_DOUBLE_EQ(c.restart.backoff_max_seconds, 120);
+
+  EXPECT_EQ(c.rendezvous.endpoint, "etcd-0:2379");
+  EXPECT_EQ(c.rendezvous.id, "llama-7b");
+  EXPECT_EQ(c.rendezvous.min_nodes, 2u);
+  EXPECT_EQ(c.rendezvous.max_nodes, 4u);
+  EXPECT_EQ(c.rendezvous.host, "10.0.0.7");
+  EXPECT_DOUBLE_EQ(c.rendezvous.lease_seconds, 15);
+  EXPECT_DOUBLE_EQ(c.rendezvous.last_call_seconds, 5);
+  EXPECT_DOUBLE_EQ(c.rendezvous.join_timeout_seconds, 600);
+  EXPECT_DOUBLE_EQ(c.rendezvous.failure_grace_seconds, 2.5);
 
   EXPECT_EQ(c.policy.at("straggler"), Action::kDump);
   EXPECT_EQ(c.policy.at("hang"), Action::kLog);
@@ -361,6 +381,9 @@ TEST(ValidateTest, OtherBoundsNameTheField) {
       {"checkpoint.lag_count", [](AgentConfig* c) { c->checkpoint.lag_count = 0; }},
       {"restart.grace_seconds", [](AgentConfig* c) { c->restart.grace_seconds = -1; }},
       {"restart.backoff_multiplier", [](AgentConfig* c) { c->restart.backoff_multiplier = 0.9; }},
+      {"rendezvous.lease_seconds", [](AgentConfig* c) { c->rendezvous.lease_seconds = 1; }},
+      {"rendezvous.failure_grace_seconds", [](AgentConfig* c) { c->rendezvous.failure_grace_seconds = -1; }},
+      {"rendezvous.failure_grace_seconds", [](AgentConfig* c) { c->rendezvous.failure_grace_seconds = 61; }},
       {"ring_events", [](AgentConfig* c) { c->ring_events = 63; }},
       {"poll_interval_seconds", [](AgentConfig* c) { c->poll_interval_seconds = 0; }},
       {"poll_interval_seconds", [](AgentConfig* c) { c->poll_interval_seconds = 2; }},
