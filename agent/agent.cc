@@ -290,7 +290,11 @@ Status Agent::Launch() {
   LL_RETURN_IF_ERROR(launcher_->Start(world, static_cast<int>(rank_base_)));
   launched_ns_ = trace::MonotonicNanos();
   metrics_->Launched(world, static_cast<int>(rank_base_));
-  if (plan_) metrics_->JoinedRound(rdzv_->node_id(), plan_->group_rank);
+  if (plan_) {
+    metrics_->JoinedRound(rdzv_->node_id(), plan_->group_rank, static_cast<int>(plan_->nodes.size()), plan_->round);
+  } else {
+    metrics_->SetRound(restarts_);
+  }
   std::vector<int> pids;
   for (const RankProcess& r : launcher_->ranks()) pids.push_back(r.pid);
   nlohmann::json line = {{"action", "launch"}, {"ranks", world}, {"pids", pids}, {"command", config_.command}, {"resume", resume}};
@@ -371,6 +375,7 @@ void Agent::ReadRendezvous(std::vector<Anomaly>* anomalies, bool* moved) {
     progress_published_ns_ = now;
   }
   const RendezvousNews news = rdzv_->TakeNews();
+  metrics_->Rendezvous(news.leader, !news.etcd_unreachable);
   // With one node in the round its own detectors see everything: no second view, no second alarm.
   if (news.leader && !news.progress.empty() && plan_ && plan_->nodes.size() > 1) {
     std::vector<RankProgress> job;

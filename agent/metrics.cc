@@ -101,6 +101,15 @@ const std::vector<MetricFamilyInfo>& MetricFamilies() {
        "Trace events a rank could not record because its ring was full"},
       {"lifeline_node_info", "gauge", "node, group_rank",
        "Always 1: the agent's node (its id in a multi-node job, the hostname on one node) and its place (GROUP_RANK) in the current round"},
+      {"lifeline_nodes", "gauge", "", "Nodes in the job's current round, as this agent's plan has it (1 on a single-node job)"},
+      {"lifeline_round", "gauge", "",
+       "The job's round: the restart generation every node of the job shares, LIFELINE_RESTART of its ranks"},
+      {"lifeline_round_leader", "gauge", "",
+       "1 while this node leads its round (runs the job-wide hang, straggler and slow-collective detectors), else 0; "
+       "0 on a single-node job"},
+      {"lifeline_etcd_reachable", "gauge", "",
+       "1 when etcd answered the agent's last poll, 0 when not (training goes on; job-wide verdicts and restarts "
+       "wait); 1 on a single-node job, which uses no etcd"},
   };
   return kFamilies;
 }
@@ -157,6 +166,11 @@ AgentMetrics::AgentMetrics(const std::string& job, int world) : registry_(std::m
   last_committed_time_->Add({}).Set(0);
   dropped_ = counter("lifeline_trace_events_dropped_total");
   node_info_ = gauge("lifeline_node_info");
+  nodes_ = &gauge("lifeline_nodes")->Add({});
+  round_ = &gauge("lifeline_round")->Add({});
+  leader_ = &gauge("lifeline_round_leader")->Add({});
+  etcd_reachable_ = &gauge("lifeline_etcd_reachable")->Add({});
+  etcd_reachable_->Set(1);
   char host[256] = {};
   JoinedRound(gethostname(host, sizeof(host) - 1) == 0 && host[0] != '\0' ? host : "localhost", 0);  // one node
   // Every kind appears from the start, so a rate() over it is defined before the first anomaly.
@@ -245,11 +259,20 @@ void AgentMetrics::RingDropped(int rank, uint64_t total) {
   s.dropped = total;
 }
 
-void AgentMetrics::JoinedRound(const std::string& node, int group_rank) {
+void AgentMetrics::JoinedRound(const std::string& node, int group_rank, int nodes, uint64_t round) {
   if (node_series_ != nullptr) node_info_->Remove(node_series_);
   node_series_ = &node_info_->Add({{"node", node}, {"group_rank", std::to_string(group_rank)}});
   node_series_->Set(1);
+  nodes_->Set(nodes);
+  round_->Set(static_cast<double>(round));
 }
+
+void AgentMetrics::Rendezvous(bool leader, bool etcd_reachable) {
+  leader_->Set(leader ? 1 : 0);
+  etcd_reachable_->Set(etcd_reachable ? 1 : 0);
+}
+
+void AgentMetrics::SetRound(uint64_t round) { round_->Set(static_cast<double>(round)); }
 
 void AgentMetrics::Restarted() { restarts_->Add({}).Increment(); }
 

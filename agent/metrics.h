@@ -50,8 +50,14 @@ class AgentMetrics {
   // A new launch of `world` local ranks, global ranks `rank_base`.. (per-launch state such as
   // open steps is forgotten; counters go on). Rank labels are global ranks.
   void Launched(int world, int rank_base = 0);
-  // A multi-node job's round placed this agent as `node`, GROUP_RANK `group_rank`.
-  void JoinedRound(const std::string& node, int group_rank);
+  // A multi-node job's round `round` of `nodes` nodes placed this agent as `node`, GROUP_RANK
+  // `group_rank`.
+  void JoinedRound(const std::string& node, int group_rank, int nodes = 1, uint64_t round = 0);
+  // Multi-node: whether this node leads its round (runs the job-wide detectors) and whether etcd
+  // answered its last poll.
+  void Rendezvous(bool leader, bool etcd_reachable);
+  // A single-node job's round: its restarts so far.
+  void SetRound(uint64_t round);
   // `change` was just applied to `timeline` (see Detector::Observe).
   void Observe(const Timeline& timeline, const TimelineChange& change);
   // A rank's exit was applied to `timeline`: the live-rank gauge follows it.
@@ -73,6 +79,10 @@ class AgentMetrics {
   std::string Label(int local) const { return std::to_string(rank_base_ + local); }
   // Families.
   prometheus::Family<prometheus::Counter>* restarts_;
+  prometheus::Gauge* nodes_;
+  prometheus::Gauge* round_;
+  prometheus::Gauge* leader_;
+  prometheus::Gauge* etcd_reachable_;
   prometheus::Family<prometheus::Counter>* anomalies_;
   prometheus::Family<prometheus::Histogram>* step_duration_;
   prometheus::Family<prometheus::Counter>* steps_;

@@ -119,6 +119,42 @@ TEST(MetricsTest, CollectivesEndedOutOfOrderAreAllTimed) {
   EXPECT_NEAR(Sample(text, "lifeline_collective_duration_seconds_sum{op=\"allreduce\"}"), 0.1, 1e-9) << text;
 }
 
+TEST(MetricsTest, NodeFamiliesFollowTheRoundsAndTheRendezvous) {
+  AgentMetrics m("job", 2);
+  std::string text = m.Render();
+  EXPECT_EQ(Sample(text, "lifeline_nodes"), 1) << text;
+  EXPECT_EQ(Sample(text, "lifeline_round"), 0);
+  EXPECT_EQ(Sample(text, "lifeline_round_leader"), 0);
+  EXPECT_EQ(Sample(text, "lifeline_etcd_reachable"), 1);
+  EXPECT_EQ(Sample(text, "lifeline_anomalies_total{kind=\"node_lost\",rank=\"none\"}"), 0);
+
+  // Node 1 of 3 in round 2 (ranks 2..3), leading it, then losing etcd and a node.
+  m.JoinedRound("vm:17:ab", 1, 3, 2);
+  m.Launched(2, 2);
+  m.Rendezvous(/*leader=*/true, /*etcd_reachable=*/true);
+  m.Anomaly("node_lost", {4, 5});
+  text = m.Render();
+  EXPECT_EQ(Sample(text, "lifeline_nodes"), 3);
+  EXPECT_EQ(Sample(text, "lifeline_round"), 2);
+  EXPECT_EQ(Sample(text, "lifeline_round_leader"), 1);
+  EXPECT_EQ(Sample(text, "lifeline_node_info{group_rank=\"1\",node=\"vm:17:ab\"}"), 1) << text;
+  EXPECT_EQ(Sample(text, "lifeline_anomalies_total{kind=\"node_lost\",rank=\"4\"}"), 1) << text;
+  EXPECT_EQ(Sample(text, "lifeline_anomalies_total{kind=\"node_lost\",rank=\"5\"}"), 1);
+  m.Rendezvous(false, false);
+  m.JoinedRound("vm:17:ab", 0, 2, 3);  // the next round, without the lost node
+  text = m.Render();
+  EXPECT_EQ(Sample(text, "lifeline_etcd_reachable"), 0);
+  EXPECT_EQ(Sample(text, "lifeline_round_leader"), 0);
+  EXPECT_EQ(Sample(text, "lifeline_nodes"), 2);
+  EXPECT_EQ(Sample(text, "lifeline_round"), 3);
+  EXPECT_EQ(Sample(text, "lifeline_node_info{group_rank=\"1\",node=\"vm:17:ab\"}"), -1) << "old place kept";
+
+  // A single-node job's round is its restart count.
+  AgentMetrics one("job", 2);
+  one.SetRound(4);
+  EXPECT_EQ(Sample(one.Render(), "lifeline_round"), 4);
+}
+
 TEST(MetricsTest, ServesTheExpositionOverHttp) {
   AgentMetrics m("job", 1);
   // A port picked by the kernel: bind 0, read it back, free it, then serve there.
