@@ -1,10 +1,5 @@
 #include "agent/drill/tcp_allreduce.h"
 
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -15,6 +10,8 @@
 #include <chrono>
 #include <cstring>
 #include <thread>
+
+#include "agent/net/socket.h"
 
 namespace lifeline::drill {
 namespace {
@@ -47,117 +44,14 @@ struct Frame {
   uint64_t bytes;
 };
 
-using Clock = std::chrono::steady_clock;
-
-int MillisLeft(Clock::time_point deadline) {
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-  return static_cast<int>(std::clamp<int64_t>(left, 0, 1000));
-}
-
-// Blocking full transfers; a closed connection is an error naming `who`.
-Status SendAll(int fd, const void* data, size_t n, const std::string& who) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0) return Status::FromErrno(errno, "sending to " + who);
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return Status::OK();
-}
-
-Status RecvAll(int fd, void* data, size_t n, const std::string& who) {
-  char* p = static_cast<char*>(data);
-  while (n > 0) {
-    const ssize_t r = ::recv(fd, p, n, 0);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return Status::FromErrno(errno, "receiving from " + who);
-    if (r == 0) return Status::IOError(who, "connection closed");
-    p += r;
-    n -= static_cast<size_t>(r);
-  }
-  return Status::OK();
-}
-
-void SetNoDelay(int fd) {
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-}
-
-void SetBlocking(int fd, bool blocking) {
-  const int flags = fcntl(fd, F_GETFL);
-  fcntl(fd, F_SETFL, blocking ? (flags & ~O_NONBLOCK) : (flags | O_NONBLOCK));
-}
+using net::Clock;
+using net::MillisLeft;
+using net::RecvAll;
+using net::SendAll;
+using net::SetBlocking;
+using net::SetNoDelay;
 
 std::string RankName(uint32_t r) { return "rank " + std::to_string(r); }
-
-// A listening socket on every address (IPv6 and IPv4 where the machine has both).
-Result<int> Listen(uint16_t port, int backlog) {
-  int fd = ::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  const int one = 1, zero = 0;
-  if (fd >= 0) {
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
-    sockaddr_in6 a{};
-    a.sin6_family = AF_INET6;
-    a.sin6_addr = in6addr_any;
-    a.sin6_port = htons(port);
-    if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 && ::listen(fd, backlog) == 0) return fd;
-    ::close(fd);
-  }
-  fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return Status::FromErrno(errno, "socket");
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_ANY);
-  a.sin_port = htons(port);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || ::listen(fd, backlog) != 0) {
-    Status s = Status::FromErrno(errno, "listening on port " + std::to_string(port) + " (MASTER_PORT)");
-    ::close(fd);
-    return s;
-  }
-  return fd;
-}
-
-// One connection attempt to host:port, bounded by `deadline`. The connected socket, blocking.
-Result<int> Connect(const std::string& host, uint16_t port, Clock::time_point deadline) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  const std::string where = host + ":" + std::to_string(port);
-  if (int e = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found); e != 0)
-    return Status::Unavailable(where, gai_strerror(e));
-  Status last = Status::Unavailable(where, "no address");
-  int connected = -1;
-  for (addrinfo* ai = found; ai != nullptr && connected < 0; ai = ai->ai_next) {
-    const int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
-    if (fd < 0) continue;
-    SetBlocking(fd, false);
-    int rc = ::connect(fd, ai->ai_addr, ai->ai_addrlen);
-    if (rc != 0 && errno == EINPROGRESS) {
-      pollfd p{fd, POLLOUT, 0};
-      rc = ::poll(&p, 1, std::max(1, MillisLeft(deadline))) == 1 ? 0 : -1;
-      int err = rc == 0 ? 0 : ETIMEDOUT;
-      socklen_t len = sizeof(err);
-      if (rc == 0) getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-      errno = err;
-      rc = err == 0 ? 0 : -1;
-    }
-    if (rc == 0) {
-      SetBlocking(fd, true);
-      connected = fd;
-    } else {
-      last = Status::FromErrno(errno, "connecting to " + where);
-      ::close(fd);
-    }
-  }
-  freeaddrinfo(found);
-  if (connected < 0) return last;
-  return connected;
-}
 
 void Refuse(int fd, const std::string& reason) {
   Reply r{};
@@ -176,7 +70,8 @@ std::string JoinRanks(const std::vector<uint32_t>& ranks) {
 
 // The root's side of the join: accepts connections until every rank has introduced itself.
 Result<std::vector<int>> AcceptGroup(const TcpAllReduceOptions& o, Clock::time_point deadline) {
-  LL_ASSIGN_OR_RETURN(int listener, Listen(o.master_port, static_cast<int>(std::min<uint32_t>(o.world_size, 4096))));
+  LL_ASSIGN_OR_RETURN(int listener, net::Listen(o.master_port, static_cast<int>(std::min<uint32_t>(o.world_size, 4096)),
+                                                "MASTER_PORT"));
   struct Pending {
     int fd;
     Hello hello;
@@ -278,7 +173,7 @@ Result<int> JoinRoot(const TcpAllReduceOptions& o, Clock::time_point deadline) {
   const std::string where = o.master_addr + ":" + std::to_string(o.master_port);
   Status last = Status::Unavailable(where, "not tried");
   while (Clock::now() < deadline) {
-    Result<int> fd = Connect(o.master_addr, o.master_port, deadline);
+    Result<int> fd = net::Connect(o.master_addr, o.master_port, deadline);
     if (!fd.ok()) {
       last = fd.status();
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -295,10 +190,7 @@ Result<int> JoinRoot(const TcpAllReduceOptions& o, Clock::time_point deadline) {
       }
       if (Clock::now() >= deadline) last = Status::Unavailable(where, "rank 0 never completed the group");
     }
-    if (last.ok() && reply.code == 'K') {
-      SetNoDelay(*fd);
-      return *fd;
-    }
+    if (last.ok() && reply.code == 'K') return *fd;
     ::close(*fd);
     if (last.ok()) {
       reply.reason[sizeof(reply.reason) - 1] = '\0';

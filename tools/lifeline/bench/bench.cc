@@ -2,7 +2,7 @@
 // save or load the synthetic model (lifeline/internal/synthetic_model.h) through one Checkpointer
 // each, exactly as the ranks of a training job would, cooperating only through the file system.
 // `bench train` is in train.cc, `bench index` in index.cc, `bench compress` in compress.cc,
-// `bench trace` in trace.cc, `bench gpu` in gpu.cc.
+// `bench trace` in trace.cc, `bench replicate` in replicate.cc, `bench gpu` in gpu.cc.
 //
 // save: every rank builds and fills its shards, then --iterations saves of steps s, s+1, ... run
 // one after the other through the same Checkpointers, whose staging slots are reused as in
@@ -963,6 +963,7 @@ void AddBenchCommands(CLI::App& root, std::vector<Command>* commands) {
   bench->require_subcommand(1);
   AddBenchIndexCommand(bench, commands);
   AddBenchCompressCommand(bench, commands);
+  AddBenchReplicateCommand(bench, commands);
   AddBenchTrainCommand(bench, commands);
   AddBenchTraceCommand(bench, commands);
 #if defined(LIFELINE_HAVE_CUDA)

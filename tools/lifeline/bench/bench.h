@@ -25,6 +25,8 @@ void AddBenchCompressCommand(CLI::App* bench, std::vector<Command>* commands);
 void AddBenchTrainCommand(CLI::App* bench, std::vector<Command>* commands);
 // Adds `bench trace` under the `bench` command (trace.cc).
 void AddBenchTraceCommand(CLI::App* bench, std::vector<Command>* commands);
+// Adds `bench replicate` under the `bench` command (replicate.cc).
+void AddBenchReplicateCommand(CLI::App* bench, std::vector<Command>* commands);
 // Adds `bench gpu` under the `bench` command (gpu.cc; built with the CUDA copy engine only).
 void AddBenchGpuCommand(CLI::App* bench, std::vector<Command>* commands);
 

@@ -1,0 +1,113 @@
+// Snapshot replication between agents (issue "a memory tier that survives losing a node"): one TCP
+// stream carries the files of one snapshot (a rank's index and data in the memory tier) into a
+// directory under the receiving agent's root, in the peer node's memory.
+//
+// The agents move the bytes, not the ranks: a rank's snapshot is complete in its node's memory
+// tier before replication starts, so training never waits on the network, and the agent already
+// knows every node of the round from etcd. The library itself opens no port.
+//
+// On the wire, after a header naming the directory and the number of files: per file its name and
+// size, then chunks of at most `chunk_bytes`, each preceded by its length and XXH3-64. The receiver
+// writes each chunk straight into the destination file (mapped; no intermediate copy), checks its
+// checksum, and places the files under their names (a rename, after every file of the stream
+// arrived whole) before it acknowledges; anything less leaves no file behind but ".partial" ones it
+// removes. Names are single path components of [A-Za-z0-9._-], not starting with '.': nothing a
+// peer sends can land outside the receiver's root.
+//
+// The sender is throttled to a bandwidth budget and polls a cancellation between chunks, so that a
+// newer snapshot supersedes one still in flight.
+#ifndef LIFELINE_AGENT_REPLICATION_REPLICA_STREAM_H_
+#define LIFELINE_AGENT_REPLICATION_REPLICA_STREAM_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "lifeline/status.h"
+
+namespace lifeline::replication {
+
+struct ReplicaFile {
+  std::string name;  // its name at the receiver: one path component (see above)
+  std::string path;  // where the sender reads it
+};
+
+struct ReplicaSendOptions {
+  std::string host;
+  uint16_t port = 0;
+  uint64_t chunk_bytes = 4ull << 20;
+  uint64_t bandwidth_bytes_per_second = 0;  // 0: as fast as the network goes
+  double connect_timeout_seconds = 10;
+  // Polled between chunks; true abandons the stream (the receiver keeps nothing of it).
+  std::function<bool()> cancelled;
+};
+
+struct ReplicaTransfer {
+  uint64_t bytes = 0;    // file bytes sent
+  double seconds = 0;    // connect to acknowledgement
+};
+
+// Whether `name` may name a directory or file at a receiver.
+bool IsReplicaName(const std::string& name);
+
+// Sends `files` into directory `dir` under the receiver's root and waits for its acknowledgement.
+// InvalidArgument for a bad name; Aborted when cancelled; Unavailable when the receiver cannot be
+// reached; IOError or Corruption with the receiver's reason when it refused the stream.
+Result<ReplicaTransfer> SendReplica(const ReplicaSendOptions& options, const std::string& dir,
+                                    const std::vector<ReplicaFile>& files);
+
+class ReplicaReceiver {
+ public:
+  struct Counters {
+    uint64_t bytes = 0;      // file bytes placed
+    uint64_t files = 0;
+    uint64_t streams = 0;    // acknowledged
+    uint64_t refused = 0;    // streams refused or broken off
+    std::string last_error;  // why the last one was
+  };
+
+  // Listens on `port` (0: a free one) at every address and places what it receives under `root`
+  // (created, mode 0700), serving each connection on a thread of its own until destroyed.
+  static Result<std::unique_ptr<ReplicaReceiver>> Start(std::string root, uint16_t port = 0);
+  ~ReplicaReceiver();
+  ReplicaReceiver(const ReplicaReceiver&) = delete;
+  ReplicaReceiver& operator=(const ReplicaReceiver&) = delete;
+
+  // Retires replica `dir` (superseded by a newer one): its files are kept as spares that later
+  // streams write into, so their memory is not freed and allocated again (a fresh page costs more
+  // than the copy into it), and the directory goes. NotFound when there is no such replica.
+  Status Recycle(const std::string& dir);
+
+  uint16_t port() const { return port_; }
+  const std::string& root() const { return root_; }
+  Counters counters() const;
+
+ private:
+  ReplicaReceiver(std::string root, int listener);
+  void AcceptLoop();
+  void Serve(int fd);
+  Status Receive(int fd, uint64_t* bytes, uint64_t* files);
+  // Renames a spare file to `path`; false when there is none.
+  bool TakeSpare(const std::string& path);
+
+  const std::string root_;
+  const int listener_;
+  const uint16_t port_;
+  std::atomic<bool> stopping_{false};
+  mutable std::mutex mu_;
+  Counters counters_;              // GUARDED_BY(mu_)
+  std::vector<int> open_fds_;      // GUARDED_BY(mu_): shut down on destruction
+  std::vector<std::string> spares_;  // GUARDED_BY(mu_): files under <root>/.spare
+  uint64_t spare_names_ = 0;         // GUARDED_BY(mu_)
+  std::vector<std::thread> servers_;  // GUARDED_BY(mu_)
+  std::thread acceptor_;
+};
+
+}  // namespace lifeline::replication
+
+#endif  // LIFELINE_AGENT_REPLICATION_REPLICA_STREAM_H_
