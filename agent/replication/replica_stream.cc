@@ -190,16 +190,16 @@ Result<ReplicaTransfer> SendReplica(const ReplicaSendOptions& o, const std::stri
 
 // ---- the receiver ----
 
-ReplicaReceiver::ReplicaReceiver(std::string root, int listener)
-    : root_(std::move(root)), listener_(listener), port_(net::LocalPort(listener)) {
+ReplicaReceiver::ReplicaReceiver(std::string root, int listener, Placer placer)
+    : root_(std::move(root)), listener_(listener), placer_(std::move(placer)), port_(net::LocalPort(listener)) {
   acceptor_ = std::thread([this] { AcceptLoop(); });
 }
 
-Result<std::unique_ptr<ReplicaReceiver>> ReplicaReceiver::Start(std::string root, uint16_t port) {
+Result<std::unique_ptr<ReplicaReceiver>> ReplicaReceiver::Start(std::string root, uint16_t port, Placer placer) {
   while (root.size() > 1 && root.back() == '/') root.pop_back();
   if (mkdir(root.c_str(), 0700) != 0 && errno != EEXIST) return Status::FromErrno(errno, root);
   LL_ASSIGN_OR_RETURN(int listener, net::Listen(port, 64, "snapshot replicas"));
-  return std::unique_ptr<ReplicaReceiver>(new ReplicaReceiver(std::move(root), listener));
+  return std::unique_ptr<ReplicaReceiver>(new ReplicaReceiver(std::move(root), listener, std::move(placer)));
 }
 
 ReplicaReceiver::~ReplicaReceiver() {
@@ -321,6 +321,10 @@ Status ReplicaReceiver::Receive(int fd, uint64_t* bytes, uint64_t* files) {
     // A spare keeps its pages; only what it lacks is allocated (and what it has too much, freed).
     const bool reused = TakeSpare(partial);
     Result<OwnedFd> out = OpenSharedFile(partial, reused ? CreateMode::kOpenOrCreate : CreateMode::kFresh);
+    if (!out.ok() && out.status().IsNotFound()) {  // another stream of this directory just removed it
+      if (mkdir(dir_path.c_str(), 0700) != 0 && errno != EEXIST) return Status::FromErrno(errno, dir_path);
+      out = OpenSharedFile(partial, reused ? CreateMode::kOpenOrCreate : CreateMode::kFresh);
+    }
     if (reused && out.ok() && ::ftruncate(out->get(), static_cast<off_t>(fh.bytes)) != 0) out = Status::FromErrno(errno, partial);
     Status sized = !out.ok()       ? out.status()
                    : fh.bytes == 0 ? Status::OK()
@@ -355,6 +359,15 @@ Status ReplicaReceiver::Receive(int fd, uint64_t* bytes, uint64_t* files) {
     }
     *bytes += fh.bytes;
   }
+  *files = placed.size();
+  if (placer_) {
+    std::vector<std::pair<std::string, std::string>> received;
+    for (const auto& [partial, final_path] : placed) received.emplace_back(final_path.substr(dir_path.size() + 1), partial);
+    Status s = placer_(dir, received);
+    discard();  // whatever the placer left
+    ::rmdir(dir_path.c_str());  // when no other stream is filling it
+    return s;
+  }
   for (const auto& [partial, final_path] : placed) {
     if (::rename(partial.c_str(), final_path.c_str()) != 0) {
       Status err = Status::FromErrno(errno, final_path);
@@ -362,7 +375,6 @@ Status ReplicaReceiver::Receive(int fd, uint64_t* bytes, uint64_t* files) {
       return err;
     }
   }
-  *files = placed.size();
   return Status::OK();
 }
 

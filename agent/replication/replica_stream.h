@@ -71,9 +71,15 @@ class ReplicaReceiver {
     std::string last_error;  // why the last one was
   };
 
+  // Where a stream's files go once every one arrived whole: `received` pairs each file's name with
+  // the path it arrived at (under root/dir, hidden). The placer moves what it keeps; the receiver
+  // removes whatever is left. Without one, the files are renamed to root/dir/<name>.
+  using Placer = std::function<Status(const std::string& dir,
+                                      const std::vector<std::pair<std::string, std::string>>& received)>;
+
   // Listens on `port` (0: a free one) at every address and places what it receives under `root`
   // (created, mode 0700), serving each connection on a thread of its own until destroyed.
-  static Result<std::unique_ptr<ReplicaReceiver>> Start(std::string root, uint16_t port = 0);
+  static Result<std::unique_ptr<ReplicaReceiver>> Start(std::string root, uint16_t port = 0, Placer placer = nullptr);
   ~ReplicaReceiver();
   ReplicaReceiver(const ReplicaReceiver&) = delete;
   ReplicaReceiver& operator=(const ReplicaReceiver&) = delete;
@@ -88,7 +94,7 @@ class ReplicaReceiver {
   Counters counters() const;
 
  private:
-  ReplicaReceiver(std::string root, int listener);
+  ReplicaReceiver(std::string root, int listener, Placer placer);
   void AcceptLoop();
   void Serve(int fd);
   Status Receive(int fd, uint64_t* bytes, uint64_t* files);
@@ -97,6 +103,7 @@ class ReplicaReceiver {
 
   const std::string root_;
   const int listener_;
+  const Placer placer_;
   const uint16_t port_;
   std::atomic<bool> stopping_{false};
   mutable std::mutex mu_;

@@ -1,0 +1,85 @@
+#include "agent/replication/replicator.h"
+
+#include <chrono>
+#include <map>
+#include <vector>
+
+#include "lifeline/checkpoint.h"
+#include "lifeline/internal/tier_replica.h"
+
+namespace lifeline::replication {
+namespace {
+
+// The newest step in `snapshots` (newest first) for which every rank of [first, first + n) of one
+// attempt is there: those snapshots, by rank.
+std::vector<TierSnapshot> NewestWhole(const std::vector<TierSnapshot>& snapshots, uint32_t first, uint32_t n) {
+  std::map<std::pair<uint64_t, std::string>, std::vector<TierSnapshot>> by_attempt;
+  for (const TierSnapshot& s : snapshots)
+    if (s.rank >= first && s.rank < first + n) by_attempt[{s.step, s.run_hash}].push_back(s);
+  for (auto it = by_attempt.rbegin(); it != by_attempt.rend(); ++it)
+    if (it->second.size() == n) return it->second;
+  return {};
+}
+
+}  // namespace
+
+Result<ReplicationPass> Replicator::RunOnce() {
+  Env* env = Env::Default();
+  LL_ASSIGN_OR_RETURN(std::vector<TierSnapshot> all, ListTierSnapshots(env, o_.tier_root));
+  const std::vector<TierSnapshot> mine = NewestWhole(all, o_.first_rank, o_.ranks);
+  ReplicationPass pass;
+  if (mine.empty() || (sent_ && *sent_ >= mine[0].step)) return pass;
+  const uint64_t step = mine[0].step;
+  // A newer step of this node's ranks supersedes this one: looked for at most every 100 ms.
+  ReplicaSendOptions send = o_.peer;
+  auto checked = std::chrono::steady_clock::now();
+  send.cancelled = [&]() {
+    if (o_.peer.cancelled && o_.peer.cancelled()) return true;
+    if (std::chrono::steady_clock::now() - checked < std::chrono::milliseconds(100)) return false;
+    checked = std::chrono::steady_clock::now();
+    Result<std::vector<TierSnapshot>> now = ListTierSnapshots(env, o_.tier_root);
+    if (!now.ok()) return false;
+    const std::vector<TierSnapshot> newest = NewestWhole(*now, o_.first_rank, o_.ranks);
+    return !newest.empty() && newest[0].step > step;
+  };
+  const auto start = std::chrono::steady_clock::now();
+  for (const TierSnapshot& s : mine) {
+    // Data first, index last, as a rank publishes: the index is what makes it count.
+    const std::string dir = s.step_dir.substr(s.step_dir.rfind('/') + 1);
+    LL_ASSIGN_OR_RETURN(ReplicaTransfer t,
+                        SendReplica(send, dir,
+                                    {{s.data_name, JoinPath(s.step_dir, s.data_name)},
+                                     {s.index_name, JoinPath(s.step_dir, s.index_name)}}));
+    pass.bytes += t.bytes;
+  }
+  pass.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  pass.step = step;
+  sent_ = step;
+  return pass;
+}
+
+ReplicaReceiver::Placer TierPlacer(std::string tier_root, uint32_t keep_last) {
+  return [tier_root = std::move(tier_root), keep_last](
+             const std::string& dir, const std::vector<std::pair<std::string, std::string>>& received) -> Status {
+    const std::pair<std::string, std::string>* index = nullptr;
+    const std::pair<std::string, std::string>* data = nullptr;
+    for (const auto& f : received) {
+      if (f.first.size() > 6 && f.first.compare(f.first.size() - 6, 6, ".index") == 0) index = &f;
+      if (f.first.size() > 5 && f.first.compare(f.first.size() - 5, 5, ".data") == 0) data = &f;
+    }
+    if (received.size() != 2 || index == nullptr || data == nullptr)
+      return Status::Corruption("replica " + dir, "expected one rank's index and data file");
+    Env* env = Env::Default();
+    // The names say whose snapshot it is; the data file's must agree with the index's.
+    const std::optional<TierSnapshot> parsed = ParseTierSnapshot(tier_root, dir, index->first);
+    if (!parsed) return Status::Corruption("replica " + dir + "/" + index->first, "not a rank snapshot of a memory tier");
+    const TierSnapshot& s = *parsed;
+    if (data->first != s.data_name)
+      return Status::Corruption("replica " + dir, "data file '" + data->first + "' does not match index '" + index->first + "'");
+    LL_ASSIGN_OR_RETURN(std::string encoded, ReadFileToString(env, index->second, 1ull << 30));
+    Status placed = PlaceTierReplica(env, tier_root, s, data->second, encoded, keep_last);
+    return placed.IsAlreadyExists() ? Status::OK() : placed;
+  };
+}
+
+}  // namespace lifeline::replication

@@ -1,0 +1,136 @@
+// Two "nodes" of a 4-rank job, each with its own memory tier holding its 2 ranks' snapshots: once
+// each node's replicator has sent its newest step to the other, both tiers hold the whole step,
+// committed, and a rank restarted on either node loads it from memory, bit for bit.
+#include "agent/replication/replicator.h"
+
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "lifeline/checkpoint.h"
+#include "lifeline/internal/tier_replica.h"
+#include "tests/kit/test_kit.h"
+
+namespace lifeline::replication {
+namespace {
+
+constexpr int64_t kCols = 5000;
+
+std::vector<float> Row(uint32_t rank, uint64_t step) {
+  std::vector<float> v(kCols);
+  for (int64_t i = 0; i < kCols; ++i) v[i] = static_cast<float>(rank * 100000 + i) + 0.25f * static_cast<float>(step);
+  return v;
+}
+
+CheckpointerOptions RankOptions(const std::string& dir, const std::string& tier, uint32_t rank) {
+  CheckpointerOptions o;
+  o.directory = dir;
+  o.run_id = "launch-1";
+  o.rank = rank;
+  o.world_size = 4;
+  o.memory_tier = true;
+  o.memory_tier_directory = tier;
+  o.memory_tier_cleanup_on_close = false;  // a node's tier outlives its processes
+  return o;
+}
+
+// Every rank saves its row of "w" (4 x kCols) at `step`; ranks 0-1 on tier a, 2-3 on tier b.
+void SaveStep(const std::string& dir, const std::string& a, const std::string& b, uint64_t step) {
+  std::vector<std::thread> ranks;
+  for (uint32_t r = 0; r < 4; ++r) {
+    ranks.emplace_back([&, r] {
+      auto ckpt = Checkpointer::Open(RankOptions(dir, r < 2 ? a : b, r));
+      ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
+      std::vector<float> row = Row(r, step);
+      SaveRequest req;
+      req.tensors.push_back(TensorShard::Box("w", DType::kF32, {4, kCols}, {r, 0}, {1, kCols}, row.data()));
+      Status s = (*ckpt)->Save(step, req).WaitCommitted(60);
+      EXPECT_TRUE(s.ok()) << "rank " << r << ": " << s.ToString();
+    });
+  }
+  for (std::thread& t : ranks) t.join();
+}
+
+uint64_t RanksInTier(const std::string& tier, uint64_t step) {
+  auto all = ListTierSnapshots(Env::Default(), tier);
+  uint64_t n = 0;
+  for (const TierSnapshot& s : all.value_or(std::vector<TierSnapshot>{})) n += s.step == step;
+  return n;
+}
+
+TEST(ReplicatorTest, TwoNodesEachEndWithTheWholeStepInMemory) {
+  test::TempDir disk;
+  test::TempDir shm("/dev/shm", "lifeline-replicator-test");
+  ASSERT_FALSE(shm.path().empty());
+  const std::string dir = disk.Sub("ckpt"), a = shm.Sub("node-a"), b = shm.Sub("node-b");
+  SaveStep(dir, a, b, 5);
+  ASSERT_EQ(RanksInTier(a, 5), 2u);
+  ASSERT_EQ(RanksInTier(b, 5), 2u);
+
+  auto into_a = ReplicaReceiver::Start(a + "/.incoming", 0, TierPlacer(a, 2));
+  auto into_b = ReplicaReceiver::Start(b + "/.incoming", 0, TierPlacer(b, 2));
+  ASSERT_TRUE(into_a.ok() && into_b.ok());
+  auto options = [](const std::string& tier, uint32_t first, uint16_t port) {
+    ReplicatorOptions o;
+    o.tier_root = tier;
+    o.first_rank = first;
+    o.ranks = 2;
+    o.peer.host = "localhost";
+    o.peer.port = port;
+    o.peer.chunk_bytes = 16 << 10;
+    return o;
+  };
+  Replicator from_a(options(a, 0, (*into_b)->port()));
+  Replicator from_b(options(b, 2, (*into_a)->port()));
+  for (Replicator* r : {&from_a, &from_b}) {
+    auto pass = r->RunOnce();
+    ASSERT_TRUE(pass.ok()) << pass.status().ToString();
+    EXPECT_EQ(pass->step.value_or(0), 5u);
+    EXPECT_GT(pass->bytes, 2 * kCols * sizeof(float));
+  }
+  EXPECT_EQ(RanksInTier(a, 5), 4u);
+  EXPECT_EQ(RanksInTier(b, 5), 4u);
+  auto again = from_a.RunOnce();
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE(again->step.has_value()) << "step 5 sent twice";
+  EXPECT_EQ(from_a.replicated_step().value_or(0), 5u);
+
+  // A rank of the next launch on node a loads another node's row from memory (its own tier).
+  CheckpointerOptions o = RankOptions(dir, a, 3);
+  o.run_id = "launch-2";
+  auto ckpt = Checkpointer::Open(o);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
+  std::vector<float> row(kCols);
+  LoadRequest load;
+  load.tensors.push_back(TensorShard::Box("w", DType::kF32, {4, kCols}, {3, 0}, {1, kCols}, row.data()));
+  auto r = (*ckpt)->Load(std::nullopt, load);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->from_memory_tier) << "the replicated step was not complete in node a's tier";
+  EXPECT_EQ(r->step, 5u);
+  EXPECT_EQ(row, Row(3, 5));
+}
+
+TEST(ReplicatorTest, AStreamThatIsNotATierSnapshotIsRefused) {
+  test::TempDir shm("/dev/shm", "lifeline-replicator-test");
+  ASSERT_FALSE(shm.path().empty());
+  auto into = ReplicaReceiver::Start(shm.Sub(".incoming"), 0, TierPlacer(shm.path(), 2));
+  ASSERT_TRUE(into.ok());
+  ReplicaSendOptions o;
+  o.host = "localhost";
+  o.port = (*into)->port();
+  const std::string f = shm.Write("f", "bytes");
+  auto sent = SendReplica(o, "step-00000000000000000005", {{"notes.txt", f}});
+  ASSERT_FALSE(sent.ok());
+  EXPECT_NE(sent.status().ToString().find("expected one rank's index and data file"), std::string::npos)
+      << sent.status().ToString();
+  sent = SendReplica(o, "elsewhere", {{"h.r000000-of-000002.data", f}, {"h.r000000-of-000002.index", f}});
+  ASSERT_FALSE(sent.ok());
+  EXPECT_NE(sent.status().ToString().find("not a rank snapshot of a memory tier"), std::string::npos)
+      << sent.status().ToString();
+  EXPECT_TRUE(ListTierSnapshots(Env::Default(), shm.path()).value_or(std::vector<TierSnapshot>{1}).empty());
+}
+
+}  // namespace
+}  // namespace lifeline::replication

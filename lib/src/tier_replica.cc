@@ -1,0 +1,44 @@
+#include "lifeline/internal/tier_replica.h"
+
+#include <algorithm>
+
+#include "lib/src/checkpoint_layout.h"
+#include "lib/src/commit.h"
+
+namespace lifeline {
+
+std::optional<TierSnapshot> ParseTierSnapshot(const std::string& root, const std::string& step_dir_name,
+                                              const std::string& index_name) {
+  const std::optional<uint64_t> step = ParseStepDirName(step_dir_name);
+  const std::optional<RankFileName> r = ParseIndexFileName(index_name);
+  if (!step || !r) return std::nullopt;
+  return TierSnapshot{*step, r->run_hash, r->rank, r->world_size, JoinPath(root, step_dir_name), index_name,
+                      DataFileName(r->run_hash, r->rank, r->world_size)};
+}
+
+Result<std::vector<TierSnapshot>> ListTierSnapshots(Env* env, const std::string& root) {
+  LL_ASSIGN_OR_RETURN(std::vector<std::string> names, env->GetChildren(root));
+  std::vector<TierSnapshot> out;
+  for (const std::string& name : names) {
+    if (!ParseStepDirName(name)) continue;
+    Result<std::vector<std::string>> files = env->GetChildren(JoinPath(root, name));
+    if (!files.ok()) continue;
+    for (const std::string& f : *files)
+      if (std::optional<TierSnapshot> s = ParseTierSnapshot(root, name, f)) out.push_back(std::move(*s));
+  }
+  std::sort(out.begin(), out.end(), [](const TierSnapshot& a, const TierSnapshot& b) {
+    return a.step != b.step ? a.step > b.step : a.rank < b.rank;
+  });
+  return out;
+}
+
+Status PlaceTierReplica(Env* env, const std::string& root, const TierSnapshot& s, const std::string& data_file,
+                        std::string_view encoded_index, uint32_t keep_last) {
+  LL_ASSIGN_OR_RETURN(std::string step_dir, PrepareStepDir(env, root, s.step, s.run_hash, s.rank, s.world_size));
+  LL_RETURN_IF_ERROR(env->RenameFile(data_file, JoinPath(step_dir, DataFileName(s.run_hash, s.rank, s.world_size))));
+  return PublishRankIndex(env, root, s.step, s.run_hash, s.rank, s.world_size, encoded_index, /*retention=*/true,
+                          keep_last)
+      .status();
+}
+
+}  // namespace lifeline
