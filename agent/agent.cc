@@ -126,6 +126,7 @@ Agent::~Agent() { Cleanup(); }
 
 void Agent::Cleanup() {
   launcher_.reset();  // kills anything still running
+  replication_.reset();
   // What supervising cost this node: the agent's own CPU, and its etcd traffic in a multi-node job.
   nlohmann::json usage = nullptr;
   if (started_ns_ != 0) {
@@ -186,6 +187,18 @@ Status Agent::Setup() {
     rc.lease_seconds = z.lease_seconds;
     rc.last_call_seconds = z.last_call_seconds;
     rc.join_timeout_seconds = z.join_timeout_seconds;
+    if (config_.replication.enabled) {
+      replication::ReplicationSettings rs;
+      rs.bandwidth_bytes_per_second = static_cast<uint64_t>(config_.replication.bandwidth_mb_per_second * 1e6);
+      rs.keep_last = config_.replication.keep_last;
+      Result<std::unique_ptr<replication::ReplicationService>> service = replication::ReplicationService::Start(rs);
+      if (service.ok()) {
+        replication_ = std::move(*service);
+        rc.replica_port = replication_->port();
+      } else {  // the job runs all the same, its snapshots in one node's memory only
+        std::cerr << "lifeline-agent: snapshot replication off: " << service.status().ToString() << std::endl;
+      }
+    }
     LL_ASSIGN_OR_RETURN(rdzv_, Rendezvous::Connect(std::move(rc)));
     job_view_ = std::make_unique<JobView>(config_);
   }
@@ -333,6 +346,21 @@ Status Agent::JoinRound(const std::string& checkpoint_dir) {
        {"world_size", plan_->world_size},
        {"first_rank", plan_->rank_base},
        {"master", plan_->master_addr + ":" + std::to_string(plan_->master_port)}});
+  if (replication_ != nullptr) {
+    // A ring over the round's nodes: this node's snapshots go to the next one, never to itself.
+    replication::ReplicationTarget t;
+    t.checkpoint_dir = !plan_->checkpoint_dir.empty() ? plan_->checkpoint_dir : checkpoint_dir;
+    t.first_rank = plan_->rank_base;
+    t.ranks = config_.nproc;
+    if (plan_->nodes.size() > 1 && plan_->group_rank >= 0) {
+      const RoundNode& peer = plan_->nodes[(plan_->group_rank + 1) % plan_->nodes.size()];
+      if (peer.replica_port != 0) {
+        t.peer_host = peer.host;
+        t.peer_port = static_cast<uint16_t>(peer.replica_port);
+      }
+    }
+    replication_->SetTarget(t);
+  }
   std::cerr << "lifeline-agent: round " << plan_->round << ": node " << plan_->group_rank << " of "
             << plan_->nodes.size() << ", global ranks " << plan_->rank_base << "-"
             << plan_->rank_base + config_.nproc - 1 << " of " << plan_->world_size << std::endl;
@@ -402,6 +430,23 @@ void Agent::ReadRendezvous(std::vector<Anomaly>* anomalies, bool* moved) {
   }
   *moved = news.round.has_value() || !news.give_up.empty();
   if (!news.give_up.empty()) give_up_reason_ = news.give_up;
+}
+
+void Agent::ReadReplication() {
+  if (replication_ == nullptr) return;
+  const replication::ReplicationStats s = replication_->stats();
+  metrics_->Replication(s);
+  if (s.replicated_step && s.replicated_step != logged_replicated_step_) {
+    logged_replicated_step_ = s.replicated_step;
+    Log({{"action", "replicated"},
+         {"step", *s.replicated_step},
+         {"ranks", {rank_base_, rank_base_ + config_.nproc - 1}},
+         {"bytes_sent_total", s.bytes_sent}});
+  }
+  if (s.failures > logged_replication_failures_) {
+    logged_replication_failures_ = s.failures;
+    Log({{"action", "replication_failed"}, {"failures", s.failures}, {"error", s.last_error}});
+  }
 }
 
 void Agent::HoldFailureEchoes(std::vector<Anomaly>* anomalies, uint64_t now, bool moved) {
@@ -717,6 +762,7 @@ int Agent::Run() {
       bool moved = false;
       ReadRendezvous(&anomalies, &moved);
       HoldFailureEchoes(&anomalies, now, moved);
+      ReadReplication();
       if (moved && !give_up_reason_.empty()) {
         Log({{"action", "stop"}, {"reason", "the job ended on another node: " + give_up_reason_}});
         launcher_->StopAll(config_.restart.grace_seconds);

@@ -20,6 +20,7 @@
 #include "agent/job_view.h"
 #include "agent/launcher.h"
 #include "agent/rendezvous.h"
+#include "agent/replication/replication_service.h"
 #include "agent/resume.h"
 #include "agent/timeline.h"
 #include "lifeline/internal/trace_ring.h"
@@ -67,6 +68,8 @@ class Agent {
   // failure elsewhere (RendezvousSettings::failure_grace_seconds), releasing them into
   // `anomalies` unless another node failed first; one held when the job `moved` is an echo.
   void HoldFailureEchoes(std::vector<Anomaly>* anomalies, uint64_t now, bool moved);
+  // Multi-node: the replication service's figures into the metrics, and its news into the log.
+  void ReadReplication();
   int LocalRank(int global) const { return global - static_cast<int>(rank_base_); }
 
   AgentConfig config_;
@@ -104,6 +107,9 @@ class Agent {
     uint64_t since_ns = 0;  // held since
   };
   std::optional<HeldFailure> held_failure_;
+  std::unique_ptr<replication::ReplicationService> replication_;
+  std::optional<uint64_t> logged_replicated_step_;
+  uint64_t logged_replication_failures_ = 0;
   uint64_t started_ns_ = 0;        // when Run began (0: not running)
 };
 

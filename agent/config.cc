@@ -290,6 +290,16 @@ Status ReadDocument(const YamlReader& r, const YAML::Node& root, AgentConfig* c)
         return r.UnknownKey(fk, key);
       });
     }
+    if (name == "replication") {
+      ReplicationConfig& rp = c->replication;
+      return r.Group(k, v, name, [&](const std::string& f, const Node& fk, const Node& fv) -> Status {
+        const std::string key = name + "." + f;
+        if (f == "enabled") return r.Bool(fk, fv, key, &rp.enabled);
+        if (f == "bandwidth_mb_per_second") return r.Double(fk, fv, key, &rp.bandwidth_mb_per_second);
+        if (f == "keep_last") return r.U32(fk, fv, key, &rp.keep_last);
+        return r.UnknownKey(fk, key);
+      });
+    }
     if (name == "rendezvous") {
       RendezvousSettings& z = c->rendezvous;
       return r.Group(k, v, name, [&](const std::string& f, const Node& fk, const Node& fv) -> Status {
@@ -512,6 +522,10 @@ Status ValidateAgentConfig(const AgentConfig& c) {
   if (!(z.join_timeout_seconds > 0)) return Bad("rendezvous.join_timeout_seconds", "> 0", FormatDouble(z.join_timeout_seconds));
   if (!(z.failure_grace_seconds >= 0 && z.failure_grace_seconds <= 60))
     return Bad("rendezvous.failure_grace_seconds", "0..60", FormatDouble(z.failure_grace_seconds));
+  const ReplicationConfig& rp = c.replication;
+  if (!(rp.bandwidth_mb_per_second >= 0 && std::isfinite(rp.bandwidth_mb_per_second)))
+    return Bad("replication.bandwidth_mb_per_second", ">= 0", FormatDouble(rp.bandwidth_mb_per_second));
+  if (rp.keep_last < 1) return Bad("replication.keep_last", ">= 1", std::to_string(rp.keep_last));
   if (!c.metrics_addr.empty()) LL_RETURN_IF_ERROR(CheckHostPort("metrics_addr", c.metrics_addr));
   if (c.ring_events < 64 || c.ring_events > (uint64_t{1} << 30)) {
     return Bad("ring_events", "64..1073741824", std::to_string(c.ring_events));

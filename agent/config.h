@@ -76,6 +76,14 @@ struct RendezvousSettings {
   double failure_grace_seconds = 1;
 };
 
+// Multi-node jobs: each node's memory-tier snapshots are replicated to the next node's memory
+// (agent/replication/), so that a step survives the loss of a node.
+struct ReplicationConfig {
+  bool enabled = true;
+  double bandwidth_mb_per_second = 500;  // the sender's budget, 10^6 bytes per second (0: unlimited)
+  uint32_t keep_last = 2;                // complete steps a node's tier keeps with the replicas
+};
+
 struct AgentConfig {
   uint32_t nproc = 1;                    // --nproc: local ranks
   std::vector<std::string> command;      // after "--"
@@ -103,6 +111,7 @@ struct AgentConfig {
   CheckpointConfig checkpoint;
   RestartConfig restart;
   RendezvousSettings rendezvous;
+  ReplicationConfig replication;
   // Per anomaly kind ("dead", "hang", "straggler", "slow_collective", "checkpoint", "node_lost").
   std::map<std::string, Action> policy = {{"dead", Action::kRestart},
                                           {"hang", Action::kRestart},

@@ -107,6 +107,13 @@ const std::vector<MetricFamilyInfo>& MetricFamilies() {
       {"lifeline_round_leader", "gauge", "",
        "1 while this node leads its round (runs the job-wide hang, straggler and slow-collective detectors), else 0; "
        "0 on a single-node job"},
+      {"lifeline_replication_lag_seconds", "gauge", "",
+       "How long the newest step this node's ranks published in its memory tier has waited to be replicated to the "
+       "peer node (0: replicated)"},
+      {"lifeline_replicated_step", "gauge", "", "Newest step of this node's ranks held in the peer node's memory (-1: none)"},
+      {"lifeline_replication_bytes_total", "counter", "direction",
+       "Snapshot bytes replicated between nodes' memory, sent to the peer or received from one"},
+      {"lifeline_replication_failures_total", "counter", "", "Replication streams that failed (the next pass retries)"},
       {"lifeline_etcd_reachable", "gauge", "",
        "1 when etcd answered the agent's last poll, 0 when not (training goes on; job-wide verdicts and restarts "
        "wait); 1 on a single-node job, which uses no etcd"},
@@ -171,6 +178,13 @@ AgentMetrics::AgentMetrics(const std::string& job, int world) : registry_(std::m
   leader_ = &gauge("lifeline_round_leader")->Add({});
   etcd_reachable_ = &gauge("lifeline_etcd_reachable")->Add({});
   etcd_reachable_->Set(1);
+  replication_lag_ = &gauge("lifeline_replication_lag_seconds")->Add({});
+  replicated_step_ = &gauge("lifeline_replicated_step")->Add({});
+  replicated_step_->Set(-1);
+  auto* bytes = counter("lifeline_replication_bytes_total");
+  replication_sent_ = &bytes->Add({{"direction", "sent"}});
+  replication_received_ = &bytes->Add({{"direction", "received"}});
+  replication_failures_ = &counter("lifeline_replication_failures_total")->Add({});
   char host[256] = {};
   JoinedRound(gethostname(host, sizeof(host) - 1) == 0 && host[0] != '\0' ? host : "localhost", 0);  // one node
   // Every kind appears from the start, so a rate() over it is defined before the first anomaly.
@@ -270,6 +284,17 @@ void AgentMetrics::JoinedRound(const std::string& node, int group_rank, int node
 void AgentMetrics::Rendezvous(bool leader, bool etcd_reachable) {
   leader_->Set(leader ? 1 : 0);
   etcd_reachable_->Set(etcd_reachable ? 1 : 0);
+}
+
+void AgentMetrics::Replication(const replication::ReplicationStats& s) {
+  replication_lag_->Set(s.lag_seconds);
+  replicated_step_->Set(s.replicated_step ? static_cast<double>(*s.replicated_step) : -1);
+  // The service's totals are cumulative; the counters move by what is new.
+  if (s.bytes_sent > replication_seen_.bytes_sent) replication_sent_->Increment(static_cast<double>(s.bytes_sent - replication_seen_.bytes_sent));
+  if (s.bytes_received > replication_seen_.bytes_received)
+    replication_received_->Increment(static_cast<double>(s.bytes_received - replication_seen_.bytes_received));
+  if (s.failures > replication_seen_.failures) replication_failures_->Increment(static_cast<double>(s.failures - replication_seen_.failures));
+  replication_seen_ = s;
 }
 
 void AgentMetrics::SetRound(uint64_t round) { round_->Set(static_cast<double>(round)); }

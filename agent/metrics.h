@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "agent/replication/replication_service.h"
 #include "agent/timeline.h"
 #include "lifeline/status.h"
 #include "lifeline/trace.h"
@@ -56,6 +57,8 @@ class AgentMetrics {
   // Multi-node: whether this node leads its round (runs the job-wide detectors) and whether etcd
   // answered its last poll.
   void Rendezvous(bool leader, bool etcd_reachable);
+  // Snapshot replication to the peer node (multi-node jobs).
+  void Replication(const replication::ReplicationStats& stats);
   // A single-node job's round: its restarts so far.
   void SetRound(uint64_t round);
   // `change` was just applied to `timeline` (see Detector::Observe).
@@ -83,6 +86,12 @@ class AgentMetrics {
   prometheus::Gauge* round_;
   prometheus::Gauge* leader_;
   prometheus::Gauge* etcd_reachable_;
+  prometheus::Gauge* replication_lag_;
+  prometheus::Gauge* replicated_step_;
+  prometheus::Counter* replication_sent_;
+  prometheus::Counter* replication_received_;
+  prometheus::Counter* replication_failures_;
+  replication::ReplicationStats replication_seen_;
   prometheus::Family<prometheus::Counter>* anomalies_;
   prometheus::Family<prometheus::Histogram>* step_duration_;
   prometheus::Family<prometheus::Counter>* steps_;

@@ -34,7 +34,7 @@ nlohmann::json OfferJson(const ResumeOffer& o) {
 nlohmann::json NodeJson(const RoundNode& n) {
   return {{"id", n.id},           {"host", n.host},
           {"nproc", n.nproc},     {"requested_rank", n.requested_rank},
-          {"master_port", n.master_port}, {"joined_revision", n.joined_revision},
+          {"master_port", n.master_port}, {"replica_port", n.replica_port}, {"joined_revision", n.joined_revision},
           {"resume", OfferJson(n.resume)}};
 }
 
@@ -47,6 +47,7 @@ Result<RoundNode> ParseNode(const nlohmann::json& j, const std::string& what) {
     n.nproc = j.at("nproc").get<uint32_t>();
     n.requested_rank = j.value("requested_rank", -1);
     n.master_port = j.at("master_port").get<uint32_t>();
+    n.replica_port = j.value("replica_port", uint32_t{0});
     n.joined_revision = j.value("joined_revision", int64_t{0});
     const nlohmann::json& r = j.at("resume");
     n.resume.directory = r.value("directory", "");
@@ -267,6 +268,7 @@ Result<RoundPlan> Rendezvous::Join(const ResumeOffer& offer, const std::function
       me.nproc = config_.nproc_per_node;
       me.requested_rank = config_.node_rank;
       me.master_port = PickFreePort();
+      me.replica_port = config_.replica_port;
       me.resume = offer;
       entry_key = Key("rounds/" + std::to_string(*round) + "/nodes/" + node_id_);
       {

@@ -60,6 +60,7 @@ struct RendezvousConfig {
   double join_timeout_seconds = 900;
   double poll_seconds = 0.25;      // how often the watcher reads the round
   double progress_seconds = 1.0;   // how often a node publishes its progress, and the leader reads all
+  uint32_t replica_port = 0;       // where this node's agent receives snapshot replicas (0: none)
 };
 
 struct RoundNode {
@@ -68,6 +69,7 @@ struct RoundNode {
   uint32_t nproc = 0;
   int requested_rank = -1;
   uint32_t master_port = 0;
+  uint32_t replica_port = 0;       // its agent's replica receiver (0: it takes none)
   int64_t joined_revision = 0;
   ResumeOffer resume;
 };

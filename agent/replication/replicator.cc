@@ -28,6 +28,7 @@ Result<ReplicationPass> Replicator::RunOnce() {
   LL_ASSIGN_OR_RETURN(std::vector<TierSnapshot> all, ListTierSnapshots(env, o_.tier_root));
   const std::vector<TierSnapshot> mine = NewestWhole(all, o_.first_rank, o_.ranks);
   ReplicationPass pass;
+  if (!mine.empty()) pass.newest = mine[0].step;
   if (mine.empty() || (sent_ && *sent_ >= mine[0].step)) return pass;
   const uint64_t step = mine[0].step;
   // A newer step of this node's ranks supersedes this one: looked for at most every 100 ms.

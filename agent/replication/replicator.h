@@ -27,7 +27,8 @@ struct ReplicatorOptions {
 };
 
 struct ReplicationPass {
-  std::optional<uint64_t> step;  // the step sent, if any
+  std::optional<uint64_t> newest;  // the newest step all of this node's ranks published
+  std::optional<uint64_t> step;    // the step sent, if any
   uint64_t bytes = 0;
   double seconds = 0;
 };

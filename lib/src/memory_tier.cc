@@ -150,22 +150,33 @@ MemoryTier::MemoryTier(std::string root, std::string run_hash, uint32_t rank, ui
     : env_(Env::Default()), root_(std::move(root)), run_hash_(std::move(run_hash)), rank_(rank),
       world_size_(world_size), slots_(slots) {}
 
+Result<std::string> MemoryTierUserDir() {
+  LL_ASSIGN_OR_RETURN(std::string base, MemoryTierFileSystem());
+  // The file system's directory itself (/dev/shm or the variable's) is created when missing and
+  // otherwise left as it is; only our per-user directory below it is made private.
+  LL_RETURN_IF_ERROR(Env::Default()->CreateDir(base).Annotate("memory tier"));
+  const std::string user_dir = JoinPath(base, "lifeline-" + std::to_string(geteuid()));
+  LL_RETURN_IF_ERROR(MakePrivateDir(user_dir).Annotate("memory tier"));
+  return user_dir;
+}
+
+Result<std::string> CreateDefaultMemoryTierRoot(const std::string& checkpoint_dir, const std::string& dir_id) {
+  LL_ASSIGN_OR_RETURN(std::string root, DefaultMemoryTierRoot(checkpoint_dir, dir_id));
+  LL_ASSIGN_OR_RETURN(std::string user_dir, MemoryTierUserDir());
+  LL_RETURN_IF_ERROR(MakePrivateDir(root).Annotate("memory tier"));
+  const std::string real_path = RealPath(checkpoint_dir);
+  const std::string owner = JoinPath(root, kOwnerFile);
+  if (!Env::Default()->FileExists(owner))
+    LL_RETURN_IF_ERROR(WriteFileAtomically(Env::Default(), owner, real_path + "\n" + dir_id + "\n").Annotate("memory tier"));
+  RemoveOrphanRoots(user_dir, root, real_path, dir_id);
+  return root;
+}
+
 Result<std::unique_ptr<MemoryTier>> MemoryTier::Open(std::string root, const std::string& checkpoint_dir,
                                                      const std::string& dir_id, std::string run_hash, uint32_t rank,
                                                      uint32_t world_size, unsigned slots) {
   if (root.empty()) {
-    LL_ASSIGN_OR_RETURN(root, DefaultMemoryTierRoot(checkpoint_dir, dir_id));
-    const std::string user_dir = root.substr(0, root.rfind('/'));
-    // The file system's directory itself (/dev/shm or the variable's) is created when missing and
-    // otherwise left as it is; only our per-user directory below it is made private.
-    LL_RETURN_IF_ERROR(Env::Default()->CreateDir(user_dir.substr(0, user_dir.rfind('/'))).Annotate("memory tier"));
-    LL_RETURN_IF_ERROR(MakePrivateDir(user_dir).Annotate("memory tier"));
-    LL_RETURN_IF_ERROR(MakePrivateDir(root).Annotate("memory tier"));
-    const std::string real_path = RealPath(checkpoint_dir);
-    const std::string owner = JoinPath(root, kOwnerFile);
-    if (!Env::Default()->FileExists(owner))
-      LL_RETURN_IF_ERROR(WriteFileAtomically(Env::Default(), owner, real_path + "\n" + dir_id + "\n").Annotate("memory tier"));
-    RemoveOrphanRoots(user_dir, root, real_path, dir_id);
+    LL_ASSIGN_OR_RETURN(root, CreateDefaultMemoryTierRoot(checkpoint_dir, dir_id));
   } else {
     LL_RETURN_IF_ERROR(Env::Default()->CreateDir(root).Annotate("memory tier"));
   }

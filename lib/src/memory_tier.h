@@ -96,6 +96,13 @@ Result<std::string> MemoryTierFileSystem();
 // <MemoryTierFileSystem()>/lifeline-<uid>/<16 hex of XXH3-64 of (real path, NUL, dir_id)>.
 Result<std::string> DefaultMemoryTierRoot(const std::string& checkpoint_dir, std::string_view dir_id);
 
+// <MemoryTierFileSystem()>/lifeline-<uid>, created (the user's part private) when missing.
+Result<std::string> MemoryTierUserDir();
+
+// The default root of `checkpoint_dir` (identity `dir_id`), created private with its owner file,
+// and the roots of an earlier directory at the same path removed.
+Result<std::string> CreateDefaultMemoryTierRoot(const std::string& checkpoint_dir, const std::string& dir_id);
+
 // The memory tier of `checkpoint_dir` on this node if there is one (for tools): its root, or
 // NotFound when the directory has no identity yet or nothing in memory.
 Result<std::string> FindMemoryTierRoot(Env* env, const std::string& checkpoint_dir);

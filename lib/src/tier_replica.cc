@@ -1,9 +1,13 @@
 #include "lifeline/internal/tier_replica.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cerrno>
 
 #include "lib/src/checkpoint_layout.h"
 #include "lib/src/commit.h"
+#include "lib/src/memory_tier.h"
 
 namespace lifeline {
 
@@ -14,6 +18,18 @@ std::optional<TierSnapshot> ParseTierSnapshot(const std::string& root, const std
   if (!step || !r) return std::nullopt;
   return TierSnapshot{*step, r->run_hash, r->rank, r->world_size, JoinPath(root, step_dir_name), index_name,
                       DataFileName(r->run_hash, r->rank, r->world_size)};
+}
+
+Result<std::string> ReplicaIncomingDir() {
+  LL_ASSIGN_OR_RETURN(std::string user_dir, MemoryTierUserDir());
+  const std::string dir = JoinPath(user_dir, ".incoming");
+  if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return Status::FromErrno(errno, dir);
+  return dir;
+}
+
+Result<std::string> MemoryTierRootOf(const std::string& checkpoint_dir) {
+  LL_ASSIGN_OR_RETURN(std::string id, CheckpointDirectoryId(Env::Default(), checkpoint_dir, /*create=*/false));
+  return CreateDefaultMemoryTierRoot(checkpoint_dir, id);
 }
 
 Result<std::vector<TierSnapshot>> ListTierSnapshots(Env* env, const std::string& root) {

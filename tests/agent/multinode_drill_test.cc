@@ -258,6 +258,30 @@ TEST_F(MultiNodeTest, ThreeNodesActTogetherOnACrashAndEndLikeOneNodeOfSixRanks) 
   ExpectACrashRestartsEveryNodeTogether(this, "three", 3);
 }
 
+// Each node's memory tier holds only its own ranks' snapshots, until its agent replicates them to
+// the next node (a ring): with two nodes, both tiers then hold every rank, so after rank 3 is
+// SIGKILLed every rank of the next round loads step 50 from memory, and the job ends like one node.
+TEST_F(MultiNodeTest, AfterACrashEveryRankResumesFromMemoryThroughThePeersReplica) {
+  // Step 50 is saved, then 45 steps of 20 ms leave the agents time to replicate it.
+  const std::string steps = "--steps 120 --ckpt-every 50 --compute-ms 20";
+  const auto single = SingleNodeFinals(steps);
+  std::vector<NodeRun> runs = RunJob("replica", "--max-restarts 2", steps + " --fault crash@3:95");
+  std::map<int, std::string> finals;
+  for (const NodeRun& r : runs) {
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    std::vector<int> replicated;
+    for (const auto& a : r.actions)
+      if (a.value("action", "") == "replicated") replicated.push_back(a["step"].get<int>());
+    EXPECT_NE(std::find(replicated.begin(), replicated.end(), 50), replicated.end()) << Dump(r.actions);
+    finals.insert(r.finals.begin(), r.finals.end());
+  }
+  std::string output = runs[0].output + runs[1].output;
+  for (int rank = 0; rank < 4; ++rank)
+    EXPECT_NE(output.find("rank " + std::to_string(rank) + " resumed from step 50 (memory tier)"), std::string::npos)
+        << output;
+  EXPECT_EQ(finals, single);
+}
+
 // A rank hung on node 1 is the one named, on every node: node 0, whose ranks all joined the
 // allreduce rank 3 never entered, does not blame them (its view stops at its own ranks); the
 // culprit's node or the round's leader (the job-wide view) names rank 3 within the hang timeout

@@ -254,7 +254,8 @@ struct LIFELINE_EXPORT CheckpointerOptions {
   // Back the slots with named shared memory under `memory_tier_directory`, so that a restarted
   // process on this node loads the newest snapshot from memory even when its disk copy never
   // finished. Load prefers the memory tier when its newest complete step is at least as new as the
-  // disk's. Needs every rank of the saved job on this node to be complete (single-node jobs).
+  // disk's. Needs every rank of the saved step in this node's tier: a single-node job's, or one
+  // that lifeline-agent's replication completed with the other nodes' ranks.
   bool memory_tier = false;
   // Empty: /dev/shm/lifeline-<uid>/<hash of the checkpoint directory's real path and identity>,
   // or $LIFELINE_MEMORY_TIER_DIR/lifeline-<uid>/<hash> when that variable is set (an absolute path;

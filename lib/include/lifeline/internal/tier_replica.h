@@ -28,6 +28,15 @@ struct TierSnapshot {
   std::string data_name;
 };
 
+// Where a receiving agent lets replicas arrive before they are placed: a private directory on the
+// memory tiers' file system (/dev/shm, or $LIFELINE_MEMORY_TIER_DIR), so that placing is a rename.
+Result<std::string> ReplicaIncomingDir();
+
+// This node's memory tier of `checkpoint_dir`, created when missing (a node that never ran a rank
+// of the job, such as a replacement, receives replicas all the same). NotFound when the directory
+// has no identity yet (no rank ever opened it).
+Result<std::string> MemoryTierRootOf(const std::string& checkpoint_dir);
+
 // The snapshot whose index is named `index_name` in the step directory named `step_dir_name`
 // under `root`; nullopt when the names are not a tier's ("step-<20 digits>", "H.rRRRRRR-of-WWWWWW.index").
 std::optional<TierSnapshot> ParseTierSnapshot(const std::string& root, const std::string& step_dir_name,

@@ -1,0 +1,82 @@
+// The agent's side of snapshot replication: a receiver that places the snapshots a peer node sends
+// into this node's memory tier, and a background sender that streams this node's newest snapshots
+// to the peer the round assigns (the next node in group-rank order: a ring, so a node's replicas
+// are never on itself). Nothing here blocks the agent's loop: it reads stats().
+//
+// Thread safety: every public method may be called from any thread.
+#ifndef LIFELINE_AGENT_REPLICATION_REPLICATION_SERVICE_H_
+#define LIFELINE_AGENT_REPLICATION_REPLICATION_SERVICE_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "agent/replication/replica_stream.h"
+#include "agent/replication/replicator.h"
+#include "lifeline/status.h"
+
+namespace lifeline::replication {
+
+struct ReplicationSettings {
+  uint64_t bandwidth_bytes_per_second = 500'000'000;  // the sender's budget (0: unlimited)
+  uint32_t keep_last = 2;                             // complete steps a tier keeps with replicas
+  double poll_seconds = 0.5;                          // how often the tier is looked at
+};
+
+// Where this node's snapshots go in the current round.
+struct ReplicationTarget {
+  std::string checkpoint_dir;  // the job's (its memory tier is found from it)
+  uint32_t first_rank = 0;     // this node's global ranks
+  uint32_t ranks = 0;
+  std::string peer_host;       // empty: no peer (a single node, or the peer takes no replicas)
+  uint16_t peer_port = 0;
+};
+
+struct ReplicationStats {
+  std::optional<uint64_t> replicated_step;  // newest step of this node's ranks on the peer
+  std::optional<uint64_t> newest_step;      // newest step all of this node's ranks published
+  double lag_seconds = 0;                   // how long newest_step has waited to be replicated
+  uint64_t bytes_sent = 0;
+  uint64_t failures = 0;
+  std::string last_error;
+  uint64_t bytes_received = 0;  // placed here from the peer
+  uint64_t refused = 0;         // streams refused or broken off here
+};
+
+class ReplicationService {
+ public:
+  // Starts the receiver (a free port, every address) and the sender's thread, idle until SetTarget.
+  static Result<std::unique_ptr<ReplicationService>> Start(ReplicationSettings settings);
+  ~ReplicationService();
+  ReplicationService(const ReplicationService&) = delete;
+  ReplicationService& operator=(const ReplicationService&) = delete;
+
+  uint16_t port() const { return receiver_->port(); }
+  // The round changed: replicate to this target from now on (what was sent before counts for the
+  // same peer only).
+  void SetTarget(ReplicationTarget target);
+  ReplicationStats stats() const;
+
+ private:
+  ReplicationService(ReplicationSettings settings, std::unique_ptr<ReplicaReceiver> receiver);
+  void SendLoop();
+
+  const ReplicationSettings settings_;
+  std::unique_ptr<ReplicaReceiver> receiver_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;                  // GUARDED_BY(mu_)
+  ReplicationTarget target_;               // GUARDED_BY(mu_)
+  uint64_t target_generation_ = 0;         // GUARDED_BY(mu_)
+  std::string checkpoint_dir_;             // GUARDED_BY(mu_): for the receiver's placer
+  ReplicationStats stats_;                 // GUARDED_BY(mu_)
+  std::thread sender_;
+};
+
+}  // namespace lifeline::replication
+
+#endif  // LIFELINE_AGENT_REPLICATION_REPLICATION_SERVICE_H_
