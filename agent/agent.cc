@@ -26,6 +26,8 @@
 #include "agent/metrics.h"
 #include "agent/progress.h"
 #include "agent/resume.h"
+#include "lifeline/internal/tier_replica.h"
+#include "lifeline/checkpoint.h"
 #include "lifeline/env.h"
 
 namespace lifeline::agent {
@@ -232,6 +234,7 @@ Status Agent::Launch() {
   const std::string checkpoint_dir =
       !config_.checkpoint_dir.empty() ? config_.checkpoint_dir : ReportedCheckpointDir(ring_dir_);
   if (rdzv_ != nullptr) LL_RETURN_IF_ERROR(JoinRound(checkpoint_dir));  // this node's place in the job
+  if (plan_ && plan_->resume_location == "peer_memory") ShareResumeStep(checkpoint_dir);
   held_failure_.reset();
   rings_.clear();
   for (int r = 0; r < world; ++r) {
@@ -315,8 +318,60 @@ Status Agent::Launch() {
     line["first_rank"] = rank_base_;
     line["world_size"] = plan_->world_size;
   }
+  resume_source_ = resume.is_object() ? resume.value("location", "") : "";
   Log(line);
   return Status::OK();
+}
+
+void Agent::ShareResumeStep(const std::string& local_checkpoint_dir) {
+  const uint64_t step = *plan_->resume_step;
+  const std::string dir = !plan_->checkpoint_dir.empty() ? plan_->checkpoint_dir : local_checkpoint_dir;
+  auto holds = [step](const RoundNode& n) {
+    return std::find(n.resume.memory_steps.begin(), n.resume.memory_steps.end(), step) != n.resume.memory_steps.end();
+  };
+  int holder = -1;
+  for (size_t g = 0; g < plan_->nodes.size() && holder < 0; ++g)
+    if (holds(plan_->nodes[g])) holder = static_cast<int>(g);
+  if (holder < 0 || dir.empty()) return;
+  const RoundNode& from = plan_->nodes[holder];
+  if (holder == plan_->group_rank) {
+    // The first node holding the step sends it whole to every node that lacks it; training is
+    // stopped everywhere meanwhile, so at the network's full speed.
+    Result<std::string> tier = FindMemoryTierOf(dir);
+    for (const RoundNode& to : plan_->nodes) {
+      if (holds(to)) continue;
+      replication::ReplicaSendOptions peer;
+      peer.host = to.host;
+      peer.port = static_cast<uint16_t>(to.replica_port);
+      Result<replication::ReplicationPass> sent =
+          !tier.ok() ? Result<replication::ReplicationPass>(tier.status())
+          : to.replica_port == 0 ? Result<replication::ReplicationPass>(Status::Unavailable(to.id, "takes no replicas"))
+                                 : replication::SendStep(*tier, step, peer);
+      if (sent.ok()) {
+        Log({{"action", "sent_resume_step"}, {"step", step}, {"to", to.id}, {"bytes", sent->bytes}, {"seconds", sent->seconds}});
+      } else {
+        Log({{"action", "sent_resume_step_failed"}, {"step", step}, {"to", to.id}, {"error", sent.status().ToString()}});
+      }
+    }
+    return;
+  }
+  if (holds(plan_->nodes[plan_->group_rank])) return;
+  // This node lacks it (a replacement, or a node whose memory went): it arrives from `from`.
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + std::chrono::seconds(120);
+  while (std::chrono::steady_clock::now() < deadline && g_stop_signal == 0) {
+    Result<std::string> tier = MemoryTierRootOf(dir);
+    if (tier.ok() && replication::TierHoldsStep(*tier, step)) {
+      Log({{"action", "fetched_resume_step"},
+           {"step", step},
+           {"from", from.id},
+           {"seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()}});
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  Log({{"action", "fetch_resume_step_failed"}, {"step", step}, {"from", from.id},
+       {"error", "step " + std::to_string(step) + " did not arrive within 120 s; the ranks will find it nowhere"}});
 }
 
 Status Agent::JoinRound(const std::string& checkpoint_dir) {
@@ -533,6 +588,7 @@ void Agent::CheckResumed(uint64_t now) {
                          {"seconds_since_detection", Seconds(now - *restart_detected_ns_)},
                          {"seconds_since_launch", Seconds(now - launched_ns_)}};
   line["resumed_from_checkpoint"] = from == trace::kNoStep ? nlohmann::json(nullptr) : nlohmann::json(from);
+  if (!resume_source_.empty()) line["source"] = resume_source_;  // memory, peer_memory or disk
   Log(line);
   std::cerr << "lifeline-agent: resumed at step " << first_step << ", "
             << Seconds(now - *restart_detected_ns_) << " s after the anomaly was detected" << std::endl;

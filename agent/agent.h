@@ -68,6 +68,9 @@ class Agent {
   // failure elsewhere (RendezvousSettings::failure_grace_seconds), releasing them into
   // `anomalies` unless another node failed first; one held when the job `moved` is an echo.
   void HoldFailureEchoes(std::vector<Anomaly>* anomalies, uint64_t now, bool moved);
+  // Multi-node, resuming from a step only some nodes hold in memory ("peer_memory"): the first
+  // node holding it sends it to the nodes that lack it, which wait for it (bounded) before launching.
+  void ShareResumeStep(const std::string& local_checkpoint_dir);
   // Multi-node: the replication service's figures into the metrics, and its news into the log.
   void ReadReplication();
   int LocalRank(int global) const { return global - static_cast<int>(rank_base_); }
@@ -108,6 +111,7 @@ class Agent {
   };
   std::optional<HeldFailure> held_failure_;
   std::unique_ptr<replication::ReplicationService> replication_;
+  std::string resume_source_;  // where the current launch resumes from: memory, peer_memory, disk, ""
   std::optional<uint64_t> logged_replicated_step_;
   uint64_t logged_replication_failures_ = 0;
   uint64_t started_ns_ = 0;        // when Run began (0: not running)

@@ -90,11 +90,21 @@ void ChooseResume(const std::vector<RoundNode>& nodes, std::optional<uint64_t>* 
   if (!all_see_disk || !any_sees) disk.reset();
   const std::optional<uint64_t> memory =
       common && !common->empty() ? std::optional<uint64_t>(*common->rbegin()) : std::nullopt;
+  // A step complete in some node's memory only (its own ranks and the replicas of a lost node's):
+  // the nodes that lack it fetch it from the first node that has it before they launch.
+  std::optional<uint64_t> somewhere;
+  for (const RoundNode& n : nodes)
+    for (uint64_t m : n.resume.memory_steps)
+      if (!somewhere || m > *somewhere) somewhere = m;
   step->reset();
   location->clear();
-  if (memory && (!disk || *memory > *disk)) {
+  // Memory wins a tie with the disk, as the library's Load prefers it: the same bytes, faster.
+  if (memory && (!disk || *memory >= *disk) && (!somewhere || *memory >= *somewhere)) {
     *step = memory;
     *location = "memory";
+  } else if (somewhere && (!disk || *somewhere > *disk)) {
+    *step = somewhere;
+    *location = "peer_memory";
   } else if (disk) {
     *step = disk;
     *location = "disk";

@@ -394,27 +394,29 @@ class TcpGroup final : public Group {
   std::unique_ptr<TcpAllReduce> c_;
 };
 
-Result<std::unique_ptr<Group>> JoinGroup(const Launch& l, const Flags& flags) {
-  if (l.spans_nodes) {
-    TcpAllReduceOptions o;
-    o.master_addr = l.master_addr;
-    o.master_port = l.master_port;
-    o.launch_key = l.launch_key.substr(0, 256);
-    o.rank = l.rank;
-    o.world_size = l.world_size;
-    o.count = flags.params;
-    o.join_timeout_seconds = flags.join_timeout_s;
-    LL_ASSIGN_OR_RETURN(std::unique_ptr<TcpAllReduce> c, TcpAllReduce::Join(o));
-    return std::unique_ptr<Group>(new TcpGroup(std::move(c)));
-  }
-  ShmAllReduceOptions o;
-  const std::string key = ShmNameComponent(l.shm_key);
-  o.stale_prefix = "lifeline-drill." + key + ".";
-  o.name = o.stale_prefix + "w" + std::to_string(l.world_size) + ".r" + std::to_string(l.restart);
+// The options both collectives share: this rank's place, the vector's length, the join's bound.
+template <typename Options>
+Options GroupOptions(const Launch& l, const Flags& flags) {
+  Options o;
   o.rank = l.rank;
   o.world_size = l.world_size;
   o.count = flags.params;
   o.join_timeout_seconds = flags.join_timeout_s;
+  return o;
+}
+
+Result<std::unique_ptr<Group>> JoinGroup(const Launch& l, const Flags& flags) {
+  if (l.spans_nodes) {
+    auto o = GroupOptions<TcpAllReduceOptions>(l, flags);
+    o.master_addr = l.master_addr;
+    o.master_port = l.master_port;
+    o.launch_key = l.launch_key.substr(0, 256);
+    LL_ASSIGN_OR_RETURN(std::unique_ptr<TcpAllReduce> c, TcpAllReduce::Join(o));
+    return std::unique_ptr<Group>(new TcpGroup(std::move(c)));
+  }
+  auto o = GroupOptions<ShmAllReduceOptions>(l, flags);
+  o.stale_prefix = "lifeline-drill." + ShmNameComponent(l.shm_key) + ".";
+  o.name = o.stale_prefix + "w" + std::to_string(l.world_size) + ".r" + std::to_string(l.restart);
   LL_ASSIGN_OR_RETURN(std::unique_ptr<ShmAllReduce> c, ShmAllReduce::Join(o));
   return std::unique_ptr<Group>(new ShmGroup(std::move(c)));
 }

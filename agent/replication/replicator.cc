@@ -23,6 +23,48 @@ std::vector<TierSnapshot> NewestWhole(const std::vector<TierSnapshot>& snapshots
 
 }  // namespace
 
+namespace {
+
+// Streams `snapshots` (one step) to `send`'s receiver, rank by rank.
+Result<ReplicationPass> SendSnapshots(const std::vector<TierSnapshot>& snapshots, const ReplicaSendOptions& send) {
+  ReplicationPass pass;
+  const auto start = std::chrono::steady_clock::now();
+  for (const TierSnapshot& s : snapshots) {
+    // Data first, index last, as a rank publishes: the index is what makes it count.
+    const std::string dir = s.step_dir.substr(s.step_dir.rfind('/') + 1);
+    LL_ASSIGN_OR_RETURN(ReplicaTransfer t,
+                        SendReplica(send, dir,
+                                    {{s.data_name, JoinPath(s.step_dir, s.data_name)},
+                                     {s.index_name, JoinPath(s.step_dir, s.index_name)}}));
+    pass.bytes += t.bytes;
+  }
+  pass.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!snapshots.empty()) pass.step = snapshots[0].step;
+  return pass;
+}
+
+}  // namespace
+
+Result<ReplicationPass> SendStep(const std::string& tier_root, uint64_t step, const ReplicaSendOptions& peer) {
+  LL_ASSIGN_OR_RETURN(std::vector<TierSnapshot> all, ListTierSnapshots(Env::Default(), tier_root));
+  std::vector<TierSnapshot> of_step;
+  for (const TierSnapshot& s : all)
+    if (s.step == step) of_step.push_back(s);
+  if (of_step.empty()) return Status::NotFound(tier_root, "no snapshot of step " + std::to_string(step));
+  return SendSnapshots(of_step, peer);
+}
+
+bool TierHoldsStep(const std::string& tier_root, uint64_t step) {
+  Result<std::vector<TierSnapshot>> all = ListTierSnapshots(Env::Default(), tier_root);
+  if (!all.ok()) return false;
+  std::map<std::string, std::pair<uint32_t, uint32_t>> attempts;  // run hash -> (ranks here, world)
+  for (const TierSnapshot& s : *all)
+    if (s.step == step) attempts[s.run_hash] = {attempts[s.run_hash].first + 1, s.world_size};
+  for (const auto& [hash, n] : attempts)
+    if (n.first == n.second) return true;
+  return false;
+}
+
 Result<ReplicationPass> Replicator::RunOnce() {
   Env* env = Env::Default();
   LL_ASSIGN_OR_RETURN(std::vector<TierSnapshot> all, ListTierSnapshots(env, o_.tier_root));
@@ -43,20 +85,10 @@ Result<ReplicationPass> Replicator::RunOnce() {
     const std::vector<TierSnapshot> newest = NewestWhole(*now, o_.first_rank, o_.ranks);
     return !newest.empty() && newest[0].step > step;
   };
-  const auto start = std::chrono::steady_clock::now();
-  for (const TierSnapshot& s : mine) {
-    // Data first, index last, as a rank publishes: the index is what makes it count.
-    const std::string dir = s.step_dir.substr(s.step_dir.rfind('/') + 1);
-    LL_ASSIGN_OR_RETURN(ReplicaTransfer t,
-                        SendReplica(send, dir,
-                                    {{s.data_name, JoinPath(s.step_dir, s.data_name)},
-                                     {s.index_name, JoinPath(s.step_dir, s.index_name)}}));
-    pass.bytes += t.bytes;
-  }
-  pass.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  pass.step = step;
+  LL_ASSIGN_OR_RETURN(ReplicationPass sent, SendSnapshots(mine, send));
+  sent.newest = pass.newest;
   sent_ = step;
-  return pass;
+  return sent;
 }
 
 ReplicaReceiver::Placer TierPlacer(std::string tier_root, uint32_t keep_last) {

@@ -50,6 +50,13 @@ class Replicator {
   std::optional<uint64_t> sent_;
 };
 
+// Sends every rank snapshot of `step` in the tier `tier_root` to `peer` (a node that lacks the step:
+// a replacement, after a node was lost). NotFound when the tier holds no rank of it.
+Result<ReplicationPass> SendStep(const std::string& tier_root, uint64_t step, const ReplicaSendOptions& peer);
+
+// Whether every rank of one attempt at `step` is in the tier `tier_root`.
+bool TierHoldsStep(const std::string& tier_root, uint64_t step);
+
 // The placer of a receiver whose streams are tier snapshots (directory: the step's, files: one
 // rank's index and data): places them in the tier `tier_root`, keeping `keep_last` complete steps.
 ReplicaReceiver::Placer TierPlacer(std::string tier_root, uint32_t keep_last);

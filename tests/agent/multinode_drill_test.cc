@@ -180,6 +180,17 @@ class MultiNodeTest : public ::testing::Test {
     EXPECT_LT(std::chrono::steady_clock::now() - lost_at, std::chrono::seconds(10)) << "lease 3 s";
   }
 
+  // Starts nodes 0 and 1 of job `name` with a 3 s lease, so that a lost node is noticed quickly;
+  // returns the agent flags, for a replacement.
+  std::string StartWithAShortLease(const std::string& name, const std::string& steps, pid_t* node0, pid_t* node1) {
+    const std::string config = dir_ + "/" + name + ".yaml";
+    std::ofstream(config) << "rendezvous:\n  lease_seconds: 3\n  join_timeout_seconds: 120\n";
+    const std::string flags = "--max-restarts 2 --config " + config;
+    *node0 = Spawn(AgentCommand(name, 0, name, flags + " --node-rank 0", steps), Out(name, 0));
+    *node1 = Spawn(AgentCommand(name, 1, name, flags + " --node-rank 1", steps), Out(name, 1));
+    return flags;
+  }
+
   testing::EtcdTestServer etcd_;
   std::string dir_;
 };
@@ -391,11 +402,8 @@ TEST_F(MultiNodeTest, ASpentBudgetEndsTheJobOnEveryNodeWithTheReason) {
 TEST_F(MultiNodeTest, ALostNodeIsNamedWithItsRanksAndAReplacementResumesTheJob) {
   const std::string steps = "--steps 1500 --ckpt-every 50 --compute-ms 2";
   const auto single = SingleNodeFinals(steps);
-  const std::string config = dir_ + "/agent.yaml";
-  std::ofstream(config) << "rendezvous:\n  lease_seconds: 3\n  join_timeout_seconds: 120\n";
-  const std::string flags = "--max-restarts 2 --config " + config;
-  const pid_t survivor = Spawn(AgentCommand("lost", 0, "lost", flags + " --node-rank 0", steps), Out("lost", 0));
-  const pid_t victim = Spawn(AgentCommand("lost", 1, "lost", flags + " --node-rank 1", steps), Out("lost", 1));
+  pid_t survivor = -1, victim = -1;
+  const std::string flags = StartWithAShortLease("lost", steps, &survivor, &victim);
   std::optional<nlohmann::json> lost;
   ASSERT_NO_FATAL_FAILURE(LoseNode("lost", victim, &lost));
   // The survivor waits in the next round for a node to come.
@@ -417,6 +425,79 @@ TEST_F(MultiNodeTest, ALostNodeIsNamedWithItsRanksAndAReplacementResumesTheJob) 
     EXPECT_EQ(last_round, 1) << Dump(r->actions);
   }
   EXPECT_TRUE(JobKeys("lost").empty());
+}
+
+// The lost node's snapshots live on in its peer's memory: node 1's ranks replicate step S to node 0;
+// node 1 (agent and ranks) is SIGKILLed and the disk loses every step from S on (as if those
+// writes never finished). The replacement, whose memory is empty, receives step S from node 0
+// before it launches, and all four ranks resume from it in memory; the job ends like a clean one.
+TEST_F(MultiNodeTest, AReplacementResumesFromTheLostNodesReplicaInItsPeersMemory) {
+  const std::string steps = "--steps 400 --ckpt-every 50 --compute-ms 20";
+  const auto single = SingleNodeFinals(steps);
+  pid_t survivor = -1, victim = -1;
+  const std::string flags = StartWithAShortLease("peer", steps, &survivor, &victim);
+  // As soon as node 1 has replicated a step from 100 on, it goes.
+  int replicated = -1;
+  std::vector<int> ranks;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  while (replicated < 100 && std::chrono::steady_clock::now() < deadline) {
+    NodeRun so_far;
+    Read("peer", 1, &so_far);
+    for (const auto& a : so_far.actions) {
+      if (a.value("action", "") == "launch") ranks = a["pids"].get<std::vector<int>>();
+      if (a.value("action", "") == "replicated") replicated = a["step"].get<int>();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_GE(replicated, 100) << "node 1 never replicated a step";
+  ASSERT_EQ(ranks.size(), 2u);
+  kill(victim, SIGKILL);
+  for (int pid : ranks) kill(-pid, SIGKILL);
+  waitpid(victim, nullptr, 0);
+  NodeRun gone;
+  Read("peer", 1, &gone);
+  for (const auto& a : gone.actions)
+    if (a.value("action", "") == "replicated") replicated = a["step"].get<int>();
+  // The disk loses step S and everything after it.
+  for (const auto& e : std::filesystem::directory_iterator(dir_ + "/peer.ckpt")) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("step-", 0) == 0 && std::stoll(name.substr(5)) >= replicated) std::filesystem::remove_all(e.path());
+  }
+  const pid_t replacement = Spawn(AgentCommand("peer", 2, "peer", flags + " --node-rank 1", steps), Out("peer", 2));
+  NodeRun a, b;
+  a.exit_code = WaitFor(survivor, 120);
+  b.exit_code = WaitFor(replacement, 120);
+  Read("peer", 0, &a);
+  Read("peer", 2, &b);
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  const std::string resumed = "resumed from step " + std::to_string(replicated) + " (memory tier)";
+  for (int rank = 0; rank < 4; ++rank)
+    EXPECT_NE((a.output + b.output).find("rank " + std::to_string(rank) + " " + resumed), std::string::npos)
+        << a.output << b.output;
+  EXPECT_EQ(Count(a.actions, "action", "sent_resume_step"), 1) << Dump(a.actions);
+  EXPECT_EQ(Count(b.actions, "action", "fetched_resume_step"), 1) << Dump(b.actions);
+  // The survivor restarted its ranks and says where they resumed from (the replacement's ranks
+  // were never restarted: their launch line names the same step and location).
+  int resumed_lines = 0;
+  for (const auto& x : a.actions) {
+    if (x.value("action", "") != "resumed") continue;
+    EXPECT_EQ(x.value("source", ""), "peer_memory") << x.dump();
+    EXPECT_EQ(x["resumed_from_checkpoint"], replicated) << x.dump();
+    ++resumed_lines;
+  }
+  EXPECT_EQ(resumed_lines, 1) << Dump(a.actions);
+  for (const NodeRun* r : {&a, &b}) {
+    const nlohmann::json* last_launch = nullptr;
+    for (const auto& x : r->actions)
+      if (x.value("action", "") == "launch") last_launch = &x;
+    ASSERT_NE(last_launch, nullptr);
+    EXPECT_EQ((*last_launch)["resume"]["location"], "peer_memory") << last_launch->dump();
+    EXPECT_EQ((*last_launch)["resume"]["step"], replicated) << last_launch->dump();
+  }
+  std::map<int, std::string> finals = a.finals;
+  finals.insert(b.finals.begin(), b.finals.end());
+  EXPECT_EQ(finals, single);
 }
 
 // With --nnodes 1:2 the job goes on without a lost node: the next round forms with the node
