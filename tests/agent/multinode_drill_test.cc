@@ -191,6 +191,20 @@ class MultiNodeTest : public ::testing::Test {
     return flags;
   }
 
+  // Starts a replacement for node 1 of job `name` (a new machine: its own memory) and waits for
+  // it and the survivor, node 0, to finish the job; *survivor_run and *replacement_run get what
+  // they did.
+  void RunReplacement(const std::string& name, const std::string& flags, const std::string& steps, pid_t survivor,
+                      NodeRun* survivor_run, NodeRun* replacement_run) {
+    const pid_t replacement = Spawn(AgentCommand(name, 2, name, flags + " --node-rank 1", steps), Out(name, 2));
+    survivor_run->exit_code = WaitFor(survivor, 120);
+    replacement_run->exit_code = WaitFor(replacement, 120);
+    Read(name, 0, survivor_run);
+    Read(name, 2, replacement_run);
+    ASSERT_EQ(survivor_run->exit_code, 0) << survivor_run->output;
+    ASSERT_EQ(replacement_run->exit_code, 0) << replacement_run->output;
+  }
+
   testing::EtcdTestServer etcd_;
   std::string dir_;
 };
@@ -407,14 +421,8 @@ TEST_F(MultiNodeTest, ALostNodeIsNamedWithItsRanksAndAReplacementResumesTheJob) 
   std::optional<nlohmann::json> lost;
   ASSERT_NO_FATAL_FAILURE(LoseNode("lost", victim, &lost));
   // The survivor waits in the next round for a node to come.
-  const pid_t replacement = Spawn(AgentCommand("lost", 2, "lost", flags + " --node-rank 1", steps), Out("lost", 2));
   NodeRun a, b;
-  a.exit_code = WaitFor(survivor, 120);
-  b.exit_code = WaitFor(replacement, 120);
-  Read("lost", 0, &a);
-  Read("lost", 2, &b);
-  ASSERT_EQ(a.exit_code, 0) << a.output;
-  ASSERT_EQ(b.exit_code, 0) << b.output;
+  ASSERT_NO_FATAL_FAILURE(RunReplacement("lost", flags, steps, survivor, &a, &b));
   std::map<int, std::string> finals = a.finals;
   finals.insert(b.finals.begin(), b.finals.end());
   EXPECT_EQ(finals, single);
@@ -463,14 +471,8 @@ TEST_F(MultiNodeTest, AReplacementResumesFromTheLostNodesReplicaInItsPeersMemory
     const std::string name = e.path().filename().string();
     if (name.rfind("step-", 0) == 0 && std::stoll(name.substr(5)) >= replicated) std::filesystem::remove_all(e.path());
   }
-  const pid_t replacement = Spawn(AgentCommand("peer", 2, "peer", flags + " --node-rank 1", steps), Out("peer", 2));
   NodeRun a, b;
-  a.exit_code = WaitFor(survivor, 120);
-  b.exit_code = WaitFor(replacement, 120);
-  Read("peer", 0, &a);
-  Read("peer", 2, &b);
-  ASSERT_EQ(a.exit_code, 0) << a.output;
-  ASSERT_EQ(b.exit_code, 0) << b.output;
+  ASSERT_NO_FATAL_FAILURE(RunReplacement("peer", flags, steps, survivor, &a, &b));
   const std::string resumed = "resumed from step " + std::to_string(replicated) + " (memory tier)";
   for (int rank = 0; rank < 4; ++rank)
     EXPECT_NE((a.output + b.output).find("rank " + std::to_string(rank) + " " + resumed), std::string::npos)
