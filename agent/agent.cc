@@ -193,6 +193,7 @@ Status Agent::Setup() {
       replication::ReplicationSettings rs;
       rs.bandwidth_bytes_per_second = static_cast<uint64_t>(config_.replication.bandwidth_mb_per_second * 1e6);
       rs.keep_last = config_.replication.keep_last;
+      rs.memory_budget_bytes = static_cast<uint64_t>(config_.replication.memory_budget_mb * 1e6);
       Result<std::unique_ptr<replication::ReplicationService>> service = replication::ReplicationService::Start(rs);
       if (service.ok()) {
         replication_ = std::move(*service);
@@ -498,9 +499,18 @@ void Agent::ReadReplication() {
          {"ranks", {rank_base_, rank_base_ + config_.nproc - 1}},
          {"bytes_sent_total", s.bytes_sent}});
   }
-  if (s.failures > logged_replication_failures_) {
-    logged_replication_failures_ = s.failures;
+  // Once per distinct reason: a peer that stays away must not flood the log (the metric counts).
+  if (s.failures > logged_replication_failures_ && s.last_error != logged_replication_error_) {
+    logged_replication_error_ = s.last_error;
     Log({{"action", "replication_failed"}, {"failures", s.failures}, {"error", s.last_error}});
+  }
+  logged_replication_failures_ = s.failures;
+  if (s.over_budget > 0 && !logged_over_budget_) {
+    logged_over_budget_ = true;
+    Log({{"action", "replica_over_budget"},
+         {"memory_budget_bytes", s.memory_budget_bytes},
+         {"message", "a peer's replica did not fit this node's memory budget and was refused (not replicated); "
+                     "later ones are counted in lifeline_replicas_over_budget_total"}});
   }
 }
 

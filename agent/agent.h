@@ -114,6 +114,8 @@ class Agent {
   std::string resume_source_;  // where the current launch resumes from: memory, peer_memory, disk, ""
   std::optional<uint64_t> logged_replicated_step_;
   uint64_t logged_replication_failures_ = 0;
+  std::string logged_replication_error_;
+  bool logged_over_budget_ = false;
   uint64_t started_ns_ = 0;        // when Run began (0: not running)
 };
 

@@ -82,6 +82,7 @@ struct ReplicationConfig {
   bool enabled = true;
   double bandwidth_mb_per_second = 500;  // the sender's budget, 10^6 bytes per second (0: unlimited)
   uint32_t keep_last = 2;                // complete steps a node's tier keeps with the replicas
+  double memory_budget_mb = 0;           // the node's tiers and replicas, 10^6 bytes (0: half of /dev/shm)
 };
 
 struct AgentConfig {

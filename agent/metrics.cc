@@ -114,6 +114,8 @@ const std::vector<MetricFamilyInfo>& MetricFamilies() {
       {"lifeline_replication_bytes_total", "counter", "direction",
        "Snapshot bytes replicated between nodes' memory, sent to the peer or received from one"},
       {"lifeline_replication_failures_total", "counter", "", "Replication streams that failed (the next pass retries)"},
+      {"lifeline_replicas_over_budget_total", "counter", "",
+       "Replicas from a peer refused because they did not fit this node's memory budget (not replicated)"},
       {"lifeline_etcd_reachable", "gauge", "",
        "1 when etcd answered the agent's last poll, 0 when not (training goes on; job-wide verdicts and restarts "
        "wait); 1 on a single-node job, which uses no etcd"},
@@ -185,6 +187,7 @@ AgentMetrics::AgentMetrics(const std::string& job, int world) : registry_(std::m
   replication_sent_ = &bytes->Add({{"direction", "sent"}});
   replication_received_ = &bytes->Add({{"direction", "received"}});
   replication_failures_ = &counter("lifeline_replication_failures_total")->Add({});
+  replicas_over_budget_ = &counter("lifeline_replicas_over_budget_total")->Add({});
   char host[256] = {};
   JoinedRound(gethostname(host, sizeof(host) - 1) == 0 && host[0] != '\0' ? host : "localhost", 0);  // one node
   // Every kind appears from the start, so a rate() over it is defined before the first anomaly.
@@ -294,6 +297,8 @@ void AgentMetrics::Replication(const replication::ReplicationStats& s) {
   if (s.bytes_received > replication_seen_.bytes_received)
     replication_received_->Increment(static_cast<double>(s.bytes_received - replication_seen_.bytes_received));
   if (s.failures > replication_seen_.failures) replication_failures_->Increment(static_cast<double>(s.failures - replication_seen_.failures));
+  if (s.over_budget > replication_seen_.over_budget)
+    replicas_over_budget_->Increment(static_cast<double>(s.over_budget - replication_seen_.over_budget));
   replication_seen_ = s;
 }
 

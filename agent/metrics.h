@@ -91,6 +91,7 @@ class AgentMetrics {
   prometheus::Counter* replication_sent_;
   prometheus::Counter* replication_received_;
   prometheus::Counter* replication_failures_;
+  prometheus::Counter* replicas_over_budget_;
   replication::ReplicationStats replication_seen_;
   prometheus::Family<prometheus::Counter>* anomalies_;
   prometheus::Family<prometheus::Histogram>* step_duration_;

@@ -88,6 +88,12 @@ class Pacer {
   uint64_t sent_ = 0;
 };
 
+// Whether the receiver has said something: before the end of a stream, only a refusal.
+bool HasAnswer(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  return ::poll(&p, 1, 0) > 0;
+}
+
 Status ReadFull(int fd, uint8_t* out, uint64_t n, uint64_t offset, const std::string& path) {
   while (n > 0) {
     const ssize_t r = ::pread(fd, out, n, static_cast<off_t>(offset));
@@ -142,6 +148,7 @@ Status SendFile(int fd, const ReplicaSendOptions& o, const ReplicaFile& f, const
     LL_RETURN_IF_ERROR(net::SendAll(fd, &t, sizeof(t), peer));
     off += n;
     *sent += n;
+    if (HasAnswer(fd)) return Status::OK();  // refused already: the caller reads why
     pacer->Sent(n);
   }
   return Status::OK();
@@ -177,29 +184,44 @@ Result<ReplicaTransfer> SendReplica(const ReplicaSendOptions& o, const std::stri
   LL_RETURN_IF_ERROR(SendString(fd.get(), dir, peer));
   Pacer pacer(o.bandwidth_bytes_per_second);
   ReplicaTransfer t;
-  for (const ReplicaFile& f : files) LL_RETURN_IF_ERROR(SendFile(fd.get(), o, f, peer, &pacer, &t.bytes));
+  Status sending;
+  for (const ReplicaFile& f : files) {
+    sending = SendFile(fd.get(), o, f, peer, &pacer, &t.bytes);
+    if (!sending.ok() || HasAnswer(fd.get())) break;
+  }
+  // The receiver's answer: its acknowledgement, or why it refused, which may come before all was
+  // sent (a budget, a damaged chunk).
+  if (!sending.ok() && !HasAnswer(fd.get())) return sending;  // cancelled, or the connection failed
   Ack ack{};
-  LL_RETURN_IF_ERROR(net::RecvAll(fd.get(), &ack, sizeof(ack), peer));
+  Status answered = net::RecvAll(fd.get(), &ack, sizeof(ack), peer);
+  if (!answered.ok()) return sending.ok() ? answered : sending;
   if (ack.code != 'K') {
     Result<std::string> reason = RecvString(fd.get(), ack.reason_size, 4096, peer);
     return Status::IOError(peer, "refused " + dir + ": " + (reason.ok() ? *reason : reason.status().ToString()));
   }
+  LL_RETURN_IF_ERROR(sending);
   t.seconds = SecondsSince(start);
   return t;
 }
 
 // ---- the receiver ----
 
-ReplicaReceiver::ReplicaReceiver(std::string root, int listener, Placer placer)
-    : root_(std::move(root)), listener_(listener), placer_(std::move(placer)), port_(net::LocalPort(listener)) {
+ReplicaReceiver::ReplicaReceiver(std::string root, int listener, Placer placer, Admit admit)
+    : root_(std::move(root)),
+      listener_(listener),
+      placer_(std::move(placer)),
+      admit_(std::move(admit)),
+      port_(net::LocalPort(listener)) {
   acceptor_ = std::thread([this] { AcceptLoop(); });
 }
 
-Result<std::unique_ptr<ReplicaReceiver>> ReplicaReceiver::Start(std::string root, uint16_t port, Placer placer) {
+Result<std::unique_ptr<ReplicaReceiver>> ReplicaReceiver::Start(std::string root, uint16_t port, Placer placer,
+                                                                Admit admit) {
   while (root.size() > 1 && root.back() == '/') root.pop_back();
   if (mkdir(root.c_str(), 0700) != 0 && errno != EEXIST) return Status::FromErrno(errno, root);
   LL_ASSIGN_OR_RETURN(int listener, net::Listen(port, 64, "snapshot replicas"));
-  return std::unique_ptr<ReplicaReceiver>(new ReplicaReceiver(std::move(root), listener, std::move(placer)));
+  return std::unique_ptr<ReplicaReceiver>(
+      new ReplicaReceiver(std::move(root), listener, std::move(placer), std::move(admit)));
 }
 
 ReplicaReceiver::~ReplicaReceiver() {
@@ -229,17 +251,25 @@ Status ReplicaReceiver::Recycle(const std::string& dir) {
   for (const std::string& name : names) {
     std::lock_guard<std::mutex> lock(mu_);
     const std::string spare = spare_dir + "/" + std::to_string(spare_names_++);
-    if (::rename((path + "/" + name).c_str(), spare.c_str()) == 0) spares_.push_back(spare);
+    struct stat st;
+    if (::rename((path + "/" + name).c_str(), spare.c_str()) == 0 && ::stat(spare.c_str(), &st) == 0)
+      spares_.emplace_back(spare, static_cast<uint64_t>(st.st_size));
   }
   if (::rmdir(path.c_str()) != 0) return Status::FromErrno(errno, path);
   return Status::OK();
 }
 
-bool ReplicaReceiver::TakeSpare(const std::string& path) {
+bool ReplicaReceiver::TakeSpare(const std::string& path, uint64_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   while (!spares_.empty()) {
-    const std::string spare = std::move(spares_.back());
-    spares_.pop_back();
+    size_t best = 0;
+    for (size_t i = 1; i < spares_.size(); ++i) {
+      const uint64_t have = spares_[i].second, chosen = spares_[best].second;
+      const bool fits = have >= bytes, chosen_fits = chosen >= bytes;
+      if (fits != chosen_fits ? fits : (fits ? have < chosen : have > chosen)) best = i;
+    }
+    const std::string spare = spares_[best].first;
+    spares_.erase(spares_.begin() + static_cast<std::ptrdiff_t>(best));
     if (::rename(spare.c_str(), path.c_str()) == 0) return true;
   }
   return false;
@@ -270,6 +300,18 @@ void ReplicaReceiver::Serve(int fd) {
   const std::string reason = s.ok() ? "" : s.ToString();
   ack.reason_size = static_cast<uint32_t>(reason.size());
   if (net::SendAll(fd, &ack, sizeof(ack), "replica sender").ok()) SendString(fd, reason, "replica sender").IgnoreError();
+  if (!s.ok()) {
+    // A refusal may come while the sender is still sending: read on (for at most 2 s) until it
+    // has read the answer and closed, so that closing here resets nothing it has not read.
+    ::shutdown(fd, SHUT_WR);
+    std::vector<char> sink(64 << 10);
+    const auto until = net::Clock::now() + std::chrono::seconds(2);
+    while (!stopping_ && net::Clock::now() < until) {
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, 100) <= 0) continue;
+      if (::recv(fd, sink.data(), sink.size(), 0) <= 0) break;
+    }
+  }
   std::lock_guard<std::mutex> lock(mu_);
   if (s.ok()) {
     counters_.bytes += bytes;
@@ -313,13 +355,21 @@ Status ReplicaReceiver::Receive(int fd, uint64_t* bytes, uint64_t* files) {
       discard();
       return Status::Corruption(what, "file name or size refused");
     }
+    // Asked before any memory is taken: a replica that does not fit is refused, never an OOM.
+    if (admit_) {
+      Status admitted = admit_(dir, *name, fh.bytes);
+      if (!admitted.ok()) {
+        discard();
+        return admitted;
+      }
+    }
     const std::string final_path = dir_path + "/" + *name;
     const std::string partial = dir_path + "/." + *name + ".partial";
     placed.emplace_back(partial, final_path);
     // Every block reserved now: a full memory file system is ResourceExhausted here, not a SIGBUS
     // when a chunk lands.
     // A spare keeps its pages; only what it lacks is allocated (and what it has too much, freed).
-    const bool reused = TakeSpare(partial);
+    const bool reused = TakeSpare(partial, fh.bytes);
     Result<OwnedFd> out = OpenSharedFile(partial, reused ? CreateMode::kOpenOrCreate : CreateMode::kFresh);
     if (!out.ok() && out.status().IsNotFound()) {  // another stream of this directory just removed it
       if (mkdir(dir_path.c_str(), 0700) != 0 && errno != EEXIST) return Status::FromErrno(errno, dir_path);

@@ -77,9 +77,14 @@ class ReplicaReceiver {
   using Placer = std::function<Status(const std::string& dir,
                                       const std::vector<std::pair<std::string, std::string>>& received)>;
 
+  // Asked for each file of a stream before its memory is taken (a budget): a failure refuses the
+  // stream, with that status as the reason the sender gets.
+  using Admit = std::function<Status(const std::string& dir, const std::string& name, uint64_t bytes)>;
+
   // Listens on `port` (0: a free one) at every address and places what it receives under `root`
   // (created, mode 0700), serving each connection on a thread of its own until destroyed.
-  static Result<std::unique_ptr<ReplicaReceiver>> Start(std::string root, uint16_t port = 0, Placer placer = nullptr);
+  static Result<std::unique_ptr<ReplicaReceiver>> Start(std::string root, uint16_t port = 0, Placer placer = nullptr,
+                                                        Admit admit = nullptr);
   ~ReplicaReceiver();
   ReplicaReceiver(const ReplicaReceiver&) = delete;
   ReplicaReceiver& operator=(const ReplicaReceiver&) = delete;
@@ -94,22 +99,24 @@ class ReplicaReceiver {
   Counters counters() const;
 
  private:
-  ReplicaReceiver(std::string root, int listener, Placer placer);
+  ReplicaReceiver(std::string root, int listener, Placer placer, Admit admit);
   void AcceptLoop();
   void Serve(int fd);
   Status Receive(int fd, uint64_t* bytes, uint64_t* files);
-  // Renames a spare file to `path`; false when there is none.
-  bool TakeSpare(const std::string& path);
+  // Renames to `path` the spare file that fits `bytes` best (the smallest as large, else the
+  // largest); false when there is none.
+  bool TakeSpare(const std::string& path, uint64_t bytes);
 
   const std::string root_;
   const int listener_;
   const Placer placer_;
+  const Admit admit_;
   const uint16_t port_;
   std::atomic<bool> stopping_{false};
   mutable std::mutex mu_;
   Counters counters_;              // GUARDED_BY(mu_)
   std::vector<int> open_fds_;      // GUARDED_BY(mu_): shut down on destruction
-  std::vector<std::string> spares_;  // GUARDED_BY(mu_): files under <root>/.spare
+  std::vector<std::pair<std::string, uint64_t>> spares_;  // GUARDED_BY(mu_): files under <root>/.spare, sizes
   uint64_t spare_names_ = 0;         // GUARDED_BY(mu_)
   std::vector<std::thread> servers_;  // GUARDED_BY(mu_)
   std::thread acceptor_;

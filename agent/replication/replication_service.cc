@@ -30,7 +30,26 @@ Result<std::unique_ptr<ReplicationService>> ReplicationService::Start(Replicatio
     if (!tier.ok()) return tier.status();
     return TierPlacer(*tier, self->settings_.keep_last)(dir, received);
   };
-  LL_ASSIGN_OR_RETURN(s->receiver_, ReplicaReceiver::Start(incoming, 0, place));
+  uint64_t budget = settings.memory_budget_bytes;
+  if (budget == 0) {
+    LL_ASSIGN_OR_RETURN(uint64_t fs, MemoryTierFileSystemBytes());
+    budget = fs / 2;
+  }
+  s->stats_.memory_budget_bytes = budget;
+  auto admit = [self, budget](const std::string& dir, const std::string& name, uint64_t bytes) {
+    Result<uint64_t> used = MemoryTierBytesInUse();
+    if (!used.ok()) return used.status();
+    if (*used + bytes <= budget) return Status::OK();
+    {
+      std::lock_guard<std::mutex> lock(self->mu_);
+      ++self->stats_.over_budget;
+    }
+    return Status::ResourceExhausted("replica " + dir + "/" + name,
+                                     "needs " + std::to_string(bytes) + " bytes; this node's memory tiers hold " +
+                                         std::to_string(*used) + " of their " + std::to_string(budget) +
+                                         "-byte budget (replication.memory_budget_mb)");
+  };
+  LL_ASSIGN_OR_RETURN(s->receiver_, ReplicaReceiver::Start(incoming, 0, place, admit));
   s->sender_ = std::thread([self] { self->SendLoop(); });
   return s;
 }

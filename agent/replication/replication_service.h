@@ -25,6 +25,9 @@ struct ReplicationSettings {
   uint64_t bandwidth_bytes_per_second = 500'000'000;  // the sender's budget (0: unlimited)
   uint32_t keep_last = 2;                             // complete steps a tier keeps with replicas
   double poll_seconds = 0.5;                          // how often the tier is looked at
+  // What this node's memory tiers may take, its own snapshots and the replicas it receives
+  // together; a replica that would go beyond is refused (0: half of the tiers' file system).
+  uint64_t memory_budget_bytes = 0;
 };
 
 // Where this node's snapshots go in the current round.
@@ -45,6 +48,8 @@ struct ReplicationStats {
   std::string last_error;
   uint64_t bytes_received = 0;  // placed here from the peer
   uint64_t refused = 0;         // streams refused or broken off here
+  uint64_t over_budget = 0;     // of those, replicas that did not fit the memory budget
+  uint64_t memory_budget_bytes = 0;
 };
 
 class ReplicationService {

@@ -3,6 +3,8 @@
 // committed, and a rank restarted on either node loads it from memory, bit for bit.
 #include "agent/replication/replicator.h"
 
+#include <chrono>
+
 #include <string>
 #include <thread>
 #include <vector>
@@ -10,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "lifeline/checkpoint.h"
+#include "agent/replication/replication_service.h"
 #include "lifeline/internal/tier_replica.h"
 #include "tests/kit/test_kit.h"
 
@@ -130,6 +133,36 @@ TEST(ReplicatorTest, AStreamThatIsNotATierSnapshotIsRefused) {
   EXPECT_NE(sent.status().ToString().find("not a rank snapshot of a memory tier"), std::string::npos)
       << sent.status().ToString();
   EXPECT_TRUE(ListTierSnapshots(Env::Default(), shm.path()).value_or(std::vector<TierSnapshot>{1}).empty());
+}
+
+// The node's budget bounds its tiers and the replicas it takes: a replica that would go beyond it
+// is refused before any of its memory is taken, and counted.
+TEST(ReplicationServiceTest, AReplicaBeyondTheMemoryBudgetIsRefusedNotAllocated) {
+  test::TempDir shm("/dev/shm", "lifeline-budget-test");
+  ASSERT_FALSE(shm.path().empty());
+  test::ScopedEnv node("LIFELINE_MEMORY_TIER_DIR", shm.Sub("node").c_str());
+  ReplicationSettings settings;
+  settings.memory_budget_bytes = 1 << 20;
+  auto service = ReplicationService::Start(settings);
+  ASSERT_TRUE(service.ok()) << service.status().ToString();
+  ReplicaSendOptions o;
+  o.host = "localhost";
+  o.port = (*service)->port();
+  const std::string big = shm.Write("big", test::PatternBytes(2 << 20, 4));
+  auto sent = SendReplica(o, "step-00000000000000000005", {{"h.r000001-of-000002.data", big}});
+  ASSERT_FALSE(sent.ok());
+  EXPECT_NE(sent.status().ToString().find("replication.memory_budget_mb"), std::string::npos) << sent.status().ToString();
+  EXPECT_NE(sent.status().ToString().find("needs 2097152 bytes"), std::string::npos) << sent.status().ToString();
+  ReplicationStats stats;
+  for (int i = 0; i < 100 && stats.over_budget == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    stats = (*service)->stats();
+  }
+  EXPECT_EQ(stats.over_budget, 1u);
+  EXPECT_EQ(stats.memory_budget_bytes, 1u << 20);
+  auto used = MemoryTierBytesInUse();
+  ASSERT_TRUE(used.ok());
+  EXPECT_LT(*used, 1u << 20) << "the refused replica's memory was taken";
 }
 
 }  // namespace

@@ -1,9 +1,12 @@
 #include "lifeline/internal/tier_replica.h"
 
+#include <dirent.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <set>
 
 #include "lib/src/checkpoint_layout.h"
 #include "lib/src/commit.h"
@@ -25,6 +28,44 @@ Result<std::string> ReplicaIncomingDir() {
   const std::string dir = JoinPath(user_dir, ".incoming");
   if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return Status::FromErrno(errno, dir);
   return dir;
+}
+
+namespace {
+
+// Allocated bytes under `dir`, each inode once.
+void AddUsage(const std::string& dir, std::set<std::pair<dev_t, ino_t>>* seen, uint64_t* bytes) {
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return;
+  while (dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name == "." || name == "..") continue;
+    const std::string path = JoinPath(dir, name);
+    struct stat st;
+    if (::lstat(path.c_str(), &st) != 0) continue;
+    if (S_ISDIR(st.st_mode)) {
+      AddUsage(path, seen, bytes);
+    } else if (S_ISREG(st.st_mode) && seen->insert({st.st_dev, st.st_ino}).second) {
+      *bytes += static_cast<uint64_t>(st.st_blocks) * 512;
+    }
+  }
+  ::closedir(d);
+}
+
+}  // namespace
+
+Result<uint64_t> MemoryTierBytesInUse() {
+  LL_ASSIGN_OR_RETURN(std::string user_dir, MemoryTierUserDir());
+  std::set<std::pair<dev_t, ino_t>> seen;
+  uint64_t bytes = 0;
+  AddUsage(user_dir, &seen, &bytes);
+  return bytes;
+}
+
+Result<uint64_t> MemoryTierFileSystemBytes() {
+  LL_ASSIGN_OR_RETURN(std::string user_dir, MemoryTierUserDir());
+  struct statvfs fs;
+  if (::statvfs(user_dir.c_str(), &fs) != 0) return Status::FromErrno(errno, user_dir);
+  return static_cast<uint64_t>(fs.f_blocks) * fs.f_frsize;
 }
 
 Result<std::string> MemoryTierRootOf(const std::string& checkpoint_dir) {

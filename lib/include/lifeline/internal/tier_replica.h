@@ -37,6 +37,12 @@ Result<std::string> ReplicaIncomingDir();
 // has no identity yet (no rank ever opened it).
 Result<std::string> MemoryTierRootOf(const std::string& checkpoint_dir);
 
+// The memory the memory tiers of this user take on this node (every file under
+// <file system>/lifeline-<uid>, a file linked twice counted once), and the size of their file
+// system: what a replication budget is measured against.
+Result<uint64_t> MemoryTierBytesInUse();
+Result<uint64_t> MemoryTierFileSystemBytes();
+
 // The snapshot whose index is named `index_name` in the step directory named `step_dir_name`
 // under `root`; nullopt when the names are not a tier's ("step-<20 digits>", "H.rRRRRRR-of-WWWWWW.index").
 std::optional<TierSnapshot> ParseTierSnapshot(const std::string& root, const std::string& step_dir_name,
