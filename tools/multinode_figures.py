@@ -17,6 +17,10 @@ and prints, per fault, the distribution (median, max) of
              of the "resumed" action, the slowest node)
 
     tools/multinode_figures.py build/bin/lifeline-agent build/bin/lifeline-drill [--trials 5]
+
+With --overhead it instead measures what snapshot replication costs training: the same clean job
+(--params floats per rank, a checkpoint every --ckpt-every steps) with replication on and off,
+TRIALS times each, alternately, and prints the median ms/step of each and their ratio.
 """
 
 import argparse
@@ -142,16 +146,60 @@ def run_fault(args, endpoint, directory, fault, i):
     return iso_seconds(lost[0]["time"]) - killed_at, resume_seconds([log])
 
 
+def step_ms(path):
+    """The drill's progress lines ("step K/S X ms/step ...") of one node's output, after the first."""
+    values = []
+    with open(path) as f:
+        for line in f:
+            parts = line.split()
+            if "ms/step" in parts:
+                values.append(float(parts[parts.index("ms/step") - 1]))
+    return values[1:]
+
+
+def run_overhead(args, endpoint, directory):
+    drill = ["--steps", "1000", "--ckpt-every", str(args.ckpt_every), "--params", str(args.params),
+             "--compute-ms", "5"]
+    results = {"on": [], "off": []}
+    for i in range(args.trials):
+        for mode in ("on", "off"):
+            config = os.path.join(directory, f"replication-{mode}.yaml")
+            with open(config, "w") as f:
+                f.write(f"replication:\n  enabled: {'true' if mode == 'on' else 'false'}\n")
+            t = Trial(args, endpoint, directory, f"over{mode}{i}")
+            procs = [t.agent(n, ["--config", config], drill) for n in range(2)]
+            for p in procs:
+                if p.wait(timeout=600) != 0:
+                    sys.exit(f"{t.name}: an agent exited {p.returncode}; see {directory}")
+            ms = step_ms(os.path.join(directory, f"{t.name}.0.out"))
+            replicated = [e for e in events(t.log(0)) if e.get("action") == "replicated"]
+            if mode == "on" and not replicated:
+                sys.exit(f"{t.name}: nothing was replicated")
+            results[mode].append(statistics.median(ms))
+    on, off = statistics.median(results["on"]), statistics.median(results["off"])
+    mb = args.params * 4 * 2 / 1e6
+    print(f"2 nodes x 2 ranks, {mb:.0f} MB of state per rank, a checkpoint every {args.ckpt_every} steps of 5 ms")
+    print(f"  replication off  {off:7.2f} ms/step (median of {args.trials} runs)")
+    print(f"  replication on   {on:7.2f} ms/step")
+    print(f"  overhead         {100 * (on / off - 1):+6.1f}%")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("agent")
     p.add_argument("drill")
     p.add_argument("--trials", type=int, default=5)
     p.add_argument("--faults", default="crash,hang,lost")
+    p.add_argument("--overhead", action="store_true", help="measure replication's cost to training instead")
+    p.add_argument("--params", type=int, default=4_000_000, help="floats per rank (--overhead)")
+    p.add_argument("--ckpt-every", type=int, default=50, help="(--overhead)")
     args = p.parse_args()
     directory = tempfile.mkdtemp(prefix="lifeline-multinode-figures-")
     etcd, endpoint = start_etcd(directory)
     try:
+        if args.overhead:
+            run_overhead(args, endpoint, directory)
+            return
         print(f"{'fault':6} {'trials':>6} {'detect median':>14} {'detect max':>11} {'resume median':>14} {'resume max':>11}")
         for fault in args.faults.split(","):
             detects, resumes = [], []
