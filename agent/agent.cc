@@ -348,6 +348,13 @@ void Agent::ShareResumeStep(const std::string& local_checkpoint_dir) {
           !tier.ok() ? Result<replication::ReplicationPass>(tier.status())
           : to.replica_port == 0 ? Result<replication::ReplicationPass>(Status::Unavailable(to.id, "takes no replicas"))
                                  : replication::SendStep(*tier, step, peer);
+      // The other node may take the plan a moment after this one: until then it has nowhere to
+      // put the step and says so. A few more tries, for up to 5 s.
+      for (int attempt = 0; attempt < 10 && tier.ok() && to.replica_port != 0 && !sent.ok() && g_stop_signal == 0;
+           ++attempt) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));
+        sent = replication::SendStep(*tier, step, peer);
+      }
       if (sent.ok()) {
         Log({{"action", "sent_resume_step"}, {"step", step}, {"to", to.id}, {"bytes", sent->bytes}, {"seconds", sent->seconds}});
       } else {
