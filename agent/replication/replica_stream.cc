@@ -287,6 +287,15 @@ void ReplicaReceiver::AcceptLoop() {
     const int fd = ::accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) continue;
     std::lock_guard<std::mutex> lock(mu_);
+    // Servers that are done (each said so as the last thing it did under the lock) are joined, so
+    // an agent that lives for weeks does not keep a thread object per stream.
+    for (const std::thread::id id : finished_) {
+      auto it = std::find_if(servers_.begin(), servers_.end(), [id](const std::thread& t) { return t.get_id() == id; });
+      if (it == servers_.end()) continue;
+      it->join();
+      servers_.erase(it);
+    }
+    finished_.clear();
     open_fds_.push_back(fd);
     servers_.emplace_back([this, fd] { Serve(fd); });
   }
@@ -323,6 +332,7 @@ void ReplicaReceiver::Serve(int fd) {
   }
   open_fds_.erase(std::remove(open_fds_.begin(), open_fds_.end(), fd), open_fds_.end());
   ::close(fd);
+  finished_.push_back(std::this_thread::get_id());
 }
 
 Status ReplicaReceiver::Receive(int fd, uint64_t* bytes, uint64_t* files) {

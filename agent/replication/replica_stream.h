@@ -119,6 +119,7 @@ class ReplicaReceiver {
   std::vector<std::pair<std::string, uint64_t>> spares_;  // GUARDED_BY(mu_): files under <root>/.spare, sizes
   uint64_t spare_names_ = 0;         // GUARDED_BY(mu_)
   std::vector<std::thread> servers_;  // GUARDED_BY(mu_)
+  std::vector<std::thread::id> finished_;  // GUARDED_BY(mu_): servers done, to join at the next accept
   std::thread acceptor_;
 };
 
