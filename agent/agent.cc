@@ -324,6 +324,27 @@ Status Agent::Launch() {
   return Status::OK();
 }
 
+namespace {
+
+// The holder's side of ShareResumeStep: step `step` of `tier` to node `to`. The other node may
+// take the plan a moment after this one, and until then has nowhere to put the step and says so:
+// a few more tries, for up to 5 s.
+Result<replication::ReplicationPass> SendResumeStep(const Result<std::string>& tier, uint64_t step, const RoundNode& to) {
+  if (!tier.ok()) return tier.status();
+  if (to.replica_port == 0) return Status::Unavailable(to.id, "takes no replicas");
+  replication::ReplicaSendOptions peer;
+  peer.host = to.host;
+  peer.port = static_cast<uint16_t>(to.replica_port);
+  Result<replication::ReplicationPass> sent = replication::SendStep(*tier, step, peer);
+  for (int attempt = 0; attempt < 10 && !sent.ok() && g_stop_signal == 0; ++attempt) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    sent = replication::SendStep(*tier, step, peer);
+  }
+  return sent;
+}
+
+}  // namespace
+
 void Agent::ShareResumeStep(const std::string& local_checkpoint_dir) {
   const uint64_t step = *plan_->resume_step;
   const std::string dir = !plan_->checkpoint_dir.empty() ? plan_->checkpoint_dir : local_checkpoint_dir;
@@ -341,20 +362,7 @@ void Agent::ShareResumeStep(const std::string& local_checkpoint_dir) {
     Result<std::string> tier = FindMemoryTierOf(dir);
     for (const RoundNode& to : plan_->nodes) {
       if (holds(to)) continue;
-      replication::ReplicaSendOptions peer;
-      peer.host = to.host;
-      peer.port = static_cast<uint16_t>(to.replica_port);
-      Result<replication::ReplicationPass> sent =
-          !tier.ok() ? Result<replication::ReplicationPass>(tier.status())
-          : to.replica_port == 0 ? Result<replication::ReplicationPass>(Status::Unavailable(to.id, "takes no replicas"))
-                                 : replication::SendStep(*tier, step, peer);
-      // The other node may take the plan a moment after this one: until then it has nowhere to
-      // put the step and says so. A few more tries, for up to 5 s.
-      for (int attempt = 0; attempt < 10 && tier.ok() && to.replica_port != 0 && !sent.ok() && g_stop_signal == 0;
-           ++attempt) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(500));
-        sent = replication::SendStep(*tier, step, peer);
-      }
+      Result<replication::ReplicationPass> sent = SendResumeStep(tier, step, to);
       if (sent.ok()) {
         Log({{"action", "sent_resume_step"}, {"step", step}, {"to", to.id}, {"bytes", sent->bytes}, {"seconds", sent->seconds}});
       } else {
