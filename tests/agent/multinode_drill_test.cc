@@ -24,6 +24,7 @@
 
 #include "agent/etcd/etcd_client.h"
 #include "agent/etcd/etcd_test_server.h"
+#include "agent/resume.h"
 
 namespace lifeline::agent {
 namespace {
@@ -160,7 +161,10 @@ class MultiNodeTest : public ::testing::Test {
       ranks.clear();
       for (const auto& a : so_far.actions)
         if (a.value("action", "") == "launch") ranks = a["pids"].get<std::vector<int>>();
-      if (!ranks.empty() && so_far.output.find("checkpoint step=100") != std::string::npos) break;
+      // Step 100 complete on disk: the job that goes on has a checkpoint it can reach (a step only
+      // snapshotted by the lost node's ranks may never have been written).
+      Result<ResumeOffer> offer = FindResumeOffer(Env::Default(), dir_ + "/" + name + ".ckpt");
+      if (!ranks.empty() && offer.ok() && offer->disk_step && *offer->disk_step >= 100) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     ASSERT_EQ(ranks.size(), 2u);
