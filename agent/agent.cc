@@ -194,6 +194,8 @@ Status Agent::Setup() {
       rs.bandwidth_bytes_per_second = static_cast<uint64_t>(config_.replication.bandwidth_mb_per_second * 1e6);
       rs.keep_last = config_.replication.keep_last;
       rs.memory_budget_bytes = static_cast<uint64_t>(config_.replication.memory_budget_mb * 1e6);
+      const char* damage = std::getenv("LIFELINE_DRILL_DAMAGE_REPLICAS");
+      rs.damage_in_transit = damage != nullptr && std::string(damage) == "1";
       Result<std::unique_ptr<replication::ReplicationService>> service = replication::ReplicationService::Start(rs);
       if (service.ok()) {
         replication_ = std::move(*service);
@@ -417,17 +419,28 @@ Status Agent::JoinRound(const std::string& checkpoint_dir) {
        {"world_size", plan_->world_size},
        {"first_rank", plan_->rank_base},
        {"master", plan_->master_addr + ":" + std::to_string(plan_->master_port)}});
+  if (!plan_->resume_note.empty()) {
+    // A newer step lives on in part only: say what the job falls back to, and why.
+    Log({{"action", "resume_fallback"},
+         {"step", plan_->resume_step ? nlohmann::json(*plan_->resume_step) : nlohmann::json(nullptr)},
+         {"location", plan_->resume_location},
+         {"reason", plan_->resume_note}});
+    std::cerr << "lifeline-agent: " << plan_->resume_note << std::endl;
+  }
   if (replication_ != nullptr) {
-    // A ring over the round's nodes: this node's snapshots go to the next one, never to itself.
+    // This node's snapshots go to the peers its place in the round gives it, never to itself.
     replication::ReplicationTarget t;
     t.checkpoint_dir = !plan_->checkpoint_dir.empty() ? plan_->checkpoint_dir : checkpoint_dir;
+    t.node = rdzv_->node_id();
+    t.world_size = plan_->world_size;
     t.first_rank = plan_->rank_base;
     t.ranks = config_.nproc;
-    if (plan_->nodes.size() > 1 && plan_->group_rank >= 0) {
-      const RoundNode& peer = plan_->nodes[(plan_->group_rank + 1) % plan_->nodes.size()];
-      if (peer.replica_port != 0) {
-        t.peer_host = peer.host;
-        t.peer_port = static_cast<uint16_t>(peer.replica_port);
+    if (plan_->group_rank >= 0) {
+      for (uint32_t g : replication::ReplicaPeers(static_cast<uint32_t>(plan_->group_rank),
+                                                  static_cast<uint32_t>(plan_->nodes.size()),
+                                                  config_.replication.group_size)) {
+        const RoundNode& peer = plan_->nodes[g];
+        if (peer.replica_port != 0) t.peers.push_back({peer.id, peer.host, static_cast<uint16_t>(peer.replica_port)});
       }
     }
     replication_->SetTarget(t);
@@ -887,6 +900,11 @@ int Agent::Run() {
       if (failed.empty()) {
         Log({{"action", "finished"}, {"ranks", config_.nproc}});
         finished_ = true;
+        if (replication_ != nullptr) {
+          // What this node holds of other nodes' ranks is on disk now: its memory goes back.
+          const std::vector<uint64_t> freed = replication_->Finish();
+          if (!freed.empty()) Log({{"action", "replicas_freed"}, {"steps", freed}});
+        }
         std::cerr << "lifeline-agent: job finished after " << restarts_ << " restart(s)" << std::endl;
       } else {
         give_up_reason_ = "ranks " + JoinRanks(failed) + " failed and the policy restarts none";

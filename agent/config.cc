@@ -298,6 +298,7 @@ Status ReadDocument(const YamlReader& r, const YAML::Node& root, AgentConfig* c)
         if (f == "bandwidth_mb_per_second") return r.Double(fk, fv, key, &rp.bandwidth_mb_per_second);
         if (f == "keep_last") return r.U32(fk, fv, key, &rp.keep_last);
         if (f == "memory_budget_mb") return r.Double(fk, fv, key, &rp.memory_budget_mb);
+        if (f == "group_size") return r.U32(fk, fv, key, &rp.group_size);
         return r.UnknownKey(fk, key);
       });
     }
@@ -527,6 +528,8 @@ Status ValidateAgentConfig(const AgentConfig& c) {
   if (!(rp.bandwidth_mb_per_second >= 0 && std::isfinite(rp.bandwidth_mb_per_second)))
     return Bad("replication.bandwidth_mb_per_second", ">= 0", FormatDouble(rp.bandwidth_mb_per_second));
   if (rp.keep_last < 1) return Bad("replication.keep_last", ">= 1", std::to_string(rp.keep_last));
+  if (rp.group_size == 1 || rp.group_size > 64)
+    return Bad("replication.group_size", "0 (a ring) or 2 to 64", std::to_string(rp.group_size));
   if (!(rp.memory_budget_mb >= 0 && std::isfinite(rp.memory_budget_mb)))
     return Bad("replication.memory_budget_mb", ">= 0", FormatDouble(rp.memory_budget_mb));
   if (!c.metrics_addr.empty()) LL_RETURN_IF_ERROR(CheckHostPort("metrics_addr", c.metrics_addr));

@@ -76,13 +76,16 @@ struct RendezvousSettings {
   double failure_grace_seconds = 1;
 };
 
-// Multi-node jobs: each node's memory-tier snapshots are replicated to the next node's memory
+// Multi-node jobs: each node's memory-tier snapshots are replicated to peer nodes' memory
 // (agent/replication/), so that a step survives the loss of a node.
 struct ReplicationConfig {
   bool enabled = true;
   double bandwidth_mb_per_second = 500;  // the sender's budget, 10^6 bytes per second (0: unlimited)
   uint32_t keep_last = 2;                // complete steps a node's tier keeps with the replicas
   double memory_budget_mb = 0;           // the node's tiers and replicas, 10^6 bytes (0: half of /dev/shm)
+  // Placement (replication/replicator.h, ReplicaPeers): 0, a ring (each node's snapshots on the
+  // next node); k >= 2, groups of k nodes, each node's snapshots on the k - 1 others of its group.
+  uint32_t group_size = 0;
 };
 
 struct AgentConfig {

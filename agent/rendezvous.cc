@@ -28,7 +28,9 @@ std::optional<uint64_t> ParseDecimal(const std::string& v) {
 nlohmann::json OfferJson(const ResumeOffer& o) {
   return {{"directory", o.directory},
           {"disk_step", o.disk_step ? nlohmann::json(*o.disk_step) : nlohmann::json(nullptr)},
-          {"memory_steps", o.memory_steps}};
+          {"memory_steps", o.memory_steps},
+          {"memory_incomplete_step",
+           o.memory_incomplete_step ? nlohmann::json(*o.memory_incomplete_step) : nlohmann::json(nullptr)}};
 }
 
 nlohmann::json NodeJson(const RoundNode& n) {
@@ -53,6 +55,8 @@ Result<RoundNode> ParseNode(const nlohmann::json& j, const std::string& what) {
     n.resume.directory = r.value("directory", "");
     if (!r.at("disk_step").is_null()) n.resume.disk_step = r.at("disk_step").get<uint64_t>();
     n.resume.memory_steps = r.at("memory_steps").get<std::vector<uint64_t>>();
+    if (r.contains("memory_incomplete_step") && !r["memory_incomplete_step"].is_null())
+      n.resume.memory_incomplete_step = r["memory_incomplete_step"].get<uint64_t>();
     if (n.nproc == 0 || n.nproc > 1024) return Status::Corruption(what, "a node with " + std::to_string(n.nproc) + " ranks");
     if (n.master_port == 0 || n.master_port > 65535) return Status::Corruption(what, "a node without a port");
     return n;
@@ -63,8 +67,11 @@ Result<RoundNode> ParseNode(const nlohmann::json& j, const std::string& what) {
 
 // The step every node can resume from: the newest step on shared storage as every node that knows
 // the checkpoint directory sees it (a node that does not know it yet, such as a replacement, has
-// no say), or a newer one that is in every node's memory tier.
-void ChooseResume(const std::vector<RoundNode>& nodes, std::optional<uint64_t>* step, std::string* location) {
+// no say), or a newer one that is in every node's memory tier, or in some node's. *note says why
+// a newer step some node holds only in part in memory (its own ranks, without a lost node's
+// replicas) is passed over; empty otherwise.
+void ChooseResume(const std::vector<RoundNode>& nodes, std::optional<uint64_t>* step, std::string* location,
+                  std::string* note) {
   std::optional<uint64_t> disk;
   bool all_see_disk = true, any_sees = false;
   std::optional<std::set<uint64_t>> common;
@@ -108,6 +115,18 @@ void ChooseResume(const std::vector<RoundNode>& nodes, std::optional<uint64_t>* 
   } else if (disk) {
     *step = disk;
     *location = "disk";
+  }
+  note->clear();
+  std::optional<uint64_t> in_part;
+  for (const RoundNode& n : nodes)
+    if (n.resume.memory_incomplete_step && (!in_part || *n.resume.memory_incomplete_step > *in_part))
+      in_part = n.resume.memory_incomplete_step;
+  if (in_part && (!*step || *in_part > **step)) {
+    *note = "step " + std::to_string(*in_part) +
+            " is in memory only in part (no node holds every rank of it: the ranks of a lost node were not "
+            "replicated, or their replicas were damaged or refused); " +
+            (*step ? "resuming from step " + std::to_string(**step) + " (" + *location + ")"
+                   : std::string("no complete checkpoint anywhere: starting afresh"));
   }
 }
 
@@ -208,6 +227,7 @@ Result<RoundPlan> Rendezvous::ClosedPlan(uint64_t round, const std::string& text
   try {
     if (j.contains("resume_step") && !j["resume_step"].is_null()) plan.resume_step = j["resume_step"].get<uint64_t>();
     plan.resume_location = j.value("resume_location", "");
+    plan.resume_note = j.value("resume_note", "");
     plan.checkpoint_dir = j.value("checkpoint_dir", "");
     plan.launch_id = j.value("launch_id", "");
   } catch (const nlohmann::json::exception& e) {
@@ -237,10 +257,11 @@ Status Rendezvous::TryClose(uint64_t round, const std::vector<EtcdKeyValue>& mem
   nlohmann::json plan = {{"nodes", nlohmann::json::array()}};
   for (const RoundNode& n : nodes) plan["nodes"].push_back(NodeJson(n));
   std::optional<uint64_t> step;
-  std::string location;
-  ChooseResume(nodes, &step, &location);
+  std::string location, note;
+  ChooseResume(nodes, &step, &location, &note);
   plan["resume_step"] = step ? nlohmann::json(*step) : nlohmann::json(nullptr);
   plan["resume_location"] = location;
+  if (!note.empty()) plan["resume_note"] = note;
   std::string directory;
   for (const RoundNode& n : nodes)
     if (directory.empty()) directory = n.resume.directory;

@@ -85,6 +85,7 @@ struct RoundPlan {
   std::optional<uint64_t> resume_step;
   std::string resume_location;   // "memory" (in every node's tier), "peer_memory" (in some node's tier: the
                                  // others fetch it first), "disk", or "" (fresh start)
+  std::string resume_note;       // why a newer step in some node's memory was passed over; "" if none was
   std::string checkpoint_dir;    // the ranks' checkpoint directory as the first node that knew it
                                  // said (shared storage: the same path everywhere); "" when unknown
   std::string launch_id;         // the same on every node of the round

@@ -56,6 +56,14 @@ Result<ResumeOffer> FindResumeOffer(Env* env, const std::string& checkpoint_dir)
     // A tier holds a few steps; more would only make the rendezvous entries longer.
     Result<std::vector<uint64_t>> steps = SoundSteps(env, *tier, 16);
     if (steps.ok()) offer.memory_steps = std::move(*steps);
+    Result<std::vector<CheckpointInfo>> all = ScanCheckpointDirectory(*tier, env);
+    for (const CheckpointInfo& info : all.value_or(std::vector<CheckpointInfo>{})) {
+      if (!offer.memory_steps.empty() && info.step <= offer.memory_steps[0]) break;  // newest first
+      if (!info.complete && info.ranks_present > 0) {
+        offer.memory_incomplete_step = info.step;
+        break;
+      }
+    }
   }
   return offer;
 }

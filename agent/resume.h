@@ -31,6 +31,10 @@ struct ResumeOffer {
   std::string directory;               // the checkpoint directory this node knows; "" when none
   std::optional<uint64_t> disk_step;   // newest sound step on (shared) storage
   std::vector<uint64_t> memory_steps;  // sound steps in this node's memory tier, newest first
+  // The newest step this node's tier holds some ranks of but not all (newer than any sound one):
+  // a step whose other ranks were on a node now lost, unreplicated. Only for saying why it is not
+  // the resume step.
+  std::optional<uint64_t> memory_incomplete_step;
 };
 Result<ResumeOffer> FindResumeOffer(Env* env, const std::string& checkpoint_dir);
 

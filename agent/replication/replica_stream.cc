@@ -120,7 +120,7 @@ Status WriteFull(int fd, const uint8_t* in, uint64_t n, uint64_t offset, const s
 }
 
 Status SendFile(int fd, const ReplicaSendOptions& o, const ReplicaFile& f, const std::string& peer, Pacer* pacer,
-                uint64_t* sent) {
+                uint64_t* sent, bool* damage) {
   OwnedFd file(::open(f.path.c_str(), O_RDONLY | O_CLOEXEC));
   if (file.get() < 0) return Status::FromErrno(errno, f.path);
   struct stat st;
@@ -142,6 +142,10 @@ Status SendFile(int fd, const ReplicaSendOptions& o, const ReplicaFile& f, const
       const uint64_t k = std::min(kPieceBytes, n - p);
       LL_RETURN_IF_ERROR(ReadFull(file.get(), piece.data(), k, off + p, f.path));
       sum.Update(piece.data(), k);
+      if (*damage && k > 0) {
+        piece[k / 2] ^= 0x10;
+        *damage = false;
+      }
       LL_RETURN_IF_ERROR(net::SendAll(fd, piece.data(), k, peer));
     }
     const ChunkTrailer t{sum.Digest()};
@@ -185,8 +189,9 @@ Result<ReplicaTransfer> SendReplica(const ReplicaSendOptions& o, const std::stri
   Pacer pacer(o.bandwidth_bytes_per_second);
   ReplicaTransfer t;
   Status sending;
+  bool damage = o.damage_first_chunk;
   for (const ReplicaFile& f : files) {
-    sending = SendFile(fd.get(), o, f, peer, &pacer, &t.bytes);
+    sending = SendFile(fd.get(), o, f, peer, &pacer, &t.bytes, &damage);
     if (!sending.ok() || HasAnswer(fd.get())) break;
   }
   // The receiver's answer: its acknowledgement, or why it refused, which may come before all was
@@ -345,6 +350,11 @@ Status ReplicaReceiver::Receive(int fd, uint64_t* bytes, uint64_t* files) {
   if (!IsReplicaName(dir)) return Status::Corruption(peer, "directory name '" + dir + "' refused");
   const std::string dir_path = root_ + "/" + dir;
   if (mkdir(dir_path.c_str(), 0700) != 0 && errno != EEXIST) return Status::FromErrno(errno, dir_path);
+  // However the stream ends, its directory goes once empty (another stream may still be filling it).
+  struct RemoveIfEmpty {
+    const std::string& path;
+    ~RemoveIfEmpty() { ::rmdir(path.c_str()); }
+  } remove_if_empty{dir_path};
 
   // Files arrive under ".<name>.partial" and take their names only once all of them are whole.
   std::vector<std::pair<std::string, std::string>> placed;  // partial, final
@@ -383,6 +393,11 @@ Status ReplicaReceiver::Receive(int fd, uint64_t* bytes, uint64_t* files) {
     Result<OwnedFd> out = OpenSharedFile(partial, reused ? CreateMode::kOpenOrCreate : CreateMode::kFresh);
     if (!out.ok() && out.status().IsNotFound()) {  // another stream of this directory just removed it
       if (mkdir(dir_path.c_str(), 0700) != 0 && errno != EEXIST) return Status::FromErrno(errno, dir_path);
+  // However the stream ends, its directory goes once empty (another stream may still be filling it).
+  struct RemoveIfEmpty {
+    const std::string& path;
+    ~RemoveIfEmpty() { ::rmdir(path.c_str()); }
+  } remove_if_empty{dir_path};
       out = OpenSharedFile(partial, reused ? CreateMode::kOpenOrCreate : CreateMode::kFresh);
     }
     if (reused && out.ok() && ::ftruncate(out->get(), static_cast<off_t>(fh.bytes)) != 0) out = Status::FromErrno(errno, partial);
@@ -425,7 +440,6 @@ Status ReplicaReceiver::Receive(int fd, uint64_t* bytes, uint64_t* files) {
     for (const auto& [partial, final_path] : placed) received.emplace_back(final_path.substr(dir_path.size() + 1), partial);
     Status s = placer_(dir, received);
     discard();  // whatever the placer left
-    ::rmdir(dir_path.c_str());  // when no other stream is filling it
     return s;
   }
   for (const auto& [partial, final_path] : placed) {

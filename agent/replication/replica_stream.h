@@ -45,6 +45,9 @@ struct ReplicaSendOptions {
   double connect_timeout_seconds = 10;
   // Polled between chunks; true abandons the stream (the receiver keeps nothing of it).
   std::function<bool()> cancelled;
+  // For fault drills only: flips one bit of the stream's first chunk after checksumming it, as a
+  // link or a NIC might, so that a drill can show the receiver refusing it.
+  bool damage_first_chunk = false;
 };
 
 struct ReplicaTransfer {

@@ -1,7 +1,9 @@
 // The agent's side of snapshot replication: a receiver that places the snapshots a peer node sends
 // into this node's memory tier, and a background sender that streams this node's newest snapshots
-// to the peer the round assigns (the next node in group-rank order: a ring, so a node's replicas
-// are never on itself). Nothing here blocks the agent's loop: it reads stats().
+// to the peers the round assigns (ReplicaPeers: a ring by default, so a node's replicas are never
+// on itself), and keeps the job's record of what is replicated in the checkpoint directory
+// (lifeline/internal/replication_record.h, read by `lifeline ls`). Nothing here blocks the agent's
+// loop: it reads stats().
 //
 // Thread safety: every public method may be called from any thread.
 #ifndef LIFELINE_AGENT_REPLICATION_REPLICATION_SERVICE_H_
@@ -14,9 +16,11 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "agent/replication/replica_stream.h"
 #include "agent/replication/replicator.h"
+#include "lifeline/internal/replication_record.h"
 #include "lifeline/status.h"
 
 namespace lifeline::replication {
@@ -28,19 +32,29 @@ struct ReplicationSettings {
   // What this node's memory tiers may take, its own snapshots and the replicas it receives
   // together; a replica that would go beyond is refused (0: half of the tiers' file system).
   uint64_t memory_budget_bytes = 0;
+  // For fault drills only: every stream sent carries one flipped bit, which its receiver must
+  // catch (LIFELINE_DRILL_DAMAGE_REPLICAS=1 in the agent's environment).
+  bool damage_in_transit = false;
+};
+
+struct ReplicaPeer {
+  std::string id;  // its node id (for the record and the logs)
+  std::string host;
+  uint16_t port = 0;
 };
 
 // Where this node's snapshots go in the current round.
 struct ReplicationTarget {
   std::string checkpoint_dir;  // the job's (its memory tier is found from it)
+  std::string node;            // this node's id
+  uint32_t world_size = 0;
   uint32_t first_rank = 0;     // this node's global ranks
   uint32_t ranks = 0;
-  std::string peer_host;       // empty: no peer (a single node, or the peer takes no replicas)
-  uint16_t peer_port = 0;
+  std::vector<ReplicaPeer> peers;  // empty: none (a single node, or no peer takes replicas)
 };
 
 struct ReplicationStats {
-  std::optional<uint64_t> replicated_step;  // newest step of this node's ranks on the peer
+  std::optional<uint64_t> replicated_step;  // newest step of this node's ranks on every peer
   std::optional<uint64_t> newest_step;      // newest step all of this node's ranks published
   double lag_seconds = 0;                   // how long newest_step has waited to be replicated
   uint64_t bytes_sent = 0;
@@ -66,6 +80,11 @@ class ReplicationService {
   void SetTarget(ReplicationTarget target);
   ReplicationStats stats() const;
 
+  // The job ended well: stops sending, withdraws this node's record from the checkpoint
+  // directory, and frees the tier's steps up to the newest one sound on disk (the replicas this
+  // node holds of other nodes' ranks, which no rank of its own withdraws). Returns the steps freed.
+  std::vector<uint64_t> Finish();
+
  private:
   ReplicationService(ReplicationSettings settings, std::unique_ptr<ReplicaReceiver> receiver);
   void SendLoop();
@@ -78,6 +97,7 @@ class ReplicationService {
   ReplicationTarget target_;               // GUARDED_BY(mu_)
   uint64_t target_generation_ = 0;         // GUARDED_BY(mu_)
   std::string checkpoint_dir_;             // GUARDED_BY(mu_): for the receiver's placer
+  ReplicationRecord record_;               // GUARDED_BY(mu_): the last one written
   ReplicationStats stats_;                 // GUARDED_BY(mu_)
   std::thread sender_;
 };

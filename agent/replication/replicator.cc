@@ -1,5 +1,6 @@
 #include "agent/replication/replicator.h"
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <vector>
@@ -67,28 +68,69 @@ bool TierHoldsStep(const std::string& tier_root, uint64_t step) {
 
 Result<ReplicationPass> Replicator::RunOnce() {
   Env* env = Env::Default();
+  sent_.resize(o_.peers.size());
   LL_ASSIGN_OR_RETURN(std::vector<TierSnapshot> all, ListTierSnapshots(env, o_.tier_root));
   const std::vector<TierSnapshot> mine = NewestWhole(all, o_.first_rank, o_.ranks);
   ReplicationPass pass;
   if (!mine.empty()) pass.newest = mine[0].step;
-  if (mine.empty() || (sent_ && *sent_ >= mine[0].step)) return pass;
+  if (mine.empty()) return pass;
   const uint64_t step = mine[0].step;
-  // A newer step of this node's ranks supersedes this one: looked for at most every 100 ms.
-  ReplicaSendOptions send = o_.peer;
-  auto checked = std::chrono::steady_clock::now();
-  send.cancelled = [&]() {
-    if (o_.peer.cancelled && o_.peer.cancelled()) return true;
-    if (std::chrono::steady_clock::now() - checked < std::chrono::milliseconds(100)) return false;
-    checked = std::chrono::steady_clock::now();
-    Result<std::vector<TierSnapshot>> now = ListTierSnapshots(env, o_.tier_root);
-    if (!now.ok()) return false;
-    const std::vector<TierSnapshot> newest = NewestWhole(*now, o_.first_rank, o_.ranks);
-    return !newest.empty() && newest[0].step > step;
-  };
-  LL_ASSIGN_OR_RETURN(ReplicationPass sent, SendSnapshots(mine, send));
-  sent.newest = pass.newest;
-  sent_ = step;
-  return sent;
+  Status first_error;
+  for (size_t p = 0; p < o_.peers.size(); ++p) {
+    if (sent_[p] && *sent_[p] >= step) continue;
+    // A newer step of this node's ranks supersedes this one: looked for at most every 100 ms.
+    ReplicaSendOptions send = o_.peers[p];
+    auto checked = std::chrono::steady_clock::now();
+    send.cancelled = [&]() {
+      if (o_.peers[p].cancelled && o_.peers[p].cancelled()) return true;
+      if (std::chrono::steady_clock::now() - checked < std::chrono::milliseconds(100)) return false;
+      checked = std::chrono::steady_clock::now();
+      Result<std::vector<TierSnapshot>> now = ListTierSnapshots(env, o_.tier_root);
+      if (!now.ok()) return false;
+      const std::vector<TierSnapshot> newest = NewestWhole(*now, o_.first_rank, o_.ranks);
+      return !newest.empty() && newest[0].step > step;
+    };
+    Result<ReplicationPass> sent = SendSnapshots(mine, send);
+    if (!sent.ok()) {
+      // Superseded, or stopping: no use trying the other peers with this step.
+      if (sent.status().code() == StatusCode::kAborted) return sent.status();
+      if (first_error.ok()) first_error = sent.status();
+      continue;
+    }
+    sent_[p] = step;
+    pass.step = step;
+    pass.bytes += sent->bytes;
+    pass.seconds += sent->seconds;
+  }
+  if (!first_error.ok()) return first_error;
+  return pass;
+}
+
+std::optional<uint64_t> Replicator::replicated_step() const {
+  if (sent_.empty() || sent_.size() < o_.peers.size()) return std::nullopt;
+  std::optional<uint64_t> oldest;
+  for (const std::optional<uint64_t>& s : sent_) {
+    if (!s) return std::nullopt;
+    oldest = oldest ? std::min(*oldest, *s) : *s;
+  }
+  return oldest;
+}
+
+std::vector<uint32_t> ReplicaPeers(uint32_t node, uint32_t nodes, uint32_t group_size) {
+  std::vector<uint32_t> peers;
+  if (nodes < 2 || node >= nodes) return peers;
+  if (group_size < 2) {
+    peers.push_back((node + 1) % nodes);
+    return peers;
+  }
+  // Groups [g*k, g*k + k); the last full group takes a lone remainder.
+  uint32_t begin = node / group_size * group_size;
+  uint32_t end = std::min(nodes, begin + group_size);
+  if (nodes - end == 1) end = nodes;
+  if (end - begin == 1 && begin >= group_size) begin -= group_size;  // the lone node itself
+  for (uint32_t n = begin; n < end; ++n)
+    if (n != node) peers.push_back(n);
+  return peers;
 }
 
 ReplicaReceiver::Placer TierPlacer(std::string tier_root, uint32_t keep_last) {

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "agent/replication/replica_stream.h"
 #include "lifeline/status.h"
@@ -23,7 +24,8 @@ struct ReplicatorOptions {
   std::string tier_root;    // this node's memory tier of the job's checkpoint directory
   uint32_t first_rank = 0;  // this node's global ranks: first_rank .. first_rank + ranks - 1
   uint32_t ranks = 1;
-  ReplicaSendOptions peer;  // the peer's receiver, bandwidth budget
+  // The peers' receivers, each with the bandwidth budget: a step is sent to one after the other.
+  std::vector<ReplicaSendOptions> peers;
 };
 
 struct ReplicationPass {
@@ -37,18 +39,26 @@ class Replicator {
  public:
   explicit Replicator(ReplicatorOptions options) : o_(std::move(options)) {}
 
-  // Sends the newest step that every rank of this node has published and that was not sent yet;
-  // a step with nothing new is a pass with no step. A newer step published meanwhile cancels the
-  // stream in flight (Aborted; the next pass sends the newer one).
+  // Sends the newest step that every rank of this node has published to each peer that does not
+  // have it yet; with nothing new, a pass with no step. A newer step published meanwhile cancels
+  // the stream in flight (Aborted; the next pass sends the newer one). A peer that fails does not
+  // keep the step from the others: the first error is returned after every peer was tried.
   Result<ReplicationPass> RunOnce();
 
-  // The newest step sent whole.
-  std::optional<uint64_t> replicated_step() const { return sent_; }
+  // The newest step every peer holds whole (each was sent it, or a newer one).
+  std::optional<uint64_t> replicated_step() const;
 
  private:
   ReplicatorOptions o_;
-  std::optional<uint64_t> sent_;
+  std::vector<std::optional<uint64_t>> sent_;  // per peer
 };
+
+// Where node `node` of `nodes` (group-rank order) sends its snapshots. group_size 0: a ring, the
+// next node (one copy). group_size k >= 2: the nodes form groups of k consecutive ones and each
+// sends to every other member of its group (k - 1 copies: a group survives losing k - 1 of its
+// nodes); a remainder of one node joins the last group, a larger one is a group of its own. Never
+// the node itself; empty with one node.
+std::vector<uint32_t> ReplicaPeers(uint32_t node, uint32_t nodes, uint32_t group_size);
 
 // Sends every rank snapshot of `step` in the tier `tier_root` to `peer` (a node that lacks the step:
 // a replacement, after a node was lost). NotFound when the tier holds no rank of it.

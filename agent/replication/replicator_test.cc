@@ -4,6 +4,7 @@
 #include "agent/replication/replicator.h"
 
 #include <chrono>
+#include <filesystem>
 
 #include <string>
 #include <thread>
@@ -63,6 +64,14 @@ uint64_t RanksInTier(const std::string& tier, uint64_t step) {
   return n;
 }
 
+ReplicaSendOptions ToLocalhost(uint16_t port) {
+  ReplicaSendOptions o;
+  o.host = "localhost";
+  o.port = port;
+  o.chunk_bytes = 16 << 10;
+  return o;
+}
+
 TEST(ReplicatorTest, TwoNodesEachEndWithTheWholeStepInMemory) {
   test::TempDir disk;
   test::TempDir shm("/dev/shm", "lifeline-replicator-test");
@@ -80,9 +89,7 @@ TEST(ReplicatorTest, TwoNodesEachEndWithTheWholeStepInMemory) {
     o.tier_root = tier;
     o.first_rank = first;
     o.ranks = 2;
-    o.peer.host = "localhost";
-    o.peer.port = port;
-    o.peer.chunk_bytes = 16 << 10;
+    o.peers.push_back(ToLocalhost(port));
     return o;
   };
   Replicator from_a(options(a, 0, (*into_b)->port()));
@@ -113,6 +120,81 @@ TEST(ReplicatorTest, TwoNodesEachEndWithTheWholeStepInMemory) {
   EXPECT_TRUE(r->from_memory_tier) << "the replicated step was not complete in node a's tier";
   EXPECT_EQ(r->step, 5u);
   EXPECT_EQ(row, Row(3, 5));
+}
+
+// With a group of three, node a's ranks go to both others; a peer that is down does not keep the
+// step from the one that is up, and the step counts as replicated only once both have it.
+TEST(ReplicatorTest, AGroupSendsToEveryPeerAndCountsTheStepOnlyWhenAllHaveIt) {
+  test::TempDir disk;
+  test::TempDir shm("/dev/shm", "lifeline-replicator-test");
+  ASSERT_FALSE(shm.path().empty());
+  const std::string dir = disk.Sub("ckpt"), a = shm.Sub("node-a"), b = shm.Sub("node-b"), c = shm.Sub("node-c");
+  SaveStep(dir, a, b, 7);
+  std::filesystem::create_directories(c);
+  auto into_c = ReplicaReceiver::Start(c + "/.incoming", 0, TierPlacer(c, 2));
+  ASSERT_TRUE(into_c.ok());
+  // b's receiver is not up yet: a port that refuses connections.
+  uint16_t closed_port = 0;
+  {
+    auto probe = ReplicaReceiver::Start(shm.Sub("probe"), 0);
+    ASSERT_TRUE(probe.ok());
+    closed_port = (*probe)->port();
+  }
+  ReplicatorOptions o;
+  o.tier_root = a;
+  o.first_rank = 0;
+  o.ranks = 2;
+  o.peers = {ToLocalhost(closed_port), ToLocalhost((*into_c)->port())};
+  o.peers[0].connect_timeout_seconds = 0.5;
+  Replicator from_a(o);
+  auto pass = from_a.RunOnce();
+  ASSERT_FALSE(pass.ok()) << "a peer that is down went unnoticed";
+  EXPECT_NE(pass.status().ToString().find(std::to_string(closed_port)), std::string::npos) << pass.status().ToString();
+  EXPECT_EQ(RanksInTier(c, 7), 2u) << "the peer that is up did not get the step";
+  EXPECT_FALSE(from_a.replicated_step().has_value()) << "counted replicated with a peer lacking it";
+
+  auto into_b = ReplicaReceiver::Start(b + "/.incoming", closed_port, TierPlacer(b, 2));
+  if (!into_b.ok()) GTEST_SKIP() << "the port was taken meanwhile: " << into_b.status().ToString();
+  pass = from_a.RunOnce();
+  ASSERT_TRUE(pass.ok()) << pass.status().ToString();
+  EXPECT_EQ(RanksInTier(b, 7), 4u) << "node b did not end with the whole step";
+  EXPECT_EQ(from_a.replicated_step().value_or(0), 7u);
+  pass = from_a.RunOnce();
+  ASSERT_TRUE(pass.ok());
+  EXPECT_FALSE(pass->step.has_value()) << "step 7 sent twice";
+}
+
+TEST(ReplicaPeersTest, ARingByDefaultAndGroupsWhenAsked) {
+  using Peers = std::vector<uint32_t>;
+  EXPECT_EQ(ReplicaPeers(0, 1, 0), Peers{});
+  EXPECT_EQ(ReplicaPeers(0, 2, 0), Peers{1});
+  EXPECT_EQ(ReplicaPeers(1, 2, 0), Peers{0});
+  EXPECT_EQ(ReplicaPeers(4, 5, 0), Peers{0});
+  // Pairs mirror each other; a lone fifth node joins the last pair.
+  EXPECT_EQ(ReplicaPeers(0, 5, 2), Peers{1});
+  EXPECT_EQ(ReplicaPeers(1, 5, 2), Peers{0});
+  EXPECT_EQ(ReplicaPeers(2, 5, 2), (Peers{3, 4}));
+  EXPECT_EQ(ReplicaPeers(4, 5, 2), (Peers{2, 3}));
+  // Groups of 3 over 8 nodes: 0-2, 3-5, and 6-7 as a group of two.
+  EXPECT_EQ(ReplicaPeers(1, 8, 3), (Peers{0, 2}));
+  EXPECT_EQ(ReplicaPeers(5, 8, 3), (Peers{3, 4}));
+  EXPECT_EQ(ReplicaPeers(7, 8, 3), Peers{6});
+  // Fewer nodes than the group size: one group of all.
+  EXPECT_EQ(ReplicaPeers(1, 3, 4), (Peers{0, 2}));
+  // Whatever the shape, never itself, and every node is some node's peer.
+  for (uint32_t nodes = 1; nodes <= 12; ++nodes) {
+    for (uint32_t k : {0u, 2u, 3u, 4u, 5u}) {
+      std::vector<int> held(nodes, 0);
+      for (uint32_t n = 0; n < nodes; ++n) {
+        for (uint32_t p : ReplicaPeers(n, nodes, k)) {
+          ASSERT_NE(p, n) << nodes << " nodes, group " << k;
+          ASSERT_LT(p, nodes);
+          ++held[p];
+        }
+      }
+      for (uint32_t n = 0; nodes > 1 && n < nodes; ++n) EXPECT_GT(held[n], 0) << nodes << " nodes, group " << k;
+    }
+  }
 }
 
 TEST(ReplicatorTest, AStreamThatIsNotATierSnapshotIsRefused) {

@@ -13,6 +13,7 @@
 #include "lib/src/checkpoint_reader.h"
 #include "lib/src/commit.h"
 #include "lib/src/memory_tier.h"
+#include "lifeline/internal/replication_record.h"
 
 namespace lifeline {
 namespace {
@@ -133,6 +134,11 @@ Result<CheckpointListing> ListCheckpoints(const std::string& dir, Env* env) {
       l.info.problem = "damaged: " + s.ToString();
     }
   }
+  // The agents' records are informative: when they cannot be read, the listing still stands.
+  const std::vector<ReplicationRecord> records =
+      ReadReplicationRecords(env, dir).value_or(std::vector<ReplicationRecord>{});
+  for (ListedCheckpoint& l : listing.checkpoints)
+    l.replicated_ranks = ReplicatedRanks(records, l.info.step, l.info.world_size);
   return listing;
 }
 

@@ -102,6 +102,12 @@ rendezvous:
   last_call_seconds: 5
   join_timeout_seconds: 600
   failure_grace_seconds: 2.5
+replication:
+  enabled: false
+  bandwidth_mb_per_second: 250
+  keep_last: 3
+  memory_budget_mb: 4096
+  group_size: 3
 policy:
   straggler: dump
   hang: log
@@ -157,6 +163,12 @@ policy:
   EXPECT_DOUBLE_EQ(c.rendezvous.last_call_seconds, 5);
   EXPECT_DOUBLE_EQ(c.rendezvous.join_timeout_seconds, 600);
   EXPECT_DOUBLE_EQ(c.rendezvous.failure_grace_seconds, 2.5);
+
+  EXPECT_FALSE(c.replication.enabled);
+  EXPECT_DOUBLE_EQ(c.replication.bandwidth_mb_per_second, 250);
+  EXPECT_EQ(c.replication.keep_last, 3u);
+  EXPECT_DOUBLE_EQ(c.replication.memory_budget_mb, 4096);
+  EXPECT_EQ(c.replication.group_size, 3u);
 
   EXPECT_EQ(c.policy.at("straggler"), Action::kDump);
   EXPECT_EQ(c.policy.at("hang"), Action::kLog);
@@ -384,6 +396,9 @@ TEST(ValidateTest, OtherBoundsNameTheField) {
       {"rendezvous.lease_seconds", [](AgentConfig* c) { c->rendezvous.lease_seconds = 1; }},
       {"rendezvous.failure_grace_seconds", [](AgentConfig* c) { c->rendezvous.failure_grace_seconds = -1; }},
       {"rendezvous.failure_grace_seconds", [](AgentConfig* c) { c->rendezvous.failure_grace_seconds = 61; }},
+      {"replication.keep_last", [](AgentConfig* c) { c->replication.keep_last = 0; }},
+      {"replication.group_size", [](AgentConfig* c) { c->replication.group_size = 1; }},
+      {"replication.group_size", [](AgentConfig* c) { c->replication.group_size = 65; }},
       {"ring_events", [](AgentConfig* c) { c->ring_events = 63; }},
       {"poll_interval_seconds", [](AgentConfig* c) { c->poll_interval_seconds = 0; }},
       {"poll_interval_seconds", [](AgentConfig* c) { c->poll_interval_seconds = 2; }},

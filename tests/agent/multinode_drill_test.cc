@@ -25,6 +25,7 @@
 #include "agent/etcd/etcd_client.h"
 #include "agent/etcd/etcd_test_server.h"
 #include "agent/resume.h"
+#include "lifeline/internal/replication_record.h"
 
 namespace lifeline::agent {
 namespace {
@@ -84,7 +85,7 @@ class MultiNodeTest : public ::testing::Test {
   }
   void TearDown() override {
     std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
+    if (std::getenv("LIFELINE_KEEP_TEST_DIR") == nullptr) std::filesystem::remove_all(dir_, ec);
   }
 
   // Node `node` of job `job`: an agent whose memory tier is its own, as on a machine of its own.
@@ -238,6 +239,14 @@ TEST_F(MultiNodeTest, TwoNodesFormOneWorldAndEndLikeOneNodeLeavingNothingInEtcd)
   EXPECT_EQ(first_ranks, (std::vector<int>{0, 2}));
   EXPECT_EQ(finals, single);
   EXPECT_TRUE(JobKeys("clean").empty()) << "the job's keys stay in etcd";
+  // Nor anything in memory: the ranks withdrew their snapshots, the agents the replicas they
+  // held, and the records of what was replicated are gone with them.
+  for (int node = 0; node < 2; ++node)
+    for (const auto& e : std::filesystem::recursive_directory_iterator(dir_ + "/clean.tier." + std::to_string(node)))
+      EXPECT_NE(e.path().filename().string().rfind("step-", 0), 0u) << "left in memory: " << e.path();
+  Result<std::vector<ReplicationRecord>> records = ReadReplicationRecords(Env::Default(), dir_ + "/clean.ckpt");
+  ASSERT_TRUE(records.ok());
+  EXPECT_TRUE(records->empty()) << "a record of replicas no longer held";
 }
 
 // The crash of global rank 3 (node 1's second rank) in a job of `nnodes` nodes of 2 ranks: only
@@ -306,6 +315,32 @@ TEST_F(MultiNodeTest, AfterACrashEveryRankResumesFromMemoryThroughThePeersReplic
   }
   std::string output = runs[0].output + runs[1].output;
   for (int rank = 0; rank < 4; ++rank)
+    EXPECT_NE(output.find("rank " + std::to_string(rank) + " resumed from step 50 (memory tier)"), std::string::npos)
+        << output;
+  EXPECT_EQ(finals, single);
+}
+
+// replication.group_size 3 over three nodes: each node's snapshots go to both others (with the
+// default ring, node 0 would hold ranks 0-1 and 4-5 only, and resume from disk), so after rank 5
+// is SIGKILLed all six ranks load step 50 from their own node's memory.
+TEST_F(MultiNodeTest, WithAGroupOfThreeEveryNodeHoldsEveryRankAndResumesFromMemory) {
+  const std::string steps = "--steps 120 --ckpt-every 50 --compute-ms 20";
+  const auto single = SingleNodeFinals(steps, 6);
+  const std::string config = dir_ + "/group.yaml";
+  std::ofstream(config) << "replication:\n  group_size: 3\n";
+  std::vector<NodeRun> runs =
+      RunJob("group", "--max-restarts 2 --config " + config, steps + " --fault crash@5:95", /*nnodes=*/3);
+  std::map<int, std::string> finals;
+  std::string output;
+  for (const NodeRun& r : runs) {
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    for (const auto& a : r.actions)
+      if (a.value("action", "") == "resumed") EXPECT_EQ(a.value("source", ""), "memory") << a.dump();
+    EXPECT_EQ(Count(r.actions, "action", "resumed"), 1) << Dump(r.actions);
+    finals.insert(r.finals.begin(), r.finals.end());
+    output += r.output;
+  }
+  for (int rank = 0; rank < 6; ++rank)
     EXPECT_NE(output.find("rank " + std::to_string(rank) + " resumed from step 50 (memory tier)"), std::string::npos)
         << output;
   EXPECT_EQ(finals, single);
@@ -463,6 +498,14 @@ TEST_F(MultiNodeTest, AReplacementResumesFromTheLostNodesReplicaInItsPeersMemory
   }
   ASSERT_GE(replicated, 100) << "node 1 never replicated a step";
   ASSERT_EQ(ranks.size(), 2u);
+  // The job's record, what `lifeline ls` reads, says so: node 1's ranks of that step are on a peer.
+  Result<std::vector<ReplicationRecord>> records = ReadReplicationRecords(Env::Default(), dir_ + "/peer.ckpt");
+  ASSERT_TRUE(records.ok()) << records.status().ToString();
+  bool recorded = false;
+  for (const ReplicationRecord& r : *records)
+    if (r.first_rank == 2 && r.ranks == 2 && r.world_size == 4)
+      recorded = std::find(r.steps.begin(), r.steps.end(), static_cast<uint64_t>(replicated)) != r.steps.end();
+  EXPECT_TRUE(recorded) << "no record of ranks 2-3 of step " << replicated << " on a peer";
   kill(victim, SIGKILL);
   for (int pid : ranks) kill(-pid, SIGKILL);
   waitpid(victim, nullptr, 0);
@@ -501,6 +544,85 @@ TEST_F(MultiNodeTest, AReplacementResumesFromTheLostNodesReplicaInItsPeersMemory
     EXPECT_EQ((*last_launch)["resume"]["location"], "peer_memory") << last_launch->dump();
     EXPECT_EQ((*last_launch)["resume"]["step"], replicated) << last_launch->dump();
   }
+  std::map<int, std::string> finals = a.finals;
+  finals.insert(b.finals.begin(), b.finals.end());
+  EXPECT_EQ(finals, single);
+}
+
+// A replica damaged on its way (LIFELINE_DRILL_DAMAGE_REPLICAS flips a bit of every stream node 1
+// sends) is refused by node 0, never counted replicated, never used: when node 1 is lost after the
+// disk lost its newest steps, node 0 holds those steps only in part (its own ranks), and the job
+// falls back to the newest step on disk, saying why, and ends like a clean run.
+TEST_F(MultiNodeTest, AReplicaDamagedInTransitIsRefusedAndTheJobFallsBackToDiskSayingSo) {
+  const std::string steps = "--steps 400 --ckpt-every 50 --compute-ms 20";
+  const auto single = SingleNodeFinals(steps);
+  const std::string config = dir_ + "/damaged.yaml";
+  std::ofstream(config) << "rendezvous:\n  lease_seconds: 3\n  join_timeout_seconds: 120\n";
+  const std::string flags = "--max-restarts 2 --config " + config;
+  const pid_t survivor = Spawn(AgentCommand("damaged", 0, "damaged", flags + " --node-rank 0", steps), Out("damaged", 0));
+  std::string damaging = AgentCommand("damaged", 1, "damaged", flags + " --node-rank 1", steps);
+  damaging.replace(0, 4, "env LIFELINE_DRILL_DAMAGE_REPLICAS=1 ");  // after the leading "env "
+  const pid_t victim = Spawn(damaging, Out("damaged", 1));
+  // Node 1 has tried (and failed) to replicate, and step 100 is on disk.
+  std::vector<int> ranks;
+  std::optional<nlohmann::json> failed;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  for (bool ready = false; !ready && std::chrono::steady_clock::now() < deadline;) {
+    NodeRun so_far;
+    Read("damaged", 1, &so_far);
+    for (const auto& a : so_far.actions) {
+      if (a.value("action", "") == "launch") ranks = a["pids"].get<std::vector<int>>();
+      if (a.value("action", "") == "replication_failed") failed = a;
+    }
+    Result<ResumeOffer> offer = FindResumeOffer(Env::Default(), dir_ + "/damaged.ckpt");
+    ready = failed && ranks.size() == 2 && offer.ok() && offer->disk_step && *offer->disk_step >= 100;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_TRUE(failed.has_value()) << "node 1 never reported a failed replication";
+  EXPECT_NE((*failed)["error"].get<std::string>().find("fails its checksum in transit"), std::string::npos)
+      << failed->dump();
+  ASSERT_EQ(ranks.size(), 2u);
+  kill(victim, SIGKILL);
+  for (int pid : ranks) kill(-pid, SIGKILL);
+  waitpid(victim, nullptr, 0);
+  NodeRun gone;
+  Read("damaged", 1, &gone);
+  EXPECT_EQ(Count(gone.actions, "action", "replicated"), 0) << "a damaged replica counted: " << Dump(gone.actions);
+  // Nothing of node 1's ranks reached node 0's memory.
+  for (const auto& tier : std::filesystem::recursive_directory_iterator(dir_ + "/damaged.tier.0")) {
+    const std::string name = tier.path().filename().string();
+    EXPECT_EQ(name.find(".r000002-"), std::string::npos) << "a damaged replica was kept: " << tier.path();
+    EXPECT_EQ(name.find(".r000003-"), std::string::npos) << "a damaged replica was kept: " << tier.path();
+  }
+  // The disk loses its newest steps: node 0's memory holds a newer step, but only half of it.
+  uint64_t kept = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir_ + "/damaged.ckpt")) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("step-", 0) != 0) continue;
+    if (std::stoll(name.substr(5)) >= 100) std::filesystem::remove_all(e.path());
+    else kept = std::max<uint64_t>(kept, std::stoull(name.substr(5)));
+  }
+  ASSERT_EQ(kept, 50u);
+  NodeRun a, b;
+  ASSERT_NO_FATAL_FAILURE(RunReplacement("damaged", flags, steps, survivor, &a, &b));
+  int fallbacks = 0;
+  for (const auto& x : a.actions) {
+    if (x.value("action", "") == "resumed") {
+      EXPECT_EQ(x.value("source", ""), "disk") << x.dump();
+      EXPECT_EQ(x["resumed_from_checkpoint"], 50) << x.dump();
+    }
+    if (x.value("action", "") != "resume_fallback") continue;
+    ++fallbacks;
+    EXPECT_EQ(x["step"], 50) << x.dump();
+    EXPECT_EQ(x["location"], "disk") << x.dump();
+    EXPECT_NE(x["reason"].get<std::string>().find("in memory only in part"), std::string::npos) << x.dump();
+  }
+  EXPECT_EQ(fallbacks, 1) << Dump(a.actions);
+  EXPECT_EQ(Count(a.actions, "action", "sent_resume_step"), 0) << Dump(a.actions);
+  for (int rank = 0; rank < 4; ++rank)
+    EXPECT_NE((a.output + b.output).find("rank " + std::to_string(rank) + " resumed from step 50 (disk)"),
+              std::string::npos)
+        << a.output << b.output;
   std::map<int, std::string> finals = a.finals;
   finals.insert(b.finals.begin(), b.finals.end());
   EXPECT_EQ(finals, single);

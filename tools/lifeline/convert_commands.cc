@@ -181,6 +181,11 @@ std::string AgeText(uint64_t created_unix_ns) {
 // complete, partial, invalid (all indexes, never loadable), damaged (all indexes, unreadable).
 const char* StepStateName(const CheckpointInfo& c) { return CheckpointStateName(CheckpointStateOf(c)); }
 
+// Every rank's snapshot of the step is in some peer node's memory, as the agents last recorded.
+bool IsReplicated(const CheckpointInfo& c, uint32_t replicated_ranks) {
+  return c.world_size > 0 && replicated_ranks == c.world_size;
+}
+
 int RunLs(const LsArgs& a) {
   constexpr const char* kCommand = "ls";
   // "complete" means loadable as far as the metadata tells: every index decodes and the pieces
@@ -188,9 +193,15 @@ int RunLs(const LsArgs& a) {
   Result<CheckpointListing> listing = ListCheckpoints(a.dir);
   if (!listing.ok()) return ReportFailure(kCommand, listing.status(), a.json);
   const std::string& tier_root = listing->memory_tier;
-  std::vector<std::pair<std::string, CheckpointInfo>> rows;
-  for (ListedCheckpoint& l : listing->checkpoints) rows.emplace_back(l.in_memory_tier ? "memory" : "disk", std::move(l.info));
-  for (auto& [where, c] : rows) {
+  struct Row {
+    std::string where;
+    CheckpointInfo c;
+    uint32_t replicated_ranks;
+  };
+  std::vector<Row> rows;
+  for (ListedCheckpoint& l : listing->checkpoints)
+    rows.push_back({l.in_memory_tier ? "memory" : "disk", std::move(l.info), l.replicated_ranks});
+  for (auto& [where, c, replicated_ranks] : rows) {
     // The scan does not open the indexes; the step directory's last change is when it was written.
     struct stat st;
     if (c.created_unix_ns == 0 && ::stat(c.directory.c_str(), &st) == 0)
@@ -199,12 +210,14 @@ int RunLs(const LsArgs& a) {
   const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   if (a.json) {
     nlohmann::json list = nlohmann::json::array();
-    for (const auto& [where, c] : rows) {
+    for (const auto& [where, c, replicated_ranks] : rows) {
       nlohmann::json j = {{"step", c.step},
                           {"state", StepStateName(c)},
                           {"location", where},
                           {"world_size", c.world_size},
                           {"ranks_present", c.ranks_present},
+                          {"replicated", IsReplicated(c, replicated_ranks)},
+                          {"replicated_ranks", replicated_ranks},
                           {"bytes", c.bytes},
                           {"created_unix_ns", c.created_unix_ns},
                           {"age_seconds", c.created_unix_ns ? now - static_cast<double>(c.created_unix_ns) / 1e9 : 0.0},
@@ -219,12 +232,16 @@ int RunLs(const LsArgs& a) {
     std::cout << a.dir << ": no checkpoints\n";
     return kExitOk;
   }
-  std::printf("%-12s %-9s %-7s %-7s %12s %7s  %s\n", "STEP", "STATE", "WHERE", "RANKS", "SIZE", "AGE", "NOTE");
-  for (const auto& [where, c] : rows) {
+  std::printf("%-12s %-9s %-7s %-7s %-7s %12s %7s  %s\n", "STEP", "STATE", "WHERE", "REPLICA", "RANKS", "SIZE", "AGE",
+              "NOTE");
+  for (const auto& [where, c, replicated_ranks] : rows) {
     const std::string ranks = c.complete ? std::to_string(c.world_size)
                                          : std::to_string(c.ranks_present) + "/" + std::to_string(c.world_size);
-    std::printf("%-12llu %-9s %-7s %-7s %12s %7s  %s\n", static_cast<unsigned long long>(c.step),
-                StepStateName(c), where.c_str(), ranks.c_str(), FormatByteSize(c.bytes).c_str(),
+    const std::string replica = IsReplicated(c, replicated_ranks) ? "yes"
+                                : replicated_ranks > 0 ? std::to_string(replicated_ranks) + "/" + std::to_string(c.world_size)
+                                                       : "-";
+    std::printf("%-12llu %-9s %-7s %-7s %-7s %12s %7s  %s\n", static_cast<unsigned long long>(c.step),
+                StepStateName(c), where.c_str(), replica.c_str(), ranks.c_str(), FormatByteSize(c.bytes).c_str(),
                 AgeText(c.created_unix_ns).c_str(), c.complete ? "" : c.problem.c_str());
   }
   if (!tier_root.empty()) std::cout << "memory tier: " << tier_root << "\n";

@@ -110,6 +110,7 @@ LIFELINE_EXPORT const char* CheckpointStateName(CheckpointState state);
 struct LIFELINE_EXPORT ListedCheckpoint {
   CheckpointInfo info;
   bool in_memory_tier = false;  // in this node's memory tier rather than on disk
+  uint32_t replicated_ranks = 0;  // ranks of this step held in peers' memory, by the agents' records (DIR/.replicas)
 };
 
 struct LIFELINE_EXPORT CheckpointListing {
@@ -121,7 +122,9 @@ struct LIFELINE_EXPORT CheckpointListing {
 // Every step directory of `dir` and of its memory tier. A complete step whose metadata fails
 // CheckCheckpointMetadata is listed not complete, its problem "damaged: <why>". Data checksums
 // are not read (VerifyCheckpoint does). An unreadable memory tier is left out; an unreadable
-// `dir` is an error.
+// `dir` is an error. Every row's replicated_ranks counts the ranks of its step (of its world size)
+// that the agents' records in `dir` say some peer node holds in memory; records that cannot be
+// read count nothing.
 LIFELINE_EXPORT Result<CheckpointListing> ListCheckpoints(const std::string& dir, Env* env = nullptr);
 
 // ---- retention -----------------------------------------------------------------------------------
