@@ -435,6 +435,7 @@ Status Agent::JoinRound(const std::string& checkpoint_dir) {
     t.world_size = plan_->world_size;
     t.first_rank = plan_->rank_base;
     t.ranks = config_.nproc;
+    t.find_checkpoint_dir = [run_dir = ring_dir_] { return ReportedCheckpointDir(run_dir); };
     if (plan_->group_rank >= 0) {
       for (uint32_t g : replication::ReplicaPeers(static_cast<uint32_t>(plan_->group_rank),
                                                   static_cast<uint32_t>(plan_->nodes.size()),

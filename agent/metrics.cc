@@ -108,11 +108,11 @@ const std::vector<MetricFamilyInfo>& MetricFamilies() {
        "1 while this node leads its round (runs the job-wide hang, straggler and slow-collective detectors), else 0; "
        "0 on a single-node job"},
       {"lifeline_replication_lag_seconds", "gauge", "",
-       "How long the newest step this node's ranks published in its memory tier has waited to be replicated to the "
-       "peer node (0: replicated)"},
-      {"lifeline_replicated_step", "gauge", "", "Newest step of this node's ranks held in the peer node's memory (-1: none)"},
+       "How long the newest step this node's ranks published in its memory tier has waited to be replicated to its "
+       "peer nodes (0: replicated)"},
+      {"lifeline_replicated_step", "gauge", "", "Newest step of this node's ranks held in every peer node's memory (-1: none)"},
       {"lifeline_replication_bytes_total", "counter", "direction",
-       "Snapshot bytes replicated between nodes' memory, sent to the peer or received from one"},
+       "Snapshot bytes replicated between nodes' memory, sent to the peers or received from one"},
       {"lifeline_replication_failures_total", "counter", "", "Replication streams that failed (the next pass retries)"},
       {"lifeline_replicas_over_budget_total", "counter", "",
        "Replicas from a peer refused because they did not fit this node's memory budget (not replicated)"},

@@ -26,7 +26,8 @@ Result<std::unique_ptr<ReplicationService>> ReplicationService::Start(Replicatio
       std::lock_guard<std::mutex> lock(self->mu_);
       checkpoint_dir = self->checkpoint_dir_;
     }
-    if (checkpoint_dir.empty()) return Status::Unavailable("replica " + dir, "this node has not joined a round yet");
+    if (checkpoint_dir.empty())
+      return Status::Unavailable("replica " + dir, "this node does not know the job's checkpoint directory yet");
     Result<std::string> tier = MemoryTierRootOf(checkpoint_dir);
     if (!tier.ok()) return tier.status();
     return TierPlacer(*tier, self->settings_.keep_last)(dir, received);
@@ -153,6 +154,13 @@ void ReplicationService::SendLoop() {
           record.steps.clear();
         }
         current = t;
+      }
+    }
+    if (t.checkpoint_dir.empty() && t.find_checkpoint_dir) {
+      t.checkpoint_dir = t.find_checkpoint_dir();
+      if (!t.checkpoint_dir.empty()) {  // the receiver places replicas from now on too
+        std::lock_guard<std::mutex> lock(mu_);
+        if (generation == target_generation_) target_.checkpoint_dir = checkpoint_dir_ = t.checkpoint_dir;
       }
     }
     if (t.peers.empty() || t.ranks == 0 || t.checkpoint_dir.empty()) continue;

@@ -10,6 +10,7 @@
 #define LIFELINE_AGENT_REPLICATION_REPLICATION_SERVICE_H_
 
 #include <condition_variable>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -51,6 +52,9 @@ struct ReplicationTarget {
   uint32_t first_rank = 0;     // this node's global ranks
   uint32_t ranks = 0;
   std::vector<ReplicaPeer> peers;  // empty: none (a single node, or no peer takes replicas)
+  // While checkpoint_dir is empty (no --checkpoint-dir, and no rank had reported one when the
+  // round formed), asked at every pass: the directory the ranks report once they open it.
+  std::function<std::string()> find_checkpoint_dir;
 };
 
 struct ReplicationStats {

@@ -5,9 +5,7 @@
 # refuses a data file that is a link, naming it.
 set -euo pipefail
 lifeline="$1"
-dir="$(mktemp -d /tmp/lifeline-cli-symlink-XXXXXX)"
-trap 'rm -rf "$dir"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+source "$(dirname "$0")/common.sh" symlink
 
 ckpt="$dir/D"
 other="$dir/other"

@@ -6,9 +6,7 @@
 # upset by the directory.
 set -euo pipefail
 lifeline="$1"
-dir="$(mktemp -d /tmp/lifeline-cli-replicated-XXXXXX)"
-trap 'rm -rf "$dir"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+source "$(dirname "$0")/common.sh" replicated
 
 ckpt="$dir/D"
 "$lifeline" bench save --dir "$ckpt" --ranks 2 --state-bytes 1MiB --hidden 64 --step 1 --iterations 3 --keep-last 0 --no-baseline >/dev/null

@@ -5,9 +5,7 @@
 # is listed as damaged, never complete.
 set -euo pipefail
 lifeline="$1"
-dir="$(mktemp -d /tmp/lifeline-cli-retention-XXXXXX)"
-trap 'rm -rf "$dir"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+source "$(dirname "$0")/common.sh" retention
 state_of() { "$lifeline" ls "$1" --json | python3 -c "import json,sys; print({c['step']: c['state'] for c in json.load(sys.stdin)['checkpoints']}.get($2, 'absent'))"; }
 
 ckpt="$dir/D"
