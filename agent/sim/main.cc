@@ -1,0 +1,167 @@
+// lifeline-sim: the agent's detectors on a simulated job of --ranks ranks on --nodes nodes, with
+// --drills random faults and clean runs; prints what they named, how fast and at what CPU cost
+// (agent/sim/sim.h), and with --plot draws accuracy and latency by fault kind (tools/sim_plot.py).
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "agent/sim/sim.h"
+
+namespace {
+
+using lifeline::agent::sim::Drill;
+using lifeline::agent::sim::DrillResult;
+using lifeline::agent::sim::SimConfig;
+
+// tools/sim_plot.py: $LIFELINE_SIM_PLOT, else beside the build tree (build/bin -> tools/), else
+// in the source tree this binary was built from.
+std::string FindPlotScript() {
+  if (const char* p = std::getenv("LIFELINE_SIM_PLOT"); p != nullptr && *p != '\0') return p;
+  char exe[4096];
+  const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (n > 0) {
+    exe[n] = '\0';
+    std::string dir(exe);
+    dir = dir.substr(0, dir.rfind('/'));
+    const std::string candidate = dir + "/../../tools/sim_plot.py";
+    if (access(candidate.c_str(), R_OK) == 0) return candidate;
+  }
+  return std::string(LIFELINE_SOURCE_DIR) + "/tools/sim_plot.py";
+}
+
+std::string Quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"lifeline-sim: the agent's real detectors (each node's, and the leader's job-wide view) driven by a "
+               "simulated multi-node job with injected faults; reports accuracy, false alarms, detection latency "
+               "and the detectors' CPU per event"};
+  SimConfig config;
+  int drills = 100;
+  int clean = -1;
+  uint64_t seed = 0;
+  bool seed_given = false;
+  bool json = false;
+  std::string plot;
+  std::string json_out;
+  unsigned threads = std::max(1u, std::min(2u, std::thread::hardware_concurrency()));
+  bool verbose = false;
+  config.agent.hang.floor_seconds = 5;
+  app.add_option("--ranks", config.ranks, "Ranks of the job")->check(CLI::Range(2, 1 << 20));
+  app.add_option("--nodes", config.nodes, "Nodes, each with ranks/nodes ranks and its own agent")
+      ->check(CLI::Range(1, 1 << 16));
+  app.add_option("--drills", drills, "Random fault drills")->check(CLI::Range(0, 1000000));
+  app.add_option("--clean", clean, "Clean runs (default: a tenth of the drills, at least 5)")
+      ->check(CLI::Range(0, 1000000));
+  app.add_option_function<uint64_t>("--seed", [&](uint64_t s) { seed = s, seed_given = true; },
+                                    "Seed of the drills (default: random, printed)");
+  app.add_flag("--json", json, "Print the report as JSON on stdout");
+  app.add_option("--json-out", json_out, "Also write the JSON report to this file");
+  app.add_option("--plot", plot, "Write a PNG of accuracy and latency by fault kind (tools/sim_plot.py)");
+  app.add_option("--hang-timeout", config.agent.hang.floor_seconds,
+                 "The hang timeout's floor, seconds (the agent's --hang-timeout; the job-wide view's timeout)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--lease-seconds", config.agent.rendezvous.lease_seconds,
+                 "The agents' etcd lease (rendezvous.lease_seconds): a node is lost this long after it went")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--poll-seconds", config.poll_seconds, "The agents' poll interval (poll_interval_seconds)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--threads", threads, "Drills run in parallel on this many threads")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 256));
+  app.add_flag("-v,--verbose", verbose, "One line per drill on stderr");
+  CLI11_PARSE(app, argc, argv);
+  if (config.ranks % config.nodes != 0) {
+    std::cerr << "lifeline-sim: --ranks " << config.ranks << " is not a multiple of --nodes " << config.nodes
+              << std::endl;
+    return 2;
+  }
+  if (clean < 0) clean = std::max(5, drills / 10);
+  if (!seed_given) seed = std::random_device{}() | (static_cast<uint64_t>(std::random_device{}()) << 32);
+  std::cerr << "lifeline-sim: " << config.ranks << " ranks on " << config.nodes << " nodes, " << drills
+            << " drills and " << clean << " clean runs, seed " << seed << ", " << threads << " thread(s)" << std::endl;
+
+  const std::vector<Drill> list = lifeline::agent::sim::MakeDrills(config, drills, clean, seed);
+  std::vector<DrillResult> results(list.size());
+  std::atomic<size_t> next{0};
+  std::atomic<size_t> finished{0};
+  const auto start = std::chrono::steady_clock::now();
+  auto worker = [&] {
+    for (size_t i = next++; i < list.size(); i = next++) {
+      results[i] = lifeline::agent::sim::RunDrill(config, list[i]);
+      const size_t done = ++finished;
+      if (verbose)
+        std::fprintf(stderr, "[%zu/%zu] drill %zu %s (seed %llu): %s -> %s\n", done, list.size(), i,
+                     list[i].name.c_str(), static_cast<unsigned long long>(list[i].seed),
+                     results[i].verdict.c_str(), results[i].correct || list[i].faults.empty() ? "ok" : "MISS");
+    }
+  };
+  std::vector<std::thread> pool;
+  for (unsigned t = 0; t < threads; ++t) pool.emplace_back(worker);
+  for (std::thread& t : pool) t.join();
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  nlohmann::json report = lifeline::agent::sim::Report(config, results, seed, wall);
+  std::string command;
+  for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
+  report["command"] = command;
+  if (!seed_given) report["command"] = command + " --seed " + std::to_string(seed);
+  const std::string text = report.dump(2);
+  if (json) {
+    std::cout << text << std::endl;
+  } else {
+    std::printf("accuracy %.4f (%d of %d drills), false alarms %d, wrong kind %d, unattributed %d\n",
+                report["accuracy"].get<double>(), report["correct"].get<int>(), report["drills"].get<int>(),
+                report["false_alarms"].get<int>(), report["wrong_kind"].get<int>(), report["unattributed"].get<int>());
+    for (const auto& [kind, k] : report["by_kind"].items()) {
+      std::printf("  %-12s %3d drills, accuracy %s", kind.c_str(), k["drills"].get<int>(),
+                  k["accuracy"].is_null() ? "-" : std::to_string(k["accuracy"].get<double>()).c_str());
+      if (k.contains("latency_seconds") && !k["latency_seconds"].is_null())
+        std::printf(", latency p50 %.2f s p99 %.2f s max %.2f s", k["latency_seconds"]["p50"].get<double>(),
+                    k["latency_seconds"]["p99"].get<double>(), k["latency_seconds"]["max"].get<double>());
+      std::printf("\n");
+    }
+    for (const auto& m : report["misses"]) std::printf("  miss: %s\n", m.dump().c_str());
+    std::printf("cpu: %s\n", report["cpu"].dump().c_str());
+  }
+  std::string json_path = json_out;
+  if (!json_out.empty() || !plot.empty()) {
+    if (json_path.empty()) json_path = plot + ".json";
+    std::ofstream f(json_path);
+    f << text << "\n";
+    if (!f) {
+      std::cerr << "lifeline-sim: cannot write " << json_path << std::endl;
+      return 1;
+    }
+  }
+  if (!plot.empty()) {
+    const char* py = access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3";
+    const std::string cmd = std::string(py) + " " + Quote(FindPlotScript()) + " " + Quote(json_path) + " " + Quote(plot);
+    if (std::system(cmd.c_str()) != 0) {
+      std::cerr << "lifeline-sim: the plot failed: " << cmd << std::endl;
+      return 1;
+    }
+    std::cerr << "lifeline-sim: wrote " << plot << " (from " << json_path << ")" << std::endl;
+  }
+  return 0;
+}

@@ -1,0 +1,135 @@
+// lifeline-sim: the agent's real detectors driven by a simulated job of many ranks on many nodes,
+// with faults injected, to measure whether they name the right rank and the right kind, how
+// often they raise a false alarm, and how long they take (issue 22, "lifeline-sim").
+//
+// What is real and what is simulated. Real (the agent's own code, called as the agent calls it):
+// each node's Timeline and detectors (MakeDetectors, for the node's ranks), the progress summaries
+// (SummarizeProgress, EncodeProgress, DecodeProgress), the leader's JobView, LeftToJobView, the
+// policies and RoundPlan::RanksOf. Simulated, on a virtual clock (nothing sleeps): the ranks
+// (steps with lognormal compute jitter and rare spikes, one allreduce over the world per step
+// completing ring-like), the processes' exits as waitpid reports them, and etcd as
+// Rendezvous::Watch sees it (leases renewed every lease/3, a watcher poll every 0.25 s, summaries
+// put and read once a second, the leader's election). The agent's loop (Agent::Run,
+// ReadRendezvous, HoldFailureEchoes, Act) is mirrored step by step in sim.cc, since in agent.cc it
+// is bound to the launcher and etcd; sim.cc says where.
+//
+// Thread safety: RunDrill is safe to call concurrently for different drills (nothing shared).
+#ifndef LIFELINE_AGENT_SIM_SIM_H_
+#define LIFELINE_AGENT_SIM_SIM_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "agent/config.h"
+#include "agent/detector.h"
+
+namespace lifeline::agent::sim {
+
+enum class FaultKind {
+  kHang,       // the rank begins a step and never begins its collective; it stays alive
+  kCrash,      // the rank's process ends during a step (a signal or an exit status)
+  kNodeLoss,   // the node's agent and ranks vanish at once; its etcd lease runs out
+  kStraggler,  // the rank computes `factor` times slower from `step` on
+  kSlowLink,   // the rank's part of every collective takes `factor` times the op's time from `step` on
+};
+const char* FaultName(FaultKind kind);  // "hang", "crash", "node_loss", "straggler", "slow_link"
+// The anomaly kind that names the fault: "hang", "dead", "node_lost", "straggler", "slow_collective".
+const char* ExpectedKind(FaultKind kind);
+
+struct Fault {
+  FaultKind kind = FaultKind::kHang;
+  int rank = 0;             // global; for kNodeLoss any rank of the node
+  int step = 0;             // the step it happens in (or from)
+  double factor = 1;        // kStraggler, kSlowLink
+  int wait_status = 0;      // kCrash: as waitpid reports it
+  double at_fraction = 0.5; // kCrash, kNodeLoss: how far into the step's compute
+};
+
+struct Drill {
+  std::string name;           // "hang", ..., "straggler+hang", "clean"
+  std::vector<Fault> faults;  // none: a clean run
+  int steps = 200;            // steps the ranks run unless a fault stops them
+  uint64_t seed = 1;
+};
+
+struct SimConfig {
+  int ranks = 1024;
+  int nodes = 128;
+  AgentConfig agent;  // the detectors' settings and the policies (agent/config.h defaults)
+  // The simulated job (seconds).
+  double compute_seconds = 0.080;   // median per step
+  double compute_sigma = 0.03;      // lognormal sigma of compute
+  double spike_probability = 0.001; // per rank and step: a host hiccup...
+  double spike_min_seconds = 0.020, spike_max_seconds = 0.080;  // ...of this much more compute
+  double op_seconds = 0.015;        // allreduce once the last rank posted its part (median)
+  double op_sigma = 0.10;           // lognormal sigma of the op
+  double congestion_probability = 0.02;  // per collective: the op takes 1.2-1.8x
+  double post_seconds = 0.0002;     // CollectiveBegin to CollectivePosted
+  double ring_spread_seconds = 0.0005;   // ranks leave the ring this far apart at most
+  double update_seconds = 0.005;    // optimizer update, after the collective
+  double clock_skew_ms = 1.0;       // sigma of the nodes' wall clocks around true time (NTP)
+  // The agent's loop and etcd, as agent.cc and rendezvous.cc pace them.
+  double poll_seconds = 0.01;       // the agent's poll interval (config.poll_interval_seconds)
+  double publish_seconds = 0.5;     // the agent hands its summary to the watcher this often
+  double watch_seconds = 0.25;      // RendezvousConfig::poll_seconds
+  double progress_seconds = 1.0;    // RendezvousConfig::progress_seconds
+  // After a fault that stops the job, how long to wait for a verdict before calling it missed.
+  double give_up_seconds = 30;
+};
+
+// One anomaly as some agent raised it.
+struct Raised {
+  Anomaly anomaly;
+  int node = 0;          // the group rank of the node whose agent raised it
+  double seconds = 0;    // when, on the simulation's clock
+};
+
+struct FaultOutcome {
+  std::string expected_kind;
+  std::vector<int> culprits;
+  double onset_seconds = 0;  // hang: the stalled collective's first begin; crash and node loss:
+                             // the exit; straggler and slow link: the first slowed step
+  bool named = false;        // the expected kind named every culprit
+  double latency_seconds = -1;  // the first such anomaly after the onset; -1 when not named
+};
+
+struct DrillResult {
+  Drill drill;
+  bool correct = false;            // every fault named, and nothing else named
+  std::vector<FaultOutcome> faults;
+  std::vector<Raised> raised;      // every anomaly raised, in order
+  int false_alarms = 0;            // anomalies naming a rank no fault touched (any in a clean run)
+  int wrong_kind = 0;              // anomalies naming a faulty rank with another fault's kind
+  int unattributed = 0;            // anomalies naming no rank
+  std::vector<int> echoes;         // ranks whose failure was held and logged as an echo
+  std::string verdict;             // a line for a person: what was named, what was missed
+  double simulated_seconds = 0;
+  // Detector CPU (this thread's CPU time) and what it was fed.
+  uint64_t node_events = 0;        // events applied to the nodes' timelines
+  double node_cpu_seconds = 0;     // Timeline::Apply, detectors' Observe/RankExited/Poll
+  uint64_t summary_ranks = 0;      // rank summaries built and published
+  double summary_cpu_seconds = 0;  // SummarizeProgress + EncodeProgress
+  uint64_t view_reads = 0;         // leader reads of every summary
+  uint64_t view_samples = 0;       // ended collectives new to the leader (what JobView replays, x3 events)
+  double view_cpu_seconds = 0;     // DecodeProgress + JobView::Update
+};
+
+// Runs one drill to its end: a restart decided by some agent (and seen by all), or the ranks'
+// last step, or give_up_seconds after a fault that stopped the job.
+DrillResult RunDrill(const SimConfig& config, const Drill& drill);
+
+// `count` random drills (each kind, and two at once, equally likely) and `clean` clean runs, all
+// from `seed`.
+std::vector<Drill> MakeDrills(const SimConfig& config, int count, int clean, uint64_t seed);
+
+// The report: accuracy, false alarms, latency percentiles overall and per kind, CPU per event,
+// the configuration.
+nlohmann::json Report(const SimConfig& config, const std::vector<DrillResult>& results, uint64_t seed,
+                      double wall_seconds);
+
+}  // namespace lifeline::agent::sim
+
+#endif  // LIFELINE_AGENT_SIM_SIM_H_
