@@ -30,35 +30,35 @@ struct Verdict {
   double fraction() const { return judged == 0 ? 0 : static_cast<double>(outliers) / judged; }
 };
 
-Verdict Judge(const std::deque<Entry>& entries, int rank, const StragglerConfig& c) {
+// `rank` judged over `entries`; with `peers`, also the peers' values for the evidence (only for
+// the ranks reported: gathering them for every rank would cost ranks x ranks per entry).
+Verdict Judge(const std::deque<Entry>& entries, int rank, const StragglerConfig& c, bool peers) {
   Verdict v;
   for (const Entry& e : entries) {
     if (rank >= static_cast<int>(e.value.size()) || std::isnan(e.value[rank])) continue;
-    std::vector<double> all;
-    for (double x : e.value)
-      if (!std::isnan(x)) all.push_back(x);
-    if (all.size() < 2) continue;
+    if (e.present < 2) continue;
     ++v.judged;
     const double x = e.value[rank];
     double excess;
     double z = kNaN;
     bool outlier;
     double centre;
-    if (all.size() == 2) {
+    if (e.present == 2) {
       // No spread to measure: the peer is the reference.
-      centre = all[0] + all[1] - x;
+      centre = e.sum - x;
       excess = x - centre;
       outlier = excess > c.min_lateness_seconds;
     } else {
-      centre = Median(all);
+      centre = e.centre;
       excess = x - centre;
-      z = excess / RobustSigma(all, centre);
+      z = excess / e.sigma;
       outlier = excess > c.min_lateness_seconds && z > c.mad_threshold;
     }
     if (outlier) ++v.outliers;
     v.own_excess.push_back(excess);
     v.own_value.push_back(x);
     if (std::isfinite(z)) v.z.push_back(z);
+    if (!peers) continue;
     for (size_t p = 0; p < e.value.size(); ++p) {
       if (static_cast<int>(p) == rank || std::isnan(e.value[p])) continue;
       v.peer_excess.push_back(e.value[p] - centre);
@@ -81,6 +81,17 @@ void StragglerDetector::Reset(int world) {
 }
 
 void StragglerDetector::Push(std::deque<Entry>* window, Entry e) {
+  std::vector<double> all;
+  all.reserve(e.value.size());
+  for (double x : e.value)
+    if (!std::isnan(x)) all.push_back(x);
+  e.present = all.size();
+  e.sum = 0;
+  for (double x : all) e.sum += x;
+  if (all.size() > 2) {
+    e.centre = Median(all);
+    e.sigma = RobustSigma(all, e.centre);
+  }
   PushToWindow(window, std::move(e), config_.window);
   dirty_ = true;
 }
@@ -139,14 +150,14 @@ void StragglerDetector::Poll(const Timeline& t, uint64_t now_ns, std::vector<Ano
     Verdict late;
     const Entry* latest = nullptr;
     for (const auto& [comm, entries] : lateness_) {
-      Verdict v = Judge(entries, rank, c);
+      Verdict v = Judge(entries, rank, c, /*peers=*/false);
       if (v.judged < window) continue;
       if (latest == nullptr || v.fraction() > late.fraction()) {
         late = std::move(v);
         latest = &entries.back();
       }
     }
-    Verdict comp = Judge(compute_, rank, c);
+    Verdict comp = Judge(compute_, rank, c, /*peers=*/false);
     const bool by_late = late.judged >= window && late.fraction() >= c.min_fraction;
     const bool by_comp = comp.judged >= window && comp.fraction() >= c.min_fraction;
     if (!by_late && !by_comp) continue;
@@ -174,6 +185,10 @@ void StragglerDetector::Poll(const Timeline& t, uint64_t now_ns, std::vector<Ano
     a.op = op_name;
   }
   for (Finding& f : found) {
+    // The evidence: the same verdicts, with the peers' values this time.
+    for (const auto& [comm, entries] : lateness_)
+      if (f.latest == &entries.back()) f.late = Judge(entries, f.rank, c, /*peers=*/true);
+    f.comp = Judge(compute_, f.rank, c, /*peers=*/true);
     const int global = t.GlobalRank(f.rank);
     a.ranks.push_back(global);
     reported_[f.rank] = true;

@@ -30,6 +30,12 @@ class StragglerDetector : public Detector {
     uint64_t step = trace::kNoStep;
     trace::Op op = trace::Op::kOther;
     std::vector<double> value;  // begin offsets (seconds) or compute times
+    // Of the values present (not NaN), computed once when the entry is pushed, so that judging
+    // every rank against an entry is O(1) rather than a median over all ranks per rank.
+    size_t present = 0;
+    double sum = 0;     // (with two values, each one's reference is the other: sum - own)
+    double centre = 0;  // median
+    double sigma = 0;   // RobustSigma around the median
   };
 
   explicit StragglerDetector(const StragglerConfig& config) : config_(config) {}
