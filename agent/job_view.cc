@@ -16,7 +16,9 @@ uint64_t Before(uint64_t now_ns, double seconds_ago) {
 
 }  // namespace
 
-JobView::JobView(const AgentConfig& config) : hang_(config.hang.floor_seconds) {
+JobView::JobView(const AgentConfig& config)
+    // A node that stopped publishing is given its lease (and the watcher's 2 s) to be named lost.
+    : hang_(config.hang.floor_seconds, config.rendezvous.lease_seconds + 2) {
   detectors_.push_back(std::make_unique<StragglerDetector>(config.straggler));
   detectors_.push_back(std::make_unique<SlowCollectiveDetector>(config.slow_collective));
 }

@@ -88,6 +88,7 @@ Result<std::vector<RankProgress>> DecodeProgress(std::string_view text, const st
       p.alive = r.at(2).get<int>() != 0;
       p.step = r.at(3).get<int64_t>();
       p.silent_seconds = r.at(4).get<int64_t>() * 1e-3 + transit;
+      p.summary_age_seconds = transit;
       for (const auto& [comm, c] : r.at(5).items()) {
         CommProgress cp;
         cp.begun = c.at(0).get<uint64_t>();

@@ -43,6 +43,8 @@ struct RankProgress {
   bool alive = true;
   int64_t step = -1;        // the last step begun; -1: none
   double silent_seconds = 0;  // since its last event, as of the summary
+  double summary_age_seconds = 0;  // how old the summary was when read (0 on the node itself):
+                                   // one that stopped coming is from a node that may be gone
   std::map<uint32_t, CommProgress> comms;
   // The newest collectives it ended (at most kSamplesPerComm per communicator, oldest first): what
   // the leader replays to judge stragglers and slow collectives across nodes.

@@ -82,6 +82,14 @@ void JobHangDetector::Poll(const std::vector<RankProgress>& ranks, uint64_t now_
                   " (every member of the job joined it; no rank stands out)";
       a.evidence["verdict"] = "all_joined";
     }
+    // Culprits whose node stopped publishing: likely lost, for its lease to tell (see the header).
+    bool all_stale = !a.ranks.empty();
+    for (int rank : a.ranks) {
+      const auto p = std::find_if(list.begin(), list.end(), [rank](const RankProgress* x) { return x->rank == rank; });
+      all_stale = all_stale && p != list.end() && (*p)->summary_age_seconds > kStaleSummarySeconds &&
+                  (*p)->summary_age_seconds < stale_hold_seconds_;
+    }
+    if (all_stale) continue;
     a.message += " [job-wide view]";
     a.seq = front;
     a.comm = comm;

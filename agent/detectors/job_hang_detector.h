@@ -11,6 +11,11 @@
 //
 // Members: every live rank for communicator 0 (the world), the ranks that ever reported it for
 // any other. A communicator with a dead member is left to the dead-rank detector.
+//
+// A hang whose every culprit is known only from a summary that stopped coming (older than
+// kStaleSummarySeconds: its node published none since) is held for up to `stale_hold_seconds`:
+// the node is likely gone, and its lease running out will name it node_lost, the right verdict;
+// a node that comes back, or outlives the hold, is judged as before.
 #ifndef LIFELINE_AGENT_DETECTORS_JOB_HANG_DETECTOR_H_
 #define LIFELINE_AGENT_DETECTORS_JOB_HANG_DETECTOR_H_
 
@@ -27,7 +32,12 @@ namespace lifeline::agent {
 
 class JobHangDetector {
  public:
-  explicit JobHangDetector(double timeout_seconds) : timeout_ns_(static_cast<uint64_t>(timeout_seconds * 1e9)) {}
+  // Summaries are put about once a second and read once a second: one older than this is not
+  // being renewed.
+  static constexpr double kStaleSummarySeconds = 3.0;
+
+  explicit JobHangDetector(double timeout_seconds, double stale_hold_seconds = 0)
+      : timeout_ns_(static_cast<uint64_t>(timeout_seconds * 1e9)), stale_hold_seconds_(stale_hold_seconds) {}
 
   // A new round: forget the previous one.
   void Reset() { fronts_.clear(); }
@@ -42,6 +52,7 @@ class JobHangDetector {
     bool reported = false;
   };
   const uint64_t timeout_ns_;
+  const double stale_hold_seconds_;
   std::map<uint32_t, Front> fronts_;
 };
 

@@ -41,6 +41,34 @@ TEST(JobHangDetectorTest, NamesTheRankOnAnotherNodeThatNeverJoined) {
   EXPECT_EQ(out.size(), 1u) << "one report per collective";
 }
 
+// A node that vanished leaves its last summary in etcd until its lease runs out: its ranks look as
+// if they never joined the next collective. While their summary is stale the verdict is held, for
+// the lease to name the node lost; a node whose summaries keep coming is judged at once, and one
+// stale for longer than the hold is judged after all.
+TEST(JobHangDetectorTest, CulpritsWhoseSummaryStoppedComingAreLeftToTheirLease) {
+  JobHangDetector d(5.0, /*stale_hold_seconds=*/12.0);
+  std::vector<RankProgress> job = {Rank(0, 0, 110, 110), Rank(1, 0, 110, 110), Rank(2, 1, 109, -1),
+                                   Rank(3, 1, 109, -1)};
+  std::vector<Anomaly> out;
+  for (int s = 0; s <= 11; ++s) {
+    job[2].summary_age_seconds = job[3].summary_age_seconds = s;  // node 1 published nothing since
+    d.Poll(job, (100 + s) * kS, &out);
+  }
+  EXPECT_TRUE(out.empty()) << "a node gone quiet was called hung before its lease could run out";
+  job[2].summary_age_seconds = job[3].summary_age_seconds = 12.5;
+  d.Poll(job, 112 * kS + kS / 2, &out);
+  ASSERT_EQ(out.size(), 1u) << "held beyond the hold";
+  EXPECT_EQ(out[0].ranks, std::vector<int>({2, 3}));
+
+  JobHangDetector fresh(5.0, 12.0);
+  out.clear();
+  job[2].summary_age_seconds = job[3].summary_age_seconds = 1.0;  // node 1's agent still publishes
+  fresh.Poll(job, 100 * kS, &out);
+  fresh.Poll(job, 105 * kS + 1, &out);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].ranks, std::vector<int>({2, 3}));
+}
+
 TEST(JobHangDetectorTest, TheRanksOwnTimeInTheCollectiveCountsNotOnlyWhenTheLeaderSawIt) {
   JobHangDetector d(5.0);
   std::vector<RankProgress> job = {Rank(0, 0, 110, 110), Rank(1, 1, 109, -1)};

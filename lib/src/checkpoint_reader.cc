@@ -14,7 +14,10 @@
 #include "formats/index_codec.h"
 #include "lib/src/aligned_buffer.h"
 #include "lib/src/checkpoint_layout.h"
+#include "lib/src/load_plan.h"
 #include "lib/src/step_scan.h"
+#include "lifeline/internal/copy_kernel.h"
+#include "lifeline/internal/shared_memory.h"
 
 namespace lifeline {
 namespace {
@@ -25,10 +28,9 @@ std::string ShapeString(const std::vector<int64_t>& v) {
   return s + "]";
 }
 
-std::string RegionString(const format::Region& r) {
-  return "offsets " + ShapeString(r.offsets) + " shape " + ShapeString(r.shape) + " elements [" +
-         std::to_string(r.flat_begin) + ", " + std::to_string(r.flat_end) + ")";
-}
+constexpr uint64_t kHugePageBytes = 2ull << 20;
+constexpr uint64_t kHugeStagingBytes = 4ull << 20;
+constexpr uint64_t kReadAheadBytes = 32ull << 20;
 
 // One contiguous extent of a data file to read and hand to a consumer.
 struct ReadSpan {
@@ -52,16 +54,30 @@ class SpanReader {
     uint64_t longest = 0;
     for (const ReadSpan& s : spans) longest = std::max(longest, s.length);
     const uint64_t slot_bytes = AlignUp(longest, kDirectIoAlignment) + kDirectIoAlignment;
+    // Read-ahead is bounded by bytes as well as by the queue depth: every staging byte is fresh
+    // memory the kernel must zero (on a small VM, slower than the disk delivers), and about 32 MiB
+    // in flight per reader already keeps a fast device busy.
     const unsigned depth = std::max(1u, options_.queue_depth);
-    const size_t slots = std::clamp<uint64_t>(options_.memory_budget / slot_bytes, 1, depth);
-    std::vector<AlignedBuffer> buffers;
+    const uint64_t staging_cap = std::min(options_.memory_budget, kReadAheadBytes);
+    const size_t slots = std::clamp<uint64_t>(staging_cap / slot_bytes, 1, depth);
+    // Staging in huge pages where the kernel gives them: a direct read into 4 KiB pages is cut into
+    // requests of as many pages as the device takes segments (254 on virtio-blk: 1 MiB), and costs
+    // the kernel a page-pinning walk per page; on such a disk that alone halves the throughput.
+    // It is faulted in before the first read, so that no read waits for pages to be zeroed and no
+    // other rank's thread waits on this process's memory map meanwhile. Small staging (a single
+    // object) stays in small pages.
+    const uint64_t staging_bytes = slots * slot_bytes;
+    const bool huge = staging_bytes >= kHugeStagingBytes;
+    Result<MappedRegion> mapped =
+        MappedRegion::Anonymous(huge ? AlignUp(staging_bytes, kHugePageBytes) : staging_bytes, huge);
+    if (!mapped.ok())
+      return Status::ResourceExhausted(step_dir_, "cannot map " + std::to_string(staging_bytes) +
+                                                      " bytes of read staging: " + mapped.status().message());
+    MappedRegion staging = std::move(mapped).value();
+    if (huge) staging.Prefault();
     std::vector<size_t> free_slots;
-    for (size_t i = 0; i < slots; ++i) {
-      buffers.emplace_back(slot_bytes);
-      if (buffers.back().data() == nullptr)
-        return Status::ResourceExhausted(step_dir_, "cannot allocate " + std::to_string(slot_bytes) + " bytes of read staging");
-      free_slots.push_back(i);
-    }
+    for (size_t i = slots; i-- > 0;) free_slots.push_back(i);
+    auto slot_data = [&](size_t slot) { return staging.data() + slot * slot_bytes; };
     IoQueueOptions qopt;
     qopt.depth = static_cast<unsigned>(slots);
     LL_ASSIGN_OR_RETURN(std::unique_ptr<IoQueue> queue, env_->NewIoQueue(qopt));
@@ -93,7 +109,7 @@ class SpanReader {
         req.kind = IoRequest::Kind::kRead;
         req.reader = file;
         req.offset = start;
-        req.buffer = buffers[slot].data();
+        req.buffer = slot_data(slot);
         req.length = end - start;
         req.tag = slot;
         span_of_slot[slot] = next;
@@ -118,7 +134,7 @@ class SpanReader {
           if (!c.status.ok()) {
             first_error = c.status;
           } else {
-            first_error = consume(span, buffers[slot].data() + (span.offset - aligned_start[slot]));
+            first_error = consume(span, slot_data(slot) + (span.offset - aligned_start[slot]));
           }
         }
         free_slots.push_back(slot);
@@ -316,9 +332,9 @@ Result<LoadStats> CheckpointReader::Load(const std::vector<TensorShard>& targets
   tensor_by_name.reserve(m.tensors.size());
   for (uint32_t i = 0; i < m.tensors.size(); ++i) tensor_by_name.emplace(m.tensors[i].name, i);
 
-  // Targets grouped by stored tensor, checked against what is stored.
-  std::vector<std::vector<uint32_t>> targets_of(m.tensors.size());
+  // Targets checked against what is stored; then the plan (lib/src/load_plan.h).
   std::vector<format::Region> target_regions(targets.size());
+  std::vector<LoadTarget> planned(targets.size());
   for (uint32_t i = 0; i < targets.size(); ++i) {
     const TensorShard& t = targets[i];
     auto it = tensor_by_name.find(t.name);
@@ -333,58 +349,12 @@ Result<LoadStats> CheckpointReader::Load(const std::vector<TensorShard>& targets
     LL_RETURN_IF_ERROR(format::ValidateRegion(target_regions[i], info.shape, "target of tensor '" + t.name + "'", false));
     if (target_regions[i].num_elements() > 0 && t.data == nullptr)
       return Status::InvalidArgument("tensor '" + t.name + "'", "target data is null");
-    targets_of[it->second].push_back(i);
+    planned[i] = LoadTarget{it->second, target_regions[i]};
   }
-  std::vector<std::vector<uint32_t>> fragments_of(m.tensors.size());
-  for (uint32_t f = 0; f < m.fragments.size(); ++f)
-    if (!targets_of[m.fragments[f].tensor].empty()) fragments_of[m.fragments[f].tensor].push_back(f);
-
-  // Plan: per tensor, intersect the chunks of its fragments with its targets.
-  struct Copy {
-    uint64_t chunk;
-    uint32_t target;
-    format::Box box;
-  };
-  std::vector<Copy> copies;
-  std::vector<format::Region> sources;
-  std::vector<uint64_t> source_chunk;
-  std::vector<format::Region> tensor_targets;
-  std::vector<format::Overlap> overlaps;
-  for (uint32_t t = 0; t < m.tensors.size(); ++t) {
-    if (targets_of[t].empty()) continue;
-    const uint64_t elems_per_chunk = m.chunk_bytes / DTypeSize(m.tensors[t].dtype);
-    sources.clear();
-    source_chunk.clear();
-    for (uint32_t f : fragments_of[t]) {
-      const format::FragmentInfo& frag = m.fragments[f];
-      const int64_t n = frag.region.num_elements();
-      for (uint64_t k = 0; k < frag.num_chunks; ++k) {
-        const int64_t b = static_cast<int64_t>(k * elems_per_chunk);
-        const int64_t e = std::min<int64_t>(n, static_cast<int64_t>((k + 1) * elems_per_chunk));
-        sources.push_back(format::SubRegion(frag.region, b, e));
-        source_chunk.push_back(frag.first_chunk + k);
-      }
-    }
-    tensor_targets.clear();
-    for (uint32_t i : targets_of[t]) tensor_targets.push_back(target_regions[i]);
-    overlaps.clear();
-    format::PlanOverlaps(sources, tensor_targets, &overlaps);
-    std::vector<int64_t> covered(tensor_targets.size(), 0);
-    for (format::Overlap& o : overlaps) {
-      covered[o.target] += o.box.volume();
-      copies.push_back(Copy{source_chunk[o.source], targets_of[t][o.target], std::move(o.box)});
-    }
-    for (size_t i = 0; i < tensor_targets.size(); ++i) {
-      const int64_t want = tensor_targets[i].num_elements();
-      if (covered[i] != want)
-        return Status::Corruption(step_dir_, "tensor '" + m.tensors[t].name + "': the checkpoint holds " +
-                                                 std::to_string(covered[i]) + " of the " + std::to_string(want) +
-                                                 " elements of the target region " + RegionString(tensor_targets[i]));
-    }
-  }
+  using Copy = PlannedCopy;
+  LL_ASSIGN_OR_RETURN(const std::vector<Copy> copies, PlanLoad(m, planned, step_dir_));
 
   // One read per chunk that feeds a copy, in file order.
-  std::sort(copies.begin(), copies.end(), [](const Copy& a, const Copy& b) { return a.chunk < b.chunk; });
   const std::vector<uint64_t> chunk_offset = ChunkOffsets(m);
   const std::vector<uint32_t> chunk_fragment = ChunkFragments(m);
   std::vector<ReadSpan> spans;
@@ -403,11 +373,39 @@ Result<LoadStats> CheckpointReader::Load(const std::vector<TensorShard>& targets
   std::sort(ordered.begin(), ordered.end(),
             [](const ReadSpan& a, const ReadSpan& b) { return a.file != b.file ? a.file < b.file : a.offset < b.offset; });
 
+  // A chunk stored raw that lands whole in one contiguous stretch of one target (every chunk of a
+  // load into the saving layout) is copied and checksummed in one pass over memory.
+  std::vector<uint8_t*> whole_destination(spans.size(), nullptr);
+  for (size_t i = 0; i < spans.size(); ++i) {
+    if (first_copy[i + 1] - first_copy[i] != 1) continue;
+    const Copy& cp = copies[first_copy[i]];
+    const format::FragmentInfo& frag = m.fragments[chunk_fragment[cp.chunk]];
+    if (frag.codec != format::Codec::kNone) continue;
+    const size_t elem = DTypeSize(m.tensors[frag.tensor].dtype);
+    const int64_t volume = cp.box.volume();
+    if (static_cast<uint64_t>(volume) * elem != m.chunks[cp.chunk].stored_length) continue;
+    const format::Region& dst = target_regions[cp.target];
+    std::vector<int64_t> last(cp.box.lo.size());
+    for (size_t d = 0; d < last.size(); ++d) last[d] = cp.box.lo[d] + cp.box.extent[d] - 1;
+    // The box fills the whole chunk, so it is contiguous in the source; in the target it is when
+    // its first and last elements are volume - 1 apart.
+    const int64_t first_at = format::PackedOffsetOf(dst, cp.box.lo.data());
+    if (format::PackedOffsetOf(dst, last.data()) - first_at + 1 != volume) continue;
+    whole_destination[i] = static_cast<uint8_t*>(targets[cp.target].data) + first_at * static_cast<int64_t>(elem);
+  }
+
   LoadStats stats;
   const ReaderOptions staging = AfterDecoding(options_, decoder);
   SpanReader reader(env_, step_dir_, m, staging);
   Status s = reader.Run(ordered, [&](const ReadSpan& span, const uint8_t* stored) -> Status {
     const uint64_t c = copies[first_copy[span.tag]].chunk;
+    if (uint8_t* dst = whole_destination[span.tag]; dst != nullptr) {
+      if (CopyAndHash(dst, stored, span.length) != m.chunks[c].checksum)
+        return ChecksumMismatch(m, reader.FilePath(span.file), chunk_fragment[c], c, span.offset, span.length);
+      stats.bytes_scattered += span.length;
+      ++stats.chunks_read;
+      return Status::OK();
+    }
     if (format::Checksum64(stored, span.length) != m.chunks[c].checksum)
       return ChecksumMismatch(m, reader.FilePath(span.file), chunk_fragment[c], c, span.offset, span.length);
     LL_ASSIGN_OR_RETURN(const uint8_t* data,
@@ -415,10 +413,7 @@ Result<LoadStats> CheckpointReader::Load(const std::vector<TensorShard>& targets
     const format::FragmentInfo& frag = m.fragments[chunk_fragment[c]];
     const size_t elem = DTypeSize(m.tensors[frag.tensor].dtype);
     const uint64_t elems_per_chunk = m.chunk_bytes / elem;
-    const uint64_t k = c - frag.first_chunk;
-    const format::Region src = format::SubRegion(
-        frag.region, static_cast<int64_t>(k * elems_per_chunk),
-        std::min<int64_t>(frag.region.num_elements(), static_cast<int64_t>((k + 1) * elems_per_chunk)));
+    const format::Region src = ChunkRegion(frag, c - frag.first_chunk, elems_per_chunk);
     for (size_t i = first_copy[span.tag]; i < first_copy[span.tag + 1]; ++i) {
       const Copy& cp = copies[i];
       format::CopyBox(cp.box, elem, data, src, targets[cp.target].data, target_regions[cp.target]);

@@ -26,7 +26,8 @@ Result<std::vector<CheckpointInfo>> ScanCheckpoints(Env* env, const std::string&
 
 struct ReaderOptions {
   // Bytes of read staging in flight during Load/Verify, including the buffer compressed chunks are
-  // decoded into (one chunk's raw size; twice that with byte grouping).
+  // decoded into (one chunk's raw size; twice that with byte grouping). Reads in flight take at
+  // most 32 MiB of it (huge pages where the kernel gives them), whatever the budget.
   uint64_t memory_budget = 256ull << 20;
   unsigned queue_depth = 16;
   bool direct_io = true;
@@ -65,7 +66,9 @@ class CheckpointReader {
   // naming the tensor when a target's tensor is absent, InvalidArgument when its dtype or global
   // shape differs from the stored one, Corruption when part of a target is covered by no stored
   // fragment, a checksum fails, or a compressed chunk does not decode to its raw length (naming
-  // tensor, file and offset). Chunks are checksummed as stored, then decoded.
+  // tensor, file and offset). Chunks are checksummed as stored, then decoded; a raw chunk that
+  // lands whole in one contiguous stretch of a target is copied and checksummed in one pass, so
+  // after a failure the targets' contents are unspecified.
   Result<LoadStats> Load(const std::vector<TensorShard>& targets);
 
   // Checks every byte of the checkpoint: decodes every rank index and the manifest (when there is

@@ -155,6 +155,40 @@ TEST_F(CheckpointReaderTest, AFlippedDataByteIsCorruptionNamingTensorAndFile) {
   EXPECT_EQ(w_[(kRows - 1) * kCols], tail[0]);
 }
 
+// A chunk that lands whole in one target is copied and checksummed in one pass; one split
+// between targets is checksummed, then scattered. Either way a flipped byte fails the load.
+TEST_F(CheckpointReaderTest, EveryChunkIsVerifiedWhetherCopiedWholeOrScattered) {
+  Save(1);
+  auto reader = CheckpointReader::Open(env_.get(), "/ckpt", 1);
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  std::vector<float> whole(kRows * kCols, -1.0f);
+  auto loaded = (*reader)->Load({TensorShard::Whole("w", DType::kF32, {kRows, kCols}, whole.data())});
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_EQ(w_, whole);
+  EXPECT_EQ(8u, loaded->chunks_read);  // 8000 bytes in chunks of 1024
+  EXPECT_EQ(static_cast<uint64_t>(kRows * kCols * 4), loaded->bytes_scattered);
+
+  // The last chunk (832 bytes) goes whole into `whole`.
+  FlipByte(DataFile(1), kDataHeaderBytes + 7 * 1024 + 10);
+  reader = CheckpointReader::Open(env_.get(), "/ckpt", 1);
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  loaded = (*reader)->Load({TensorShard::Whole("w", DType::kF32, {kRows, kCols}, whole.data())});
+  ASSERT_TRUE(loaded.status().IsCorruption()) << loaded.status().ToString();
+  EXPECT_NE(std::string::npos, loaded.status().ToString().find("chunk 7 of fragment 0")) << loaded.status().ToString();
+
+  // Chunk 3 (bytes 3072-4095, elements 768-1023) holds the end of row 19 and the start of row 20:
+  // with the rows split between two targets it is scattered.
+  FlipByte(DataFile(1), kDataHeaderBytes + 7 * 1024 + 10);  // repaired
+  FlipByte(DataFile(1), kDataHeaderBytes + 3 * 1024 + 1000);
+  reader = CheckpointReader::Open(env_.get(), "/ckpt", 1);
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  std::vector<float> top(20 * kCols), bottom(20 * kCols);
+  loaded = (*reader)->Load({TensorShard::Box("w", DType::kF32, {kRows, kCols}, {0, 0}, {20, kCols}, top.data()),
+                            TensorShard::Box("w", DType::kF32, {kRows, kCols}, {20, 0}, {20, kCols}, bottom.data())});
+  ASSERT_TRUE(loaded.status().IsCorruption()) << loaded.status().ToString();
+  EXPECT_NE(std::string::npos, loaded.status().ToString().find("chunk 3 of fragment 0")) << loaded.status().ToString();
+}
+
 TEST_F(CheckpointReaderTest, ADamagedDataHeaderIsFoundByVerify) {
   Save(1);
   FlipByte(DataFile(1), 200);  // in the zero padding of the 4096-byte header

@@ -5,6 +5,7 @@
 #ifndef LIFELINE_TOOLS_LIFELINE_BENCH_BENCH_H_
 #define LIFELINE_TOOLS_LIFELINE_BENCH_BENCH_H_
 
+#include <cstdio>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -17,8 +18,17 @@
 
 namespace lifeline::cli {
 
+// `v` with `digits` decimals, as the benches print figures.
+inline std::string Fixed(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.*f", digits, v);
+  return buf;
+}
+
 // Adds `bench index` under the `bench` command (index.cc).
 void AddBenchIndexCommand(CLI::App* bench, std::vector<Command>* commands);
+// plan.cc
+void AddBenchPlanCommand(CLI::App* bench, std::vector<Command>* commands);
 // Adds `bench compress` under the `bench` command (compress.cc).
 void AddBenchCompressCommand(CLI::App* bench, std::vector<Command>* commands);
 // Adds `bench train` under the `bench` command (train.cc).

@@ -170,12 +170,6 @@ double Mean(const std::vector<double>& v) {
   return v.empty() ? 0 : s / static_cast<double>(v.size());
 }
 
-std::string Fixed(double v, int digits) {
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "%.*f", digits, v);
-  return buf;
-}
-
 std::string Ms(double seconds) { return Fixed(seconds * 1e3, 1) + " ms"; }
 
 // One checkpoint as one rank saw it.
