@@ -10,11 +10,15 @@
 namespace lifeline::agent {
 namespace {
 
-// The sound complete steps under `root`, newest first; at most `most` of them.
-Result<std::vector<uint64_t>> SoundSteps(Env* env, const std::string& root, size_t most) {
+// Every step directory under `root`, newest first; none when it does not exist yet.
+Result<std::vector<CheckpointInfo>> ScanSteps(Env* env, const std::string& root) {
+  if (!env->IsDirectory(root)) return std::vector<CheckpointInfo>{};
+  return ScanCheckpointDirectory(root, env);
+}
+
+// The sound complete steps of `all` (newest first); at most `most` of them.
+std::vector<uint64_t> SoundSteps(Env* env, const std::vector<CheckpointInfo>& all, size_t most) {
   std::vector<uint64_t> out;
-  if (!env->IsDirectory(root)) return out;
-  LL_ASSIGN_OR_RETURN(std::vector<CheckpointInfo> all, ScanCheckpointDirectory(root, env));
   for (const CheckpointInfo& info : all) {
     if (out.size() >= most) break;
     if (info.complete && CheckCheckpointMetadata(info, env).ok()) out.push_back(info.step);
@@ -24,7 +28,8 @@ Result<std::vector<uint64_t>> SoundSteps(Env* env, const std::string& root, size
 
 // The newest sound complete step under `root`, or nullopt.
 Result<std::optional<uint64_t>> NewestSound(Env* env, const std::string& root) {
-  LL_ASSIGN_OR_RETURN(std::vector<uint64_t> steps, SoundSteps(env, root, 1));
+  LL_ASSIGN_OR_RETURN(std::vector<CheckpointInfo> all, ScanSteps(env, root));
+  const std::vector<uint64_t> steps = SoundSteps(env, all, 1);
   return steps.empty() ? std::optional<uint64_t>() : std::optional<uint64_t>(steps[0]);
 }
 
@@ -53,11 +58,10 @@ Result<ResumeOffer> FindResumeOffer(Env* env, const std::string& checkpoint_dir)
   offer.directory = checkpoint_dir;
   LL_ASSIGN_OR_RETURN(offer.disk_step, NewestSound(env, checkpoint_dir));
   if (Result<std::string> tier = FindMemoryTierOf(checkpoint_dir, env); tier.ok()) {
+    const std::vector<CheckpointInfo> all = ScanSteps(env, *tier).value_or(std::vector<CheckpointInfo>{});
     // A tier holds a few steps; more would only make the rendezvous entries longer.
-    Result<std::vector<uint64_t>> steps = SoundSteps(env, *tier, 16);
-    if (steps.ok()) offer.memory_steps = std::move(*steps);
-    Result<std::vector<CheckpointInfo>> all = ScanCheckpointDirectory(*tier, env);
-    for (const CheckpointInfo& info : all.value_or(std::vector<CheckpointInfo>{})) {
+    offer.memory_steps = SoundSteps(env, all, 16);
+    for (const CheckpointInfo& info : all) {
       if (!offer.memory_steps.empty() && info.step <= offer.memory_steps[0]) break;  // newest first
       if (!info.complete && info.ranks_present > 0) {
         offer.memory_incomplete_step = info.step;

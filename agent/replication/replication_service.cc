@@ -164,9 +164,9 @@ void ReplicationService::SendLoop() {
       }
     }
     if (t.peers.empty() || t.ranks == 0 || t.checkpoint_dir.empty()) continue;
-    Result<std::string> tier = FindMemoryTierOf(t.checkpoint_dir);
-    if (!tier.ok()) continue;  // no rank of this node has opened it yet
     if (replicator == nullptr) {
+      Result<std::string> tier = FindMemoryTierOf(t.checkpoint_dir);
+      if (!tier.ok()) continue;  // no rank of this node has opened it yet
       ReplicatorOptions o;
       o.tier_root = *tier;
       o.first_rank = t.first_rank;
