@@ -30,8 +30,13 @@ def run_ranks(script, world, args_of_rank):
                "--port", str(port)] + args_of_rank(r)
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
     results, outputs = [], []
-    for p in procs:
-        text = p.communicate(timeout=300)[0]
+    for r, p in enumerate(procs):
+        try:
+            text = p.communicate(timeout=300)[0]
+        except subprocess.TimeoutExpired:
+            for q in procs:  # no rank outlives the test, hung or not
+                q.kill()
+            text = p.communicate()[0] + f"\n[rank {r} still running after 300 s: killed]\n"
         outputs.append(text)
         line = [l for l in text.splitlines() if l.startswith("RESULT ")]
         results.append(json.loads(line[-1][7:]) if p.returncode == 0 and line else None)
@@ -52,3 +57,16 @@ def main(worker, add_arguments=lambda parser: None):
         p.add_argument(name, type=int)
     add_arguments(p)
     sys.exit(worker(p.parse_args()))
+
+
+def finish(result):
+    """A worker's end: prints its RESULT and leaves the process at once.
+
+    torch 1.13's ProcessGroupGloo can deadlock when it is destroyed (here, with the DDP model that
+    holds it, when the worker's locals go): its destructor joins the gloo worker threads while holding
+    the GIL, and a worker thread still releasing a finished collective's Python tensors waits for the
+    GIL. Seen under load: both threads parked, the rank never exits. The result is out by then, so
+    the process ends without tearing the interpreter or the process group down."""
+    print("RESULT " + json.dumps(result), flush=True)
+    sys.stderr.flush()
+    os._exit(0)
