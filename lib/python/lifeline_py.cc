@@ -200,6 +200,7 @@ CheckpointerOptions ParseOptions(const std::string& directory, uint32_t rank, ui
       else if (key == "queue_depth") o.queue_depth = py::cast<unsigned>(v);
       else if (key == "direct_io") o.direct_io = py::cast<bool>(v);
       else if (key == "replica_split_bytes") o.replica_split_bytes = py::cast<uint64_t>(v);
+      else if (key == "column_blocks") o.column_blocks = py::cast<bool>(v);
       else if (key == "staging_budget_bytes") o.staging_budget_bytes = py::cast<uint64_t>(v);
       else if (key == "staging_slots") o.staging_slots = py::cast<unsigned>(v);
       else if (key == "copy_threads") o.copy_threads = py::cast<unsigned>(v);

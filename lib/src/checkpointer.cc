@@ -96,7 +96,14 @@ void PlanPieces(internal::SaveJob& job, const SaveRequest& request) {
     const format::FragmentInfo& f = job.index.fragments[i];
     for (uint64_t k = 0; k < f.num_chunks; ++k) {
       internal::CopyPiece p;
-      p.source = pf.source + k * chunk;
+      if (pf.strided()) {
+        p.source = pf.source;
+        p.source_stride = pf.source_stride;
+        p.run_bytes = pf.run_bytes;
+        p.source_offset = k * chunk;
+      } else {
+        p.source = pf.source + k * chunk;
+      }
       p.image_offset = job.layout.fragment_offset[i] + k * chunk;
       p.length = job.index.chunks[f.first_chunk + k].stored_length;
       p.target = f.first_chunk + k;
@@ -222,8 +229,8 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::Open(CheckpointerOptions opt
   if (options.world_size == 0 || options.world_size > format::kMaxWorldSize || options.rank >= options.world_size)
     return Status::InvalidArgument("rank " + std::to_string(options.rank) + " of world size " +
                                    std::to_string(options.world_size) + " is not a valid rank");
-  if (options.chunk_bytes == 0 || options.chunk_bytes % 8 != 0)
-    return Status::InvalidArgument("chunk_bytes must be a positive multiple of 8");
+  if (options.chunk_bytes % 8 != 0)
+    return Status::InvalidArgument("chunk_bytes must be a multiple of 8 (or 0, the default)");
   if (options.write_block_bytes == 0 || options.write_block_bytes % kDirectIoAlignment != 0)
     return Status::InvalidArgument("write_block_bytes must be a positive multiple of 4096");
   if (options.staging_slots == 0 || options.staging_slots > 16)
@@ -318,7 +325,7 @@ SaveTicket Checkpointer::Save(uint64_t step, const SaveRequest& request) {
                                                    "objects folded by a conversion to a smaller world"),
                     SavePhase::kFailed);
   }
-  Result<RankSavePlan> plan = PlanRankSave(request, o.replica_split_bytes);
+  Result<RankSavePlan> plan = PlanRankSave(request, o.replica_split_bytes, true, o.column_blocks);
   if (!plan.ok()) return refuse(plan.status().Annotate(where), SavePhase::kFailed);
   job->plan = std::move(*plan);
   job->objects = request.objects;
@@ -329,7 +336,7 @@ SaveTicket Checkpointer::Save(uint64_t step, const SaveRequest& request) {
   w.world_size = o.world_size;
   w.run_id = o.run_id;
   w.run_hash = m.run_hash;
-  w.chunk_bytes = o.chunk_bytes;
+  w.chunk_bytes = o.chunk_bytes != 0 ? o.chunk_bytes : DefaultChunkBytes(o.codec);
   w.write_block_bytes = o.write_block_bytes;
   w.memory_budget = o.save_memory_budget;
   w.queue_depth = o.queue_depth;
@@ -430,7 +437,7 @@ SaveTicket Checkpointer::Save(uint64_t step, const SaveRequest& request) {
 }
 
 Status Checkpointer::PrepareStaging(const SaveRequest& request) {
-  Result<RankSavePlan> plan = PlanRankSave(request, options_.replica_split_bytes);
+  Result<RankSavePlan> plan = PlanRankSave(request, options_.replica_split_bytes, true, options_.column_blocks);
   if (!plan.ok()) return plan.status().Annotate("preparing the staging arena");
   const uint64_t padded = AlignUp(LayoutImage(*plan, request.objects).bytes, kDirectIoAlignment);
   if (padded > impl_->arena->slot_limit())

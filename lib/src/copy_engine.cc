@@ -124,7 +124,13 @@ void CopyEngine::Run() {
           checksum = format::Checksum64(job->image + p.image_offset, p.length);
         }
       } else if (!job->cancelled()) {
-        checksum = CopyAndHash(job->image + p.image_offset, p.source, p.length);
+        uint8_t* dst = job->image + p.image_offset;
+        if (p.source_stride == 0) {
+          checksum = CopyAndHash(dst, p.source, p.length);
+        } else {  // a piece of a column block: gathered, then hashed while still in cache
+          GatherRuns(p.source, p.source_stride, p.run_bytes, p.source_offset, p.length, dst);
+          checksum = format::Checksum64(dst, p.length);
+        }
       }
       job->PieceDone(*i, checksum);
     }

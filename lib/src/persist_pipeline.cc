@@ -54,7 +54,10 @@ void PersistPipeline::Persist(internal::SaveJob& job) {
     if (job.image != nullptr) {  // encode from the snapshot, once it is complete
       job.WaitCopyStopped();
       if (job.cancelled()) return finish(Status::OK());
-      for (size_t i = 0; i < plan.fragments.size(); ++i) plan.fragments[i].source = job.image + job.layout.fragment_offset[i];
+      for (size_t i = 0; i < plan.fragments.size(); ++i) {  // packed in the image, column blocks too
+        plan.fragments[i].source = job.image + job.layout.fragment_offset[i];
+        plan.fragments[i].source_stride = 0;
+      }
     }
     Result<format::CheckpointIndex> index = writer->WriteData(plan, job.objects, job.metadata_json, o);
     if (job.image == nullptr) job.MarkStreamCopied();

@@ -19,6 +19,8 @@ const char* SavePhaseName(SavePhase phase) {
   return "unknown";
 }
 
+uint64_t DefaultChunkBytes(SaveCodec codec) { return codec == SaveCodec::kNone ? uint64_t{256} << 10 : uint64_t{4} << 20; }
+
 const char* SaveCodecName(SaveCodec codec) {
   switch (codec) {
     case SaveCodec::kNone: return "none";

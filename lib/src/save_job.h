@@ -38,6 +38,11 @@ struct CopyPiece {
   // the job's device copies (the copy engine then only checksums the image).
   const uint8_t* source = nullptr;
   bool device = false;
+  // A piece of a column block (saver.h): bytes [source_offset, +length) of runs of `run_bytes`,
+  // one every `source_stride` bytes from `source`. 0: packed at `source`.
+  uint64_t source_stride = 0;
+  uint64_t run_bytes = 0;
+  uint64_t source_offset = 0;
   uint64_t image_offset = 0;
   uint64_t length = 0;
   uint64_t target = 0;

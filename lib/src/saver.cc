@@ -152,9 +152,80 @@ class BlockStreamWriter {
   Status first_error_;
 };
 
+constexpr uint64_t kColumnBlockMinBytes = uint64_t{64} << 10;
+constexpr uint64_t kColumnBlockMinRunBytes = 256;
+constexpr int64_t kColumnBlocksMax = 16;
+
+// Appends `pf` to the plan, as column blocks when asked and it qualifies (see PlanRankSave).
+void AddFragment(RankSavePlan& plan, PlannedFragment pf, size_t elem, bool blocks_wanted) {
+  const format::Region& r = pf.region;
+  const std::vector<int64_t>& global = plan.tensors[pf.tensor].shape;
+  const size_t n = r.shape.size();
+  const int64_t cols = n >= 2 ? r.shape[n - 1] : 0;
+  const int64_t blocks = cols > 0 ? std::min<int64_t>(kColumnBlocksMax, cols * static_cast<int64_t>(elem) /
+                                                                             static_cast<int64_t>(kColumnBlockMinRunBytes))
+                                  : 0;
+  // Whole rows [r0, r1) of the box; partial ones only for a 2-d box.
+  int64_t volume = 0;
+  format::CheckedVolume(r.shape, &volume);  // validated: no overflow
+  const int64_t r0 = cols > 0 ? (r.flat_begin + cols - 1) / cols : 0;
+  const int64_t r1 = cols > 0 ? r.flat_end / cols : 0;
+  const bool whole_box = r.flat_begin == 0 && r.flat_end == volume;
+  if (!blocks_wanted || pf.source == nullptr || cols == 0 || global[n - 1] == cols || blocks < 2 || (n > 2 && !whole_box) ||
+      r1 <= r0 || static_cast<uint64_t>((r1 - r0) * cols) * elem < kColumnBlockMinBytes) {
+    plan.fragments.push_back(std::move(pf));
+    return;
+  }
+  auto packed = [&](int64_t begin, int64_t end) {  // elements [begin, end) of the box, kept row-major
+    if (begin >= end) return;
+    PlannedFragment part = pf;
+    part.region = format::SubRegion(r, begin - r.flat_begin, end - r.flat_begin);
+    part.source = pf.source + static_cast<uint64_t>(begin - r.flat_begin) * elem;
+    plan.fragments.push_back(std::move(part));
+  };
+  packed(r.flat_begin, r0 * cols);
+  const int64_t width = (cols + blocks - 1) / blocks;
+  for (int64_t c0 = 0; c0 < cols; c0 += width) {
+    const int64_t w = std::min(width, cols - c0);
+    PlannedFragment block = pf;
+    std::vector<int64_t> offsets = r.offsets, shape = r.shape;
+    if (n == 2) {
+      offsets[0] += r0;
+      shape[0] = r1 - r0;
+    }
+    offsets[n - 1] += c0;
+    shape[n - 1] = w;
+    block.region = format::RegionOfBox(offsets, shape);
+    block.source = pf.source + static_cast<uint64_t>(r0 * cols + c0 - r.flat_begin) * elem;
+    block.source_stride = static_cast<uint64_t>(cols) * elem;
+    block.run_bytes = static_cast<uint64_t>(w) * elem;
+    plan.fragments.push_back(std::move(block));
+  }
+  packed(r1 * cols, r.flat_end);
+}
+
 }  // namespace
 
-Result<RankSavePlan> PlanRankSave(const SaveRequest& request, uint64_t replica_split_bytes, bool require_data) {
+void GatherRuns(const uint8_t* source, uint64_t stride, uint64_t run, uint64_t offset, uint64_t n, uint8_t* dst) {
+  uint64_t in_row = offset % run;
+  for (const uint8_t* at = source + offset / run * stride; n > 0; at += stride, in_row = 0) {
+    const uint64_t take = std::min(n, run - in_row);
+    std::memcpy(dst, at + in_row, take);
+    dst += take;
+    n -= take;
+  }
+}
+
+void CopyFragmentBytes(const PlannedFragment& pf, uint64_t offset, uint64_t n, uint8_t* dst) {
+  if (pf.strided()) {
+    GatherRuns(pf.source, pf.source_stride, pf.run_bytes, offset, n, dst);
+  } else {
+    std::memcpy(dst, pf.source + offset, n);
+  }
+}
+
+Result<RankSavePlan> PlanRankSave(const SaveRequest& request, uint64_t replica_split_bytes, bool require_data,
+                                  bool column_blocks) {
   RankSavePlan plan;
   std::unordered_map<std::string, uint32_t> by_name;
   for (size_t i = 0; i < request.tensors.size(); ++i) {
@@ -185,19 +256,22 @@ Result<RankSavePlan> PlanRankSave(const SaveRequest& request, uint64_t replica_s
     const auto* base = static_cast<const uint8_t*>(s.data);
     const int64_t n = region.num_elements();
     if (n == 0) continue;
+    const bool host = column_blocks && s.device < 0;
     if (s.replica_count == 1) {
-      plan.fragments.push_back(PlannedFragment{tensor, region, base, static_cast<uint32_t>(i)});
+      AddFragment(plan, PlannedFragment{tensor, region, base, static_cast<uint32_t>(i)}, elem, host);
     } else if (static_cast<uint64_t>(n) * elem > replica_split_bytes) {
       const int64_t parts = s.replica_count, i_part = s.replica_index;
       const int64_t per = n / parts, extra = n % parts;
       const int64_t begin = i_part * per + std::min(i_part, extra);
       const int64_t len = per + (i_part < extra ? 1 : 0);
       if (len > 0)
-        plan.fragments.push_back(PlannedFragment{tensor, format::SubRegion(region, begin, begin + len),
-                                                 base != nullptr ? base + static_cast<uint64_t>(begin) * elem : nullptr,
-                                                 static_cast<uint32_t>(i)});
+        AddFragment(plan,
+                    PlannedFragment{tensor, format::SubRegion(region, begin, begin + len),
+                                    base != nullptr ? base + static_cast<uint64_t>(begin) * elem : nullptr,
+                                    static_cast<uint32_t>(i)},
+                    elem, host);
     } else if (ReplicaHash(s.name, region) % s.replica_count == s.replica_index) {
-      plan.fragments.push_back(PlannedFragment{tensor, region, base, static_cast<uint32_t>(i)});
+      AddFragment(plan, PlannedFragment{tensor, region, base, static_cast<uint32_t>(i)}, elem, host);
     }
   }
   return plan;
@@ -320,8 +394,11 @@ Result<format::CheckpointIndex> WriteRankData(Env* env, const std::string& step_
 
   format::StreamingChecksum hasher;
   format::ChunkCodec codec;
-  AlignedBuffer fetched(reader != nullptr ? o.chunk_bytes : 0);  // one chunk fetched through `reader`
-  if (reader != nullptr && fetched.data() == nullptr)
+  // One chunk fetched through `reader` or gathered from a column block.
+  const bool gathers = reader != nullptr || std::any_of(plan.fragments.begin(), plan.fragments.end(),
+                                                        [](const PlannedFragment& pf) { return pf.strided(); });
+  AlignedBuffer fetched(gathers ? o.chunk_bytes : 0);
+  if (gathers && fetched.data() == nullptr)
     return fail(Status::ResourceExhausted(path, "cannot allocate a chunk buffer"));
   std::vector<uint8_t> encoded(o.codec == format::Codec::kNone
                                    ? 0
@@ -339,8 +416,11 @@ Result<format::CheckpointIndex> WriteRankData(Env* env, const std::string& step_
     f.first_chunk = index.chunks.size();
     for (uint64_t done = 0; done < raw && s.ok();) {
       const uint64_t n = std::min(o.chunk_bytes, raw - done);
-      const uint8_t* src = pf.source != nullptr ? pf.source + done : nullptr;
-      if (src == nullptr) {
+      const uint8_t* src = pf.source != nullptr && !pf.strided() ? pf.source + done : nullptr;
+      if (pf.strided()) {
+        CopyFragmentBytes(pf, done, n, fetched.data());
+        src = fetched.data();
+      } else if (src == nullptr) {
         if (reader == nullptr) {
           s = Status::InvalidArgument("tensor '" + t.name + "'", "no bytes to write (null source and no reader)");
           break;

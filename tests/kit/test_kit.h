@@ -157,7 +157,7 @@ inline bool StatusMentions(const Status& s, const std::string& text) {
 
 // ---- checkpoints scaled down to a test's size -------------------------------------------------
 //
-// The library's defaults (4 MiB chunks, 8 MiB write blocks, gigabytes of staging) are sized for
+// The library's defaults (256 KiB chunks, 8 MiB write blocks, gigabytes of staging) are sized for
 // models. A test saves kilobytes, so its chunks and blocks are made small enough that a tensor
 // spans several of them and the code at their boundaries runs.
 

@@ -145,7 +145,7 @@ class Checkpointer:
     keep_last, memory_tier, memory_tier_directory, memory_tier_cleanup_on_close, codec (None, "zstd",
     "zstd-bytegroup"), codec_level, staging_budget_bytes, staging_slots, busy_policy ("wait", "skip"),
     copy_threads, background_nice, direct_io, drain_directory, drain_keep_last, run_id, chunk_bytes,
-    write_block_bytes, save_memory_budget, load_memory_budget, queue_depth, replica_split_bytes,
+    write_block_bytes, save_memory_budget, load_memory_budget, queue_depth, replica_split_bytes, column_blocks,
     register_buffers, fault_injection (enables inject_faults, for tests), resume_step. Each has the
     meaning of the C++ CheckpointerOptions field of the same name.
 

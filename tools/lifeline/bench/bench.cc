@@ -641,7 +641,8 @@ int RunSave(const SaveOptions& o) {
   std::optional<double> baseline_seconds;
   std::optional<WriteLimit> limit;
   if (!o.no_baseline) {
-    auto m = MemoryCopyBaseline(states, used.copy_threads, used.chunk_bytes);
+    auto m = MemoryCopyBaseline(states, used.copy_threads,
+                                used.chunk_bytes != 0 ? used.chunk_bytes : DefaultChunkBytes(used.codec));
     if (!m.ok()) return ReportFailure(kCommand, m.status(), o.json);
     memory = *m;
     states.clear();  // give the memory back before the disk baselines run
@@ -699,6 +700,7 @@ int RunSave(const SaveOptions& o) {
                         {"bytes_total", steady.bytes_total},
                         {"bytes_stored", steady.bytes_stored},
                         {"codec", SaveCodecName(used.codec)},
+                        {"column_blocks", used.column_blocks},
                         {"copy_threads", used.copy_threads},
                         {"staging_slots", used.staging_slots},
                         {"staging_budget_bytes", used.staging_budget_bytes},
@@ -1246,10 +1248,13 @@ void AddBenchSaveTuningOptions(CLI::App* app, BenchSaveTuning* t) {
   app->add_option("--slots", t->slots, "Staging slots per rank (default: the library's)")->check(CLI::Range(1, 16));
   app->add_flag("--no-register-buffers", t->no_register_buffers,
                 "Do not register the staging slots with io_uring as fixed buffers");
+  app->add_flag("--column-blocks", t->column_blocks,
+                "Store shards split along columns as column blocks (CheckpointerOptions::column_blocks)");
 }
 
 Status ApplyBenchSaveTuning(const BenchSaveTuning& t, CheckpointerOptions* c) {
   if (t.no_register_buffers) c->register_buffers = false;
+  c->column_blocks = t.column_blocks;
   Result<SaveCodec> codec = ParseSaveCodec(t.codec);
   if (!codec.ok()) return codec.status().Annotate("--codec");
   c->codec = *codec;
