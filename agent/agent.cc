@@ -23,6 +23,7 @@
 #include <thread>
 
 #include "agent/control_socket.h"
+#include "agent/detectors/echo.h"
 #include "agent/metrics.h"
 #include "agent/progress.h"
 #include "agent/resume.h"
@@ -552,6 +553,18 @@ void Agent::HoldFailureEchoes(std::vector<Anomaly>* anomalies, uint64_t now, boo
            {"message", held_failure_->anomaly.message + ", after a failure on another node (not counted)"}});
       held_failure_.reset();
     }
+    // This poll's failures: possible echoes are logged as such; failures of their own stay in
+    // `anomalies` for Run to log (not act on) before it stops the ranks (agent/detectors/echo.h).
+    std::vector<Anomaly> echoes;
+    SortFailuresAsTheRoundMoves(
+        anomalies,
+        [this](int global) {
+          const int r = LocalRank(global);
+          return r >= 0 && static_cast<size_t>(r) < launcher_->ranks().size() ? launcher_->ranks()[r].wait_status : 0;
+        },
+        &echoes);
+    for (const Anomaly& e : echoes)
+      Log({{"action", "echo"}, {"ranks", e.ranks}, {"message", e.message + ", as the round moved (not counted)"}});
     return;
   }
   const double grace = config_.rendezvous.failure_grace_seconds;
@@ -571,8 +584,7 @@ void Agent::HoldFailureEchoes(std::vector<Anomaly>* anomalies, uint64_t now, boo
         may_echo = false;
         continue;
       }
-      const int ws = launcher_->ranks()[r].wait_status;
-      if (!(WIFEXITED(ws) || (WIFSIGNALED(ws) && WTERMSIG(ws) == SIGABRT))) may_echo = false;
+      if (!MayBeEcho(*it, launcher_->ranks()[r].wait_status)) may_echo = false;
     }
     if (!may_echo) {
       ++it;
@@ -866,6 +878,9 @@ int Agent::Run() {
         break;
       }
       if (moved) {  // another node opened the next round: stop here and join it
+        // Failures of this node's own found as the round moved (HoldFailureEchoes kept only those):
+        // named and counted, not acted on; the restart under way covers them.
+        if (!anomalies.empty()) Act(anomalies, now);
         const int killed = launcher_->StopAll(config_.restart.grace_seconds);
         Log({{"action", "stop"}, {"reason", "round opened by another node"}, {"killed_after_grace", killed}});
         if (Status s = Launch(); !s.ok()) {

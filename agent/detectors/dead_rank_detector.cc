@@ -87,6 +87,37 @@ void DeadRankDetector::RankExited(const Timeline& timeline, int rank, int wait_s
     how = "exited with status " + std::to_string(code);
   }
   a.evidence["orderly_exit_recorded"] = r.finished;
+  // Where it was when it died: inside a collective (begun, not ended), or in a step in which it
+  // had begun one. A rank that a peer's death brought down learns of it in a collective (the call
+  // raises, and Python's trace scope then records its end, or NCCL's watchdog aborts while it is
+  // open), so a rank that died in a step before beginning any collective in it failed on its own
+  // (agent/detectors/echo.h). Left out when the rank never recorded a collective: nothing is known.
+  if (known && !r.last_begun.empty()) {
+    nlohmann::json in = false;
+    uint64_t oldest = 0, newest_begin = 0;
+    bool begin_known = false;
+    for (const auto& [comm, seqs] : r.open) {
+      for (const auto& [seq, open] : seqs) {
+        newest_begin = std::max(newest_begin, open.begin_ns);
+        begin_known = true;
+      }
+      if (seqs.empty()) continue;
+      const auto& [seq, open] = *seqs.begin();  // the oldest it had not ended on this comm
+      if (!in.is_boolean() && open.begin_ns >= oldest) continue;
+      oldest = open.begin_ns;
+      in = {{"comm", comm}, {"seq", seq}, {"op", trace::OpName(open.op)}, {"posted", open.posted}};
+    }
+    for (const auto& [comm, seq] : r.last_begun) {
+      const auto* records = timeline.Collectives(comm);
+      if (records == nullptr) continue;
+      const auto it = records->find(seq);
+      if (it == records->end() || it->second.begin_ns[rank] == 0) continue;
+      newest_begin = std::max(newest_begin, it->second.begin_ns[rank]);
+      begin_known = true;
+    }
+    a.evidence["in_collective"] = std::move(in);
+    if (r.began_step && begin_known) a.evidence["collective_in_step"] = newest_begin >= r.step_begin_ns;
+  }
   if (r.last_event_ns != 0) a.evidence["seconds_since_last_event"] = SecondsBetween(r.last_event_ns, now_ns);
   a.message = "rank " + std::to_string(global) + " " + how + StepSuffix(r.step);
   out->push_back(std::move(a));

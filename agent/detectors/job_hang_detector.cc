@@ -15,16 +15,40 @@ void JobHangDetector::Poll(const std::vector<RankProgress>& ranks, uint64_t now_
   // the dead-rank detector's (its collectives wait for a rank that will not come).
   std::map<uint32_t, std::vector<const RankProgress*>> members;
   std::set<uint32_t> has_dead;
+  // Ranks read before and missing now: their node's summary is no longer read (its lease ran out,
+  // so node_lost names it). They are still members: stand-ins that began nothing, as stale as
+  // their last summary has grown, so that the rest, all in the collective, is not "every member
+  // joined" but held for the missing ranks' lease like any summary that stopped coming.
+  std::set<int> present;
   for (const RankProgress& p : ranks) {
+    present.insert(p.rank);
+    Seen& s = seen_[p.rank];
+    s.read_ns = now_ns;
+    s.age_seconds = p.summary_age_seconds;
+    s.comms.clear();
+    for (const auto& [comm, c] : p.comms) s.comms.push_back(comm);
+  }
+  std::vector<RankProgress> missing;
+  for (const auto& [rank, s] : seen_) {
+    if (present.count(rank)) continue;
+    RankProgress m;
+    m.rank = rank;
+    m.summary_age_seconds = s.age_seconds + Seconds(now_ns - std::min(now_ns, s.read_ns));
+    for (uint32_t comm : s.comms) m.comms[comm] = CommProgress{};
+    missing.push_back(std::move(m));
+  }
+  auto add = [&](const RankProgress& p) {
     if (!p.alive) {
       has_dead.insert(0);
       for (const auto& [comm, c] : p.comms) has_dead.insert(comm);
-      continue;
+      return;
     }
     members[0].push_back(&p);
     for (const auto& [comm, c] : p.comms)
       if (comm != 0) members[comm].push_back(&p);
-  }
+  };
+  for (const RankProgress& p : ranks) add(p);
+  for (const RankProgress& p : missing) add(p);
   for (auto& [comm, list] : members) {
     if (has_dead.count(comm)) continue;
     uint64_t front = 0;
@@ -86,8 +110,9 @@ void JobHangDetector::Poll(const std::vector<RankProgress>& ranks, uint64_t now_
     bool all_stale = !a.ranks.empty();
     for (int rank : a.ranks) {
       const auto p = std::find_if(list.begin(), list.end(), [rank](const RankProgress* x) { return x->rank == rank; });
-      all_stale = all_stale && p != list.end() && (*p)->summary_age_seconds > kStaleSummarySeconds &&
-                  (*p)->summary_age_seconds < stale_hold_seconds_;
+      // A rank missing from the read is stale however fresh its last summary was.
+      const bool stale = p != list.end() && ((*p)->summary_age_seconds > kStaleSummarySeconds || !present.count(rank));
+      all_stale = all_stale && stale && (*p)->summary_age_seconds < stale_hold_seconds_;
     }
     if (all_stale) continue;
     a.message += " [job-wide view]";

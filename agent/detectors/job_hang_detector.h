@@ -15,7 +15,10 @@
 // A hang whose every culprit is known only from a summary that stopped coming (older than
 // kStaleSummarySeconds: its node published none since) is held for up to `stale_hold_seconds`:
 // the node is likely gone, and its lease running out will name it node_lost, the right verdict;
-// a node that comes back, or outlives the hold, is judged as before.
+// a node that comes back, or outlives the hold, is judged as before. Ranks read before and
+// missing from a read (their node's summary is no longer read once its lease ran out) are members
+// that began nothing, as stale as their last summary has grown since: the others waiting for them
+// are not "every member joined", and the verdict on them is held the same way.
 #ifndef LIFELINE_AGENT_DETECTORS_JOB_HANG_DETECTOR_H_
 #define LIFELINE_AGENT_DETECTORS_JOB_HANG_DETECTOR_H_
 
@@ -40,7 +43,10 @@ class JobHangDetector {
       : timeout_ns_(static_cast<uint64_t>(timeout_seconds * 1e9)), stale_hold_seconds_(stale_hold_seconds) {}
 
   // A new round: forget the previous one.
-  void Reset() { fronts_.clear(); }
+  void Reset() {
+    fronts_.clear();
+    seen_.clear();
+  }
 
   // The newest progress of every rank of the job, read at `now_ns`.
   void Poll(const std::vector<RankProgress>& ranks, uint64_t now_ns, std::vector<Anomaly>* out);
@@ -51,9 +57,15 @@ class JobHangDetector {
     uint64_t since_ns = 0;
     bool reported = false;
   };
+  struct Seen {
+    uint64_t read_ns = 0;      // the last read that had the rank
+    double age_seconds = 0;    // its summary's age then
+    std::vector<uint32_t> comms;
+  };
   const uint64_t timeout_ns_;
   const double stale_hold_seconds_;
   std::map<uint32_t, Front> fronts_;
+  std::map<int, Seen> seen_;  // every rank read in this round
 };
 
 }  // namespace lifeline::agent

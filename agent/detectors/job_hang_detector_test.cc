@@ -130,5 +130,37 @@ TEST(JobHangDetectorTest, ASubgroupsMembersAreTheRanksThatReportIt) {
   EXPECT_EQ(out[0].ranks, std::vector<int>({3}));
 }
 
+
+// A node whose lease ran out is no longer read: its ranks vanish from the summaries while everyone
+// else waits in the collective they never joined. That is not "every member joined, no rank stands
+// out" naming the whole job (node_lost names the node): the missing ranks are still members, held
+// like a summary that stopped coming, and named only if they outlive the hold.
+TEST(JobHangDetectorTest, RanksMissingFromTheReadAreMembersNotEveryoneElse) {
+  JobHangDetector d(5.0, /*stale_hold_seconds=*/12.0);
+  std::vector<RankProgress> job = {Rank(0, 0, 110, 110), Rank(1, 0, 110, 110), Rank(2, 1, 109, -1),
+                                   Rank(3, 1, 109, -1)};
+  std::vector<Anomaly> out;
+  for (int s = 0; s <= 9; ++s) {
+    job[2].summary_age_seconds = job[3].summary_age_seconds = s;  // node 1 published nothing since
+    d.Poll(job, (100 + s) * kS, &out);
+  }
+  const std::vector<RankProgress> left = {job[0], job[1]};  // node 1's lease ran out
+  d.Poll(left, 110 * kS, &out);
+  d.Poll(left, 111 * kS, &out);
+  EXPECT_TRUE(out.empty()) << out[0].message;
+  d.Poll(left, 113 * kS, &out);  // node 1's last summary is 13 s old: beyond the hold
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].ranks, std::vector<int>({2, 3}));
+  EXPECT_EQ(out[0].evidence["verdict"], "never_joined");
+
+  // Missing from one read with a fresh summary before: not known to have joined either.
+  JobHangDetector fresh(5.0, 12.0);
+  out.clear();
+  job[2].summary_age_seconds = job[3].summary_age_seconds = 0.5;
+  fresh.Poll(job, 100 * kS, &out);
+  fresh.Poll(left, 106 * kS, &out);
+  EXPECT_TRUE(out.empty()) << out[0].message;
+}
+
 }  // namespace
 }  // namespace lifeline::agent

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "agent/detectors/evidence.h"
 #include "agent/detectors/sliding_window.h"
@@ -43,6 +44,24 @@ void SlowCollectiveDetector::Observe(const Timeline& t, const TimelineChange& c)
   }
 }
 
+namespace {
+
+// A rank is named when its median posted delay exceeds its peers' by this many robust sigmas (or
+// it is the one clear maximum). When the rank alone is the reason to fire (the communicator's own
+// median has not slowed), a stricter bar: over a thousand ranks, 3 sigmas is passed by chance.
+constexpr double kCulpritZ = 3;
+constexpr double kLoneCulpritZ = 6;
+
+struct RankDelay {
+  int rank = 0;
+  double delay = 0;       // its median posted delay over the recent window
+  double excess = 0;      // above its peers' median
+  double z = 0;           // in its peers' robust sigmas
+  bool clear_max = false; // the largest delay, by more than min_excess_seconds over the next
+};
+
+}  // namespace
+
 void SlowCollectiveDetector::Check(const Timeline& t, uint32_t comm, Op op, OpStats* st, uint64_t now,
                                    std::vector<Anomaly>* out) {
   const SlowCollectiveConfig& c = config_;
@@ -52,47 +71,72 @@ void SlowCollectiveDetector::Check(const Timeline& t, uint32_t comm, Op op, OpSt
   std::vector<double> durations;
   for (const Sample& s : st->recent) durations.push_back(s.duration);
   const double recent = Median(durations);
-  if (!(recent > c.factor * base && recent - base > c.min_excess_seconds)) return;
+  const bool comm_slow = recent > c.factor * base && recent - base > c.min_excess_seconds;
 
-  // Each rank's median posted delay over the recent window, against its peers'.
+  // Each rank's median posted delay over the recent window, against its peers'. A rank that holds
+  // its part back delays everyone's end by as much, but the communicator's duration (from its last
+  // member's entry) hides it whenever that rank entered early: among a thousand ranks the last
+  // entry is usually tens of ms after a typical one. So the ranks are judged on their own too.
   std::vector<std::pair<int, double>> delays;
+  std::vector<double> window;
   for (int r = 0; r < world_; ++r) {
-    std::vector<double> v;
+    window.clear();
     for (const Sample& s : st->recent)
-      if (!std::isnan(s.posted_delay[r])) v.push_back(s.posted_delay[r]);
-    if (!v.empty() && 2 * v.size() >= st->recent.size()) delays.push_back({r, Median(v)});
+      if (!std::isnan(s.posted_delay[r])) window.push_back(s.posted_delay[r]);
+    if (!window.empty() && 2 * window.size() >= st->recent.size()) delays.push_back({r, Median(window)});
   }
-  std::vector<int> culprits;
-  nlohmann::json culprit_delays = nlohmann::json::object();
-  double peers_for_message = kNaN;
+  std::vector<RankDelay> outliers;
   if (delays.size() >= 2) {
-    double top = -1, second = -1;
+    std::vector<double> sorted;
+    sorted.reserve(delays.size());
+    for (const auto& [r, d] : delays) sorted.push_back(d);
+    std::sort(sorted.begin(), sorted.end());
+    const double top = sorted.back(), second = sorted[sorted.size() - 2];
+    // Without one rank the median moves by at most one place: only ranks this far above the place
+    // below the middle can stand out, and only they are compared with their peers one by one (a
+    // thousand ranks make a quadratic pass too slow for the leader's every read).
+    const size_t middle = (sorted.size() - 1) / 2;
+    const double floor = sorted[middle > 0 ? middle - 1 : 0];
+    std::vector<double> peers;
     for (const auto& [r, d] : delays) {
-      if (d > top) {
-        second = top;
-        top = d;
-      } else if (d > second) {
-        second = d;
-      }
-    }
-    for (const auto& [r, d] : delays) {
-      std::vector<double> peers;
+      if (!(d - floor > c.min_excess_seconds)) continue;
+      peers.clear();
       for (const auto& [p, dp] : delays)
         if (p != r) peers.push_back(dp);
       const double peer_median = Median(peers);
-      const double z = (d - peer_median) / RobustSigma(peers, peer_median);
-      const bool clear_max = d == top && top - second > c.min_excess_seconds;
-      if (d - peer_median > c.min_excess_seconds && (z > 3 || clear_max)) {
-        culprits.push_back(r);
-        culprit_delays[std::to_string(t.GlobalRank(r))] = d;
-      }
+      RankDelay x;
+      x.rank = r;
+      x.delay = d;
+      x.excess = d - peer_median;
+      x.z = x.excess / RobustSigma(peers, peer_median);
+      x.clear_max = d == top && top - second > c.min_excess_seconds;
+      if (x.excess > c.min_excess_seconds && (x.z > kCulpritZ || x.clear_max)) outliers.push_back(x);
     }
+  }
+  // A rank that alone holds every collective back by (factor - 1) x the baseline slows it by the
+  // factor, as the communicator's own check would have it had that rank entered last.
+  std::vector<RankDelay> culprit_delays;
+  for (const RankDelay& x : outliers)
+    if (comm_slow || (x.excess > (c.factor - 1) * base && (x.z > kLoneCulpritZ || x.clear_max)))
+      culprit_delays.push_back(x);
+  if (!comm_slow && culprit_delays.empty()) return;
+
+  std::vector<int> culprits;
+  for (const RankDelay& x : culprit_delays) culprits.push_back(x.rank);
+  double peers_for_message = kNaN;
+  if (delays.size() >= 2) {
     std::vector<double> others;
     for (const auto& [r, d] : delays)
       if (!std::binary_search(culprits.begin(), culprits.end(), r)) others.push_back(d);
     peers_for_message = Median(others);
   }
   culprits = GlobalRanks(t, culprits);  // from here on, as the job names them
+  nlohmann::json delay_json = nlohmann::json::object();
+  double worst = 0;
+  for (size_t i = 0; i < culprits.size(); ++i) {
+    delay_json[std::to_string(culprits[i])] = culprit_delays[i].delay;
+    worst = std::max(worst, culprit_delays[i].excess);
+  }
 
   const std::string name = std::string(trace::OpName(op)) + " on comm " + std::to_string(comm);
   Anomaly a;
@@ -108,17 +152,27 @@ void SlowCollectiveDetector::Check(const Timeline& t, uint32_t comm, Op op, OpSt
   a.evidence["factor_threshold"] = c.factor;
   a.evidence["baseline_window"] = st->baseline.size();
   a.evidence["recent_window"] = st->recent.size();
-  a.evidence["posted_delay_median_seconds"] = culprit_delays;
+  a.evidence["posted_delay_median_seconds"] = delay_json;
   a.evidence["peers_posted_delay_median_seconds"] = Number(peers_for_message);
-  std::string what = name + " slowed to " + Duration(recent) + " (median of the last " +
-                     std::to_string(st->recent.size()) + ", baseline " + Duration(base) +
-                     (base > 0 ? ", x" + Fmt("%.1f", recent / base) : std::string()) + ")";
+  // "communicator": its median duration slowed past the factor; "rank": it did not (the late
+  // ranks entered early enough to hide it), but the named ranks hold their part back that long.
+  a.evidence["trigger"] = comm_slow ? "communicator" : "rank";
+  std::string what;
+  if (comm_slow) {
+    what = name + " slowed to " + Duration(recent) + " (median of the last " + std::to_string(st->recent.size()) +
+           ", baseline " + Duration(base) + (base > 0 ? ", x" + Fmt("%.1f", recent / base) : std::string()) + ")";
+  } else {
+    const double held = base + worst;
+    a.evidence["held_back_factor"] = base > 0 ? Number(held / base) : nlohmann::json(nullptr);
+    what = name + " held back to " + Duration(held) + " by late parts (baseline " + Duration(base) +
+           (base > 0 ? ", x" + Fmt("%.1f", held / base) : std::string()) + "; from the last entry " +
+           Duration(recent) + ", median of the last " + std::to_string(st->recent.size()) + ")";
+  }
   if (culprits.empty()) {
     what += ": no rank stands out, the whole communicator is slow";
   } else {
     std::string each;
-    for (int r : culprits)
-      each += (each.empty() ? "" : ", ") + Duration(culprit_delays[std::to_string(r)].get<double>());
+    for (const RankDelay& x : culprit_delays) each += (each.empty() ? "" : ", ") + Duration(x.delay);
     what += ": " + Ranks(culprits) + " post" + (culprits.size() == 1 ? "s " : " ") + (culprits.size() == 1 ? "its" : "their") +
             " part " + each + " after entering (peers " + Duration(peers_for_message) + ")";
   }

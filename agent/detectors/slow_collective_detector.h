@@ -6,6 +6,14 @@
 // min_excess_seconds, it fires. Culprits are the ranks whose contribution leaves late
 // (CollectivePosted - CollectiveBegin, median over the recent window) compared with their peers;
 // with none standing out, no rank is named and the whole communicator is reported slow.
+//
+// It also fires on a rank alone: one whose median posted delay exceeds its peers' by more than
+// (factor - 1) x the baseline median (and min_excess_seconds, by many robust sigmas or as the one
+// clear maximum) holds every collective back by the factor, even when the duration above hides it.
+// That is a slow link on one rank of many: among a thousand ranks the last member enters tens of ms
+// after a typical one, so a typical rank posting its part late holds the collective back past that
+// entry by much less than it holds its part. Such an anomaly names that rank, with evidence
+// "trigger": "rank" (else "communicator").
 // Cooldown per (comm, op).
 //
 // Thread safety: none (see agent/detector.h).

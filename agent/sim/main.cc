@@ -13,6 +13,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -90,6 +91,10 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(1, 256));
   app.add_flag("-v,--verbose", verbose, "One line per drill on stderr");
+  std::vector<size_t> only;
+  app.add_option("--only", only,
+                 "Run only these drills of the seed's list, by the numbers the report's misses give (to reproduce "
+                 "one; the rest are skipped and left out of the report)");
   CLI11_PARSE(app, argc, argv);
   if (config.ranks % config.nodes != 0) {
     std::cerr << "lifeline-sim: --ranks " << config.ranks << " is not a multiple of --nodes " << config.nodes
@@ -101,7 +106,18 @@ int main(int argc, char** argv) {
   std::cerr << "lifeline-sim: " << config.ranks << " ranks on " << config.nodes << " nodes, " << drills
             << " drills and " << clean << " clean runs, seed " << seed << ", " << threads << " thread(s)" << std::endl;
 
-  const std::vector<Drill> list = lifeline::agent::sim::MakeDrills(config, drills, clean, seed);
+  std::vector<Drill> list = lifeline::agent::sim::MakeDrills(config, drills, clean, seed);
+  if (!only.empty()) {
+    std::vector<Drill> picked;
+    for (size_t i : only) {
+      if (i >= list.size()) {
+        std::cerr << "lifeline-sim: --only " << i << ": the seed's list has " << list.size() << " drills" << std::endl;
+        return 2;
+      }
+      picked.push_back(list[i]);
+    }
+    list = std::move(picked);
+  }
   std::vector<DrillResult> results(list.size());
   std::atomic<size_t> next{0};
   std::atomic<size_t> finished{0};

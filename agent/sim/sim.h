@@ -46,6 +46,12 @@ struct Fault {
   double factor = 1;        // kStraggler, kSlowLink
   int wait_status = 0;      // kCrash: as waitpid reports it
   double at_fraction = 0.5; // kCrash, kNodeLoss: how far into the step's compute
+  // kCrash: peers it brings down, as gloo and NCCL do when a connection closes: each fails with
+  // exit status 1 `echo_after_seconds` after the crash (or after it entered the collective the
+  // crashed rank never joins, if later), inside that collective. They are no culprits: an anomaly
+  // naming one is a false alarm. Random drills have none; tests set them.
+  std::vector<int> echo_ranks;
+  double echo_after_seconds = 0.05;
 };
 
 struct Drill {
@@ -93,6 +99,8 @@ struct FaultOutcome {
   double onset_seconds = 0;  // hang: the stalled collective's first begin; crash and node loss:
                              // the exit; straggler and slow link: the first slowed step
   bool named = false;        // the expected kind named every culprit
+  bool preempted = false;    // it began after its node's agent had left the round (seen a restart
+                             // for another fault): its ranks were being stopped, it is not scored
   double latency_seconds = -1;  // the first such anomaly after the onset; -1 when not named
 };
 

@@ -3,6 +3,7 @@
 #include "agent/sim/sim.h"
 
 #include <algorithm>
+#include <csignal>
 #include <set>
 #include <string>
 
@@ -93,6 +94,69 @@ TEST(SimTest, DrillsRepeatFromTheirSeed) {
   const DrillResult y = RunDrill(config, a[0]);
   EXPECT_EQ(x.verdict, y.verdict);
   EXPECT_EQ(x.raised.size(), y.raised.size());
+}
+
+
+// Two ranks on two nodes fail on their own in the same step, both with an exit status (which a
+// peer's failure could also cause), 64 ms apart: each died in its compute, not in a collective, so
+// neither is held as the other's echo, and both are named, unless the second node had already left
+// the round for the first's restart when its rank failed (its ranks were being stopped: not scored;
+// the agents' phases vary by seed).
+TEST(SimTest, TwoIndependentCrashesOnTwoNodesAreBothNamed) {
+  const SimConfig config = SmallJob();
+  int both = 0;
+  for (uint64_t seed = 1; seed <= 8; ++seed) {
+    Drill d;
+    d.name = "crash+crash";
+    d.seed = seed;
+    Fault a;
+    a.kind = FaultKind::kCrash;
+    a.rank = 9;  // node 1
+    a.step = 62;
+    a.wait_status = 1 << 8;  // exit(1)
+    a.at_fraction = 0.1;
+    Fault b = a;
+    b.rank = 50;  // node 6
+    b.wait_status = SIGABRT;
+    b.at_fraction = 0.9;
+    d.faults = {a, b};
+    d.steps = 63;
+    const DrillResult r = RunDrill(config, d);
+    ASSERT_EQ(r.faults.size(), 2u);
+    EXPECT_TRUE(r.faults[0].named) << Describe(r);
+    EXPECT_TRUE(r.faults[1].named || r.faults[1].preempted) << Describe(r);
+    EXPECT_TRUE(r.echoes.empty()) << Describe(r);
+    EXPECT_TRUE(r.correct) << Describe(r);
+    both += r.faults[1].named ? 1 : 0;
+  }
+  EXPECT_GE(both, 4);
+}
+
+// A crash that brings peers on two other nodes down (exit status 1, inside the allreduce the crashed
+// rank never joined, 50 ms later): those are echoes, held and logged as such, and only the crashed
+// rank is named.
+TEST(SimTest, EchoesOfACrashOnOtherNodesAreHeldNotNamed) {
+  const SimConfig config = SmallJob();
+  Drill d;
+  d.name = "crash";
+  d.seed = 9;
+  Fault f;
+  f.kind = FaultKind::kCrash;
+  f.rank = 9;  // node 1
+  f.step = 62;
+  f.wait_status = 1 << 8;
+  f.at_fraction = 0.3;
+  f.echo_ranks = {30, 50};  // nodes 3 and 6
+  d.faults = {f};
+  d.steps = 63;
+  const DrillResult r = RunDrill(config, d);
+  ASSERT_EQ(r.faults.size(), 1u);
+  EXPECT_TRUE(r.faults[0].named) << Describe(r);
+  EXPECT_EQ(r.false_alarms, 0) << Describe(r);
+  EXPECT_TRUE(r.correct) << Describe(r);
+  std::vector<int> echoes = r.echoes;
+  std::sort(echoes.begin(), echoes.end());
+  EXPECT_EQ(echoes, (std::vector<int>{30, 50})) << Describe(r);
 }
 
 }  // namespace

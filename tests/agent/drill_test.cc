@@ -149,6 +149,9 @@ TEST_F(DrillTest, SlowComputeIsNamedAStragglerAndOnlyLogged) {
   Outcome o;
   ASSERT_NO_FATAL_FAILURE(RunSlowdown("slow", "slow@3:30:40", "straggler", &o));
   for (const auto& a : o.anomalies) {
+    // On a loaded machine every allreduce may slow down together ("no rank stands out"): that
+    // names no one, so it blames no innocent rank; only the culprits named matter here.
+    if (a["kind"] == "slow_collective" && a["ranks"].empty()) continue;
     EXPECT_EQ(a["ranks"], nlohmann::json::array({3})) << a.dump();
     EXPECT_NE(a["kind"], "hang") << a.dump();
     EXPECT_NE(a["kind"], "dead") << a.dump();
