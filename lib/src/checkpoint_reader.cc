@@ -1,5 +1,7 @@
 #include "lib/src/checkpoint_reader.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
@@ -31,6 +33,16 @@ std::string ShapeString(const std::vector<int64_t>& v) {
 constexpr uint64_t kHugePageBytes = 2ull << 20;
 constexpr uint64_t kHugeStagingBytes = 4ull << 20;
 constexpr uint64_t kReadAheadBytes = 32ull << 20;
+// Reads of spans that are adjacent in a file, or share a 4096-byte block, are merged into one
+// read of at most this many bytes (plus the alignment slack at its ends): 256 KiB chunks then cost
+// one I/O per 8 MiB rather than one each, which is what a virtio disk needs to reach its limit
+// (its requests are at most 4 MiB; smaller ones each cost it latency). At least
+// kMinReadsInFlight merged reads fit in the read-ahead.
+constexpr uint64_t kMergeBytes = 8ull << 20;
+// Objects up to this size stored next to the chunks a load reads are read with them (and kept in
+// memory until ReadObject asks for them).
+constexpr uint64_t kPrefetchObjectBytes = 1ull << 20;
+constexpr uint64_t kMinReadsInFlight = 4;
 
 // One contiguous extent of a data file to read and hand to a consumer.
 struct ReadSpan {
@@ -40,8 +52,25 @@ struct ReadSpan {
   uint64_t tag = 0;  // the consumer's
 };
 
+// Writes zeros into the pages of [p, p + n) not yet present, so that a direct read into them does
+// not fault them in one by one while the device waits.
+void PopulatePages(uint8_t* p, uint64_t n) {
+#ifdef MADV_POPULATE_WRITE
+  if (madvise(p, n, MADV_POPULATE_WRITE) == 0) return;
+#else
+  if (madvise(p, n, 23) == 0) return;  // Linux 5.14's value, for older headers
+#endif
+  for (uint64_t off = 0; off < n; off += kDirectIoAlignment) {
+    volatile uint8_t* q = p + off;
+    *q = *q;
+  }
+}
+
 // Reads spans of the checkpoint's data files with aligned (O_DIRECT where possible) reads, many in
 // flight, within a memory budget, and passes each span's bytes to `consume` on this thread.
+// Spans that follow each other in the order given, in the same file with no whole 4096-byte block
+// between them, are read together: small chunks cost one read per run rather than one each, and
+// a block two unaligned chunks share is read once.
 class SpanReader {
  public:
   SpanReader(Env* env, const std::string& step_dir, const format::CheckpointIndex& manifest,
@@ -50,22 +79,55 @@ class SpanReader {
 
   template <typename Consume>
   Status Run(const std::vector<ReadSpan>& spans, Consume&& consume) {
-    if (spans.empty()) return Status::OK();
-    uint64_t longest = 0;
-    for (const ReadSpan& s : spans) longest = std::max(longest, s.length);
-    const uint64_t slot_bytes = AlignUp(longest, kDirectIoAlignment) + kDirectIoAlignment;
     // Read-ahead is bounded by bytes as well as by the queue depth: every staging byte is fresh
     // memory the kernel must zero (on a small VM, slower than the disk delivers), and about 32 MiB
     // in flight per reader already keeps a fast device busy.
-    const unsigned depth = std::max(1u, options_.queue_depth);
     const uint64_t staging_cap = std::min(options_.memory_budget, kReadAheadBytes);
-    const size_t slots = std::clamp<uint64_t>(staging_cap / slot_bytes, 1, depth);
+    // Merged reads stay small enough that several fit in the staging at once.
+    const uint64_t merge_cap =
+        std::max(kDirectIoAlignment,
+                 AlignDown(std::min(kMergeBytes, staging_cap / kMinReadsInFlight), kDirectIoAlignment)) +
+        kDirectIoAlignment;
+    std::vector<Read> reads;
+    std::vector<size_t> members;  // span indexes; each read's are a contiguous range of them
+    for (size_t i = 0; i < spans.size(); ++i) {
+      const ReadSpan& span = spans[i];
+      if (span.length == 0) {  // nothing to read (an empty object)
+        static const uint8_t kNothing = 0;
+        LL_RETURN_IF_ERROR(consume(span, &kNothing));
+        continue;
+      }
+      const uint64_t start = AlignDown(span.offset, kDirectIoAlignment);
+      const uint64_t end = AlignUp(span.offset + span.length, kDirectIoAlignment);
+      if (!reads.empty()) {
+        Read& last = reads.back();
+        if (span.file == last.file && start >= last.start && start <= last.end &&
+            std::max(end, last.end) - last.start <= merge_cap) {
+          last.end = std::max(end, last.end);
+          members.push_back(i);
+          ++last.members_end;
+          continue;
+        }
+      }
+      reads.push_back(Read{span.file, start, end, members.size(), members.size() + 1});
+      members.push_back(i);
+    }
+    if (reads.empty()) return Status::OK();
+    uint64_t slot_bytes = 0;
+    for (const Read& r : reads) slot_bytes = std::max(slot_bytes, r.end - r.start);
+    const unsigned depth = std::max(1u, options_.queue_depth);
+    const size_t in_flight_max =
+        std::clamp<uint64_t>(staging_cap / slot_bytes, 1, std::min<uint64_t>(depth, reads.size()));
+    // One slot more than the reads in flight, where the budget allows: the one being consumed.
+    const size_t slots = std::min<uint64_t>(
+        {in_flight_max + 1, std::max<uint64_t>(1, options_.memory_budget / slot_bytes), reads.size()});
     // Staging in huge pages where the kernel gives them: a direct read into 4 KiB pages is cut into
     // requests of as many pages as the device takes segments (254 on virtio-blk: 1 MiB), and costs
     // the kernel a page-pinning walk per page; on such a disk that alone halves the throughput.
-    // It is faulted in before the first read, so that no read waits for pages to be zeroed and no
-    // other rank's thread waits on this process's memory map meanwhile. Small staging (a single
-    // object) stays in small pages.
+    // Each slot is faulted in just before its first read, so that no read waits for pages to be
+    // zeroed and no other rank's thread waits on this process's memory map meanwhile, while the
+    // first read starts after one slot's worth of zeroing rather than the whole staging's. Small
+    // staging (a single object) stays in small pages.
     const uint64_t staging_bytes = slots * slot_bytes;
     const bool huge = staging_bytes >= kHugeStagingBytes;
     Result<MappedRegion> mapped =
@@ -74,70 +136,63 @@ class SpanReader {
       return Status::ResourceExhausted(step_dir_, "cannot map " + std::to_string(staging_bytes) +
                                                       " bytes of read staging: " + mapped.status().message());
     MappedRegion staging = std::move(mapped).value();
-    if (huge) staging.Prefault();
     std::vector<size_t> free_slots;
     for (size_t i = slots; i-- > 0;) free_slots.push_back(i);
+    std::vector<bool> populated(slots, !huge);
     auto slot_data = [&](size_t slot) { return staging.data() + slot * slot_bytes; };
     IoQueueOptions qopt;
-    qopt.depth = static_cast<unsigned>(slots);
+    qopt.depth = static_cast<unsigned>(in_flight_max);
     LL_ASSIGN_OR_RETURN(std::unique_ptr<IoQueue> queue, env_->NewIoQueue(qopt));
-    std::vector<size_t> span_of_slot(slots);
-    std::vector<uint64_t> aligned_start(slots);
+    std::vector<size_t> read_of_slot(slots);
     std::vector<IoCompletion> done;
     Status first_error;
     size_t next = 0;
-    while ((next < spans.size() && first_error.ok()) || queue->in_flight() > 0) {
-      while (next < spans.size() && !free_slots.empty() && first_error.ok()) {
-        const ReadSpan& span = spans[next];
-        if (span.length == 0) {  // nothing to read (an empty object)
-          static const uint8_t kNothing = 0;
-          first_error = consume(span, &kNothing);
-          ++next;
-          continue;
-        }
+    // Starts reads while slots are free.
+    auto fill = [&] {
+      while (next < reads.size() && !free_slots.empty() && queue->in_flight() < in_flight_max &&
+             first_error.ok()) {
+        const Read& read = reads[next];
         RandomAccessFile* file = nullptr;
-        Status s = OpenFile(span.file, &file);
-        if (!s.ok()) {
-          first_error = s;
-          break;
-        }
+        first_error = OpenFile(read.file, &file);
+        if (!first_error.ok()) return;
         const size_t slot = free_slots.back();
-        free_slots.pop_back();
-        const uint64_t start = AlignDown(span.offset, kDirectIoAlignment);
-        const uint64_t end = AlignUp(span.offset + span.length, kDirectIoAlignment);
+        if (!populated[slot]) {
+          PopulatePages(slot_data(slot), slot_bytes);
+          populated[slot] = true;
+        }
         IoRequest req;
         req.kind = IoRequest::Kind::kRead;
         req.reader = file;
-        req.offset = start;
+        req.offset = read.start;
         req.buffer = slot_data(slot);
-        req.length = end - start;
+        req.length = read.end - read.start;
         req.tag = slot;
-        span_of_slot[slot] = next;
-        aligned_start[slot] = start;
-        s = queue->Submit(req);
-        if (!s.ok()) {
-          free_slots.push_back(slot);
-          first_error = s;
-          break;
-        }
-        bytes_read_ += end - start;
+        first_error = queue->Submit(req);
+        if (!first_error.ok()) return;
+        free_slots.pop_back();
+        read_of_slot[slot] = next;
+        bytes_read_ += read.end - read.start;
         ++next;
       }
-      if (queue->in_flight() == 0) break;
+    };
+    fill();
+    while (queue->in_flight() > 0) {
       done.clear();
       Status s = queue->Reap(1, &done);
       if (!s.ok()) return s;  // the queue is unusable; its destructor waits for the kernel
       for (const IoCompletion& c : done) {
         const size_t slot = static_cast<size_t>(c.tag);
-        const ReadSpan& span = spans[span_of_slot[slot]];
-        if (first_error.ok()) {
-          if (!c.status.ok()) {
-            first_error = c.status;
-          } else {
-            first_error = consume(span, slot_data(slot) + (span.offset - aligned_start[slot]));
-          }
+        const Read& read = reads[read_of_slot[slot]];
+        if (first_error.ok()) first_error = c.status;
+        // The spare slot takes the next read before this one is consumed: the device is never
+        // left with fewer reads while the thread copies and checksums.
+        fill();
+        for (size_t k = read.members_begin; k < read.members_end && first_error.ok(); ++k) {
+          const ReadSpan& span = spans[members[k]];
+          first_error = consume(span, slot_data(slot) + (span.offset - read.start));
         }
         free_slots.push_back(slot);
+        fill();
       }
     }
     return first_error;
@@ -158,6 +213,13 @@ class SpanReader {
   std::string FilePath(uint32_t index) const { return JoinPath(step_dir_, manifest_.files[index].name); }
 
  private:
+  // One aligned read: [start, end) of a file, holding spans members[members_begin, members_end).
+  struct Read {
+    uint32_t file;
+    uint64_t start, end;
+    size_t members_begin, members_end;
+  };
+
   Env* env_;
   const std::string& step_dir_;
   const format::CheckpointIndex& manifest_;
@@ -370,8 +432,44 @@ Result<LoadStats> CheckpointReader::Load(const std::vector<TensorShard>& targets
   }
   first_copy.push_back(copies.size());
   std::vector<ReadSpan> ordered = spans;
-  std::sort(ordered.begin(), ordered.end(),
-            [](const ReadSpan& a, const ReadSpan& b) { return a.file != b.file ? a.file < b.file : a.offset < b.offset; });
+  auto file_order = [](const ReadSpan& a, const ReadSpan& b) {
+    return a.file != b.file ? a.file < b.file : a.offset < b.offset;
+  };
+  std::sort(ordered.begin(), ordered.end(), file_order);
+  // Small objects stored next to the chunks read (a rank's objects follow its chunks in its file)
+  // join their reads, so that ReadObject right after the load costs no I/O of its own.
+  prefetched_objects_.clear();
+  const uint64_t first_object_tag = spans.size();
+  {
+    std::vector<bool> file_read(m.files.size(), false);
+    for (const ReadSpan& s : ordered) file_read[s.file] = true;
+    std::vector<ReadSpan> candidates;
+    for (uint64_t o = 0; o < m.objects.size(); ++o) {
+      const format::ObjectInfo& obj = m.objects[o];
+      if (obj.length > 0 && obj.length <= kPrefetchObjectBytes && file_read[obj.file])
+        candidates.push_back(ReadSpan{obj.file, obj.offset, obj.length, first_object_tag + o});
+    }
+    if (!candidates.empty()) {
+      std::vector<ReadSpan> all = ordered;
+      all.insert(all.end(), candidates.begin(), candidates.end());
+      std::stable_sort(all.begin(), all.end(), file_order);
+      // An object is kept when no whole 4096-byte block separates it from a span kept before or
+      // after it in its file: reading it then only widens a read the load makes anyway.
+      std::vector<bool> keep(all.size());
+      for (size_t i = 0; i < all.size(); ++i) keep[i] = all[i].tag < first_object_tag;
+      auto touching = [](const ReadSpan& a, const ReadSpan& b) {  // a before b
+        return a.file == b.file &&
+               AlignDown(b.offset, kDirectIoAlignment) <= AlignUp(a.offset + a.length, kDirectIoAlignment);
+      };
+      for (size_t i = 1; i < all.size(); ++i)
+        if (!keep[i] && keep[i - 1] && touching(all[i - 1], all[i])) keep[i] = true;
+      for (size_t i = all.size() - 1; i-- > 0;)
+        if (!keep[i] && keep[i + 1] && touching(all[i], all[i + 1])) keep[i] = true;
+      ordered.clear();
+      for (size_t i = 0; i < all.size(); ++i)
+        if (keep[i]) ordered.push_back(all[i]);
+    }
+  }
 
   // A chunk stored raw that lands whole in one contiguous stretch of one target (every chunk of a
   // load into the saving layout) is copied and checksummed in one pass over memory.
@@ -398,6 +496,13 @@ Result<LoadStats> CheckpointReader::Load(const std::vector<TensorShard>& targets
   const ReaderOptions staging = AfterDecoding(options_, decoder);
   SpanReader reader(env_, step_dir_, m, staging);
   Status s = reader.Run(ordered, [&](const ReadSpan& span, const uint8_t* stored) -> Status {
+    if (span.tag >= first_object_tag) {
+      // Damage is reported by the ReadObject that asks for it, not by this load.
+      const uint64_t o = span.tag - first_object_tag;
+      if (format::Checksum64(stored, span.length) == m.objects[o].checksum)
+        prefetched_objects_.emplace(o, std::string(reinterpret_cast<const char*>(stored), span.length));
+      return Status::OK();
+    }
     const uint64_t c = copies[first_copy[span.tag]].chunk;
     if (uint8_t* dst = whole_destination[span.tag]; dst != nullptr) {
       if (CopyAndHash(dst, stored, span.length) != m.chunks[c].checksum)
@@ -639,6 +744,14 @@ Status CheckpointReader::Verify(VerifyReport* report) {
 }
 
 Result<std::string> CheckpointReader::ReadObject(const format::ObjectInfo& object) {
+  if (&object >= manifest_.objects.data() && &object < manifest_.objects.data() + manifest_.objects.size()) {
+    auto it = prefetched_objects_.find(static_cast<uint64_t>(&object - manifest_.objects.data()));
+    if (it != prefetched_objects_.end()) {
+      std::string bytes = std::move(it->second);
+      prefetched_objects_.erase(it);
+      return bytes;
+    }
+  }
   std::string out;
   SpanReader reader(env_, step_dir_, manifest_, options_);
   std::vector<ReadSpan> spans{ReadSpan{object.file, object.offset, object.length, 0}};

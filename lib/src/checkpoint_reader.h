@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "formats/model.h"
@@ -25,16 +26,18 @@ namespace lifeline {
 Result<std::vector<CheckpointInfo>> ScanCheckpoints(Env* env, const std::string& root);
 
 struct ReaderOptions {
-  // Bytes of read staging in flight during Load/Verify, including the buffer compressed chunks are
-  // decoded into (one chunk's raw size; twice that with byte grouping). Reads in flight take at
-  // most 32 MiB of it (huge pages where the kernel gives them), whatever the budget.
+  // Bytes of read staging during Load/Verify, including the buffer compressed chunks are decoded
+  // into (one chunk's raw size; twice that with byte grouping). Reads in flight take at most 32 MiB
+  // of it (huge pages where the kernel gives them), whatever the budget, plus one read's worth
+  // being checked while the next goes out. Chunks adjacent in a file are read together, up to
+  // 8 MiB a read.
   uint64_t memory_budget = 256ull << 20;
   unsigned queue_depth = 16;
   bool direct_io = true;
 };
 
 struct LoadStats {
-  uint64_t bytes_read = 0;       // from storage, including alignment slack
+  uint64_t bytes_read = 0;       // from storage, including alignment slack (each block once per read)
   uint64_t bytes_scattered = 0;  // into targets
   uint64_t chunks_read = 0;
 };
@@ -69,6 +72,8 @@ class CheckpointReader {
   // tensor, file and offset). Chunks are checksummed as stored, then decoded; a raw chunk that
   // lands whole in one contiguous stretch of a target is copied and checksummed in one pass, so
   // after a failure the targets' contents are unspecified.
+  // Small objects stored next to the chunks read (up to 1 MiB each) are read and checksummed with
+  // them, and the next ReadObject of each returns them without reading again.
   Result<LoadStats> Load(const std::vector<TensorShard>& targets);
 
   // Checks every byte of the checkpoint: decodes every rank index and the manifest (when there is
@@ -88,6 +93,9 @@ class CheckpointReader {
   std::string step_dir_;
   format::CheckpointIndex manifest_;
   ReaderOptions options_;
+  // Objects the last Load read along with its chunks, checksum-verified, by index into
+  // manifest_.objects; ReadObject hands each out once.
+  std::unordered_map<uint64_t, std::string> prefetched_objects_;
 };
 
 }  // namespace lifeline

@@ -189,6 +189,125 @@ TEST_F(CheckpointReaderTest, EveryChunkIsVerifiedWhetherCopiedWholeOrScattered) 
   EXPECT_NE(std::string::npos, loaded.status().ToString().find("chunk 3 of fragment 0")) << loaded.status().ToString();
 }
 
+// Chunks of 1024 bytes lie back to back, most of them across 4096-byte blocks: they are read in
+// one go, so no block is read twice and the load takes no more than the file's data blocks.
+TEST_F(CheckpointReaderTest, AdjacentSmallChunksAreReadOnceInOneGo) {
+  Save(1);
+  auto reader = CheckpointReader::Open(env_.get(), "/ckpt", 1);
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  std::vector<float> whole(kRows * kCols, -1.0f);
+  auto loaded = (*reader)->Load({TensorShard::Whole("w", DType::kF32, {kRows, kCols}, whole.data())});
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_EQ(w_, whole);
+  EXPECT_EQ(8u, loaded->chunks_read);
+  // 8000 bytes from offset 4096: blocks 4096-12287, read once (one read per chunk would be 32 KiB).
+  EXPECT_EQ(8192u, loaded->bytes_read);
+
+  // The same holds for a piece that needs a run of chunks out of the middle: rows 10-29 are
+  // elements 500-1499, bytes 2000-5999 of "w", chunks 1-5.
+  std::vector<float> rows(20 * kCols, -1.0f);
+  loaded = (*reader)->Load({TensorShard::Box("w", DType::kF32, {kRows, kCols}, {10, 0}, {20, kCols}, rows.data())});
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  for (int64_t i = 0; i < 20 * kCols; ++i) ASSERT_EQ(w_[10 * kCols + i], rows[i]) << i;
+  EXPECT_EQ(5u, loaded->chunks_read);
+  EXPECT_EQ(8192u, loaded->bytes_read);  // bytes 5120-10239 of the file
+}
+
+// A chunk in the middle of a merged read is still checked on its own: the error names it, its
+// tensor, file and offset, and a piece that avoids it loads.
+TEST_F(CheckpointReaderTest, ADamagedChunkInsideAMergedReadIsNamed) {
+  Save(1);
+  FlipByte(DataFile(1), kDataHeaderBytes + 4 * 1024 + 7);  // chunk 4 of 8
+  auto reader = CheckpointReader::Open(env_.get(), "/ckpt", 1);
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  std::vector<float> whole(kRows * kCols);
+  auto loaded = (*reader)->Load({TensorShard::Whole("w", DType::kF32, {kRows, kCols}, whole.data())});
+  ASSERT_TRUE(loaded.status().IsCorruption()) << loaded.status().ToString();
+  const std::string message = loaded.status().ToString();
+  EXPECT_NE(std::string::npos, message.find("chunk 4 of fragment 0")) << message;
+  EXPECT_NE(std::string::npos, message.find("tensor 'w'")) << message;
+  EXPECT_NE(std::string::npos, message.find(DataFile(1))) << message;
+  EXPECT_NE(std::string::npos, message.find("offset " + std::to_string(kDataHeaderBytes + 4 * 1024))) << message;
+  // Rows 0-19 are bytes 0-3999: chunks 0-3, in the same 4096-byte blocks as chunk 4 but not it.
+  std::vector<float> top(20 * kCols);
+  auto first_rows = (*reader)->Load({TensorShard::Box("w", DType::kF32, {kRows, kCols}, {0, 0}, {20, kCols}, top.data())});
+  ASSERT_TRUE(first_rows.ok()) << first_rows.status().ToString();
+  for (int64_t i = 0; i < 20 * kCols; ++i) ASSERT_EQ(w_[i], top[i]) << i;
+}
+
+// Two ranks' files, loaded into four column blocks and an odd box: every element right, and no
+// byte of either file read twice.
+TEST_F(CheckpointReaderTest, ALoadIntoAnotherLayoutIsElementExactAndReadsEachBlockOnce) {
+  Save(1, 0, 2);
+  Save(1, 1, 2);
+  auto reader = CheckpointReader::Open(env_.get(), "/ckpt", 1);
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  std::vector<std::vector<float>> blocks(4, std::vector<float>(kRows * 13, -1.0f));
+  std::vector<TensorShard> targets;
+  const int64_t starts[] = {0, 13, 26, 39}, widths[] = {13, 13, 13, 11};
+  for (int b = 0; b < 4; ++b)
+    targets.push_back(TensorShard::Box("w", DType::kF32, {kRows, kCols}, {0, starts[b]}, {kRows, widths[b]},
+                                       blocks[b].data()));
+  std::vector<float> odd(7 * 9, -1.0f);
+  targets.push_back(TensorShard::Box("w", DType::kF32, {kRows, kCols}, {17, 3}, {7, 9}, odd.data()));
+  auto loaded = (*reader)->Load(targets);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  for (int b = 0; b < 4; ++b)
+    for (int64_t r = 0; r < kRows; ++r)
+      for (int64_t c = 0; c < widths[b]; ++c)
+        ASSERT_EQ(w_[r * kCols + starts[b] + c], blocks[b][r * widths[b] + c]) << b << ": " << r << "," << c;
+  for (int64_t r = 0; r < 7; ++r)
+    for (int64_t c = 0; c < 9; ++c) ASSERT_EQ(w_[(r + 17) * kCols + c + 3], odd[r * 9 + c]) << r << "," << c;
+  // Each rank's 4000 bytes (and its object after them) lie in one 4096-byte block.
+  EXPECT_EQ(2u * 4096u, loaded->bytes_read);
+}
+
+// The objects stored after a rank's chunks come in with the load's reads; ReadObject hands them
+// out verified, and damage to one fails ReadObject, not the load.
+TEST_F(CheckpointReaderTest, ObjectsNextToTheChunksComeWithTheLoadAndAreStillVerified) {
+  Save(1);
+  auto reader = CheckpointReader::Open(env_.get(), "/ckpt", 1);
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  ASSERT_EQ(1u, (*reader)->manifest().objects.size());
+  const format::ObjectInfo object = (*reader)->manifest().objects[0];
+  std::vector<float> whole(kRows * kCols);
+  auto loaded = (*reader)->Load({TensorShard::Whole("w", DType::kF32, {kRows, kCols}, whole.data())});
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_EQ(8192u, loaded->bytes_read);  // the object shares the last block of the chunks
+  for (int i = 0; i < 2; ++i) {  // handed out once, then read again
+    auto rng = (*reader)->ReadObject((*reader)->manifest().objects[0]);
+    ASSERT_TRUE(rng.ok()) << rng.status().ToString();
+    EXPECT_EQ("rng-state-of-rank-0", *rng);
+  }
+
+  FlipByte(DataFile(1), object.offset + 3);
+  reader = CheckpointReader::Open(env_.get(), "/ckpt", 1);
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  loaded = (*reader)->Load({TensorShard::Whole("w", DType::kF32, {kRows, kCols}, whole.data())});
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_EQ(w_, whole);
+  auto rng = (*reader)->ReadObject((*reader)->manifest().objects[0]);
+  ASSERT_TRUE(rng.status().IsCorruption()) << rng.status().ToString();
+  EXPECT_NE(std::string::npos, rng.status().ToString().find("object 'rng'")) << rng.status().ToString();
+}
+
+// A budget smaller than one read still loads: one read at a time.
+TEST_F(CheckpointReaderTest, ATinyMemoryBudgetStillLoadsEverything) {
+  Save(1, 0, 2);
+  Save(1, 1, 2);
+  ReaderOptions options;
+  options.memory_budget = 1024;
+  options.queue_depth = 1;
+  auto reader = CheckpointReader::Open(env_.get(), "/ckpt", 1, options);
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  std::vector<float> whole(kRows * kCols, -1.0f);
+  auto loaded = (*reader)->Load({TensorShard::Whole("w", DType::kF32, {kRows, kCols}, whole.data())});
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_EQ(w_, whole);
+  Status verified = (*reader)->Verify(nullptr);
+  EXPECT_TRUE(verified.ok()) << verified.ToString();
+}
+
 TEST_F(CheckpointReaderTest, ADamagedDataHeaderIsFoundByVerify) {
   Save(1);
   FlipByte(DataFile(1), 200);  // in the zero padding of the 4096-byte header
