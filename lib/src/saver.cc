@@ -256,9 +256,9 @@ Result<RankSavePlan> PlanRankSave(const SaveRequest& request, uint64_t replica_s
     const auto* base = static_cast<const uint8_t*>(s.data);
     const int64_t n = region.num_elements();
     if (n == 0) continue;
-    const bool host = column_blocks && s.device < 0;
+    const bool blockable = column_blocks && s.device < 0;  // host shards only (see PlanRankSave)
     if (s.replica_count == 1) {
-      AddFragment(plan, PlannedFragment{tensor, region, base, static_cast<uint32_t>(i)}, elem, host);
+      AddFragment(plan, PlannedFragment{tensor, region, base, static_cast<uint32_t>(i)}, elem, blockable);
     } else if (static_cast<uint64_t>(n) * elem > replica_split_bytes) {
       const int64_t parts = s.replica_count, i_part = s.replica_index;
       const int64_t per = n / parts, extra = n % parts;
@@ -269,9 +269,9 @@ Result<RankSavePlan> PlanRankSave(const SaveRequest& request, uint64_t replica_s
                     PlannedFragment{tensor, format::SubRegion(region, begin, begin + len),
                                     base != nullptr ? base + static_cast<uint64_t>(begin) * elem : nullptr,
                                     static_cast<uint32_t>(i)},
-                    elem, host);
+                    elem, blockable);
     } else if (ReplicaHash(s.name, region) % s.replica_count == s.replica_index) {
-      AddFragment(plan, PlannedFragment{tensor, region, base, static_cast<uint32_t>(i)}, elem, host);
+      AddFragment(plan, PlannedFragment{tensor, region, base, static_cast<uint32_t>(i)}, elem, blockable);
     }
   }
   return plan;
