@@ -57,6 +57,12 @@ class CheckpointReaderTest : public ::testing::Test {
     ASSERT_TRUE(WriteFileAtomically(env_.get(), path, *bytes).ok());
   }
 
+  // Loads the whole of "w" into `whole`, first filled with -1 so that nothing stale passes.
+  static Result<LoadStats> LoadWhole(CheckpointReader* reader, std::vector<float>* whole) {
+    whole->assign(kRows * kCols, -1.0f);
+    return reader->Load({TensorShard::Whole("w", DType::kF32, {kRows, kCols}, whole->data())});
+  }
+
   std::unique_ptr<MemEnv> env_ = NewMemEnv();
   std::vector<float> w_;
 };
@@ -161,8 +167,8 @@ TEST_F(CheckpointReaderTest, EveryChunkIsVerifiedWhetherCopiedWholeOrScattered) 
   Save(1);
   auto reader = CheckpointReader::Open(env_.get(), "/ckpt", 1);
   ASSERT_TRUE(reader.ok()) << reader.status().ToString();
-  std::vector<float> whole(kRows * kCols, -1.0f);
-  auto loaded = (*reader)->Load({TensorShard::Whole("w", DType::kF32, {kRows, kCols}, whole.data())});
+  std::vector<float> whole;
+  auto loaded = LoadWhole(reader->get(), &whole);
   ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
   EXPECT_EQ(w_, whole);
   EXPECT_EQ(8u, loaded->chunks_read);  // 8000 bytes in chunks of 1024
@@ -172,7 +178,7 @@ TEST_F(CheckpointReaderTest, EveryChunkIsVerifiedWhetherCopiedWholeOrScattered) 
   FlipByte(DataFile(1), kDataHeaderBytes + 7 * 1024 + 10);
   reader = CheckpointReader::Open(env_.get(), "/ckpt", 1);
   ASSERT_TRUE(reader.ok()) << reader.status().ToString();
-  loaded = (*reader)->Load({TensorShard::Whole("w", DType::kF32, {kRows, kCols}, whole.data())});
+  loaded = LoadWhole(reader->get(), &whole);
   ASSERT_TRUE(loaded.status().IsCorruption()) << loaded.status().ToString();
   EXPECT_NE(std::string::npos, loaded.status().ToString().find("chunk 7 of fragment 0")) << loaded.status().ToString();
 
@@ -195,8 +201,8 @@ TEST_F(CheckpointReaderTest, AdjacentSmallChunksAreReadOnceInOneGo) {
   Save(1);
   auto reader = CheckpointReader::Open(env_.get(), "/ckpt", 1);
   ASSERT_TRUE(reader.ok()) << reader.status().ToString();
-  std::vector<float> whole(kRows * kCols, -1.0f);
-  auto loaded = (*reader)->Load({TensorShard::Whole("w", DType::kF32, {kRows, kCols}, whole.data())});
+  std::vector<float> whole;
+  auto loaded = LoadWhole(reader->get(), &whole);
   ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
   EXPECT_EQ(w_, whole);
   EXPECT_EQ(8u, loaded->chunks_read);
@@ -220,8 +226,8 @@ TEST_F(CheckpointReaderTest, ADamagedChunkInsideAMergedReadIsNamed) {
   FlipByte(DataFile(1), kDataHeaderBytes + 4 * 1024 + 7);  // chunk 4 of 8
   auto reader = CheckpointReader::Open(env_.get(), "/ckpt", 1);
   ASSERT_TRUE(reader.ok()) << reader.status().ToString();
-  std::vector<float> whole(kRows * kCols);
-  auto loaded = (*reader)->Load({TensorShard::Whole("w", DType::kF32, {kRows, kCols}, whole.data())});
+  std::vector<float> whole;
+  auto loaded = LoadWhole(reader->get(), &whole);
   ASSERT_TRUE(loaded.status().IsCorruption()) << loaded.status().ToString();
   const std::string message = loaded.status().ToString();
   EXPECT_NE(std::string::npos, message.find("chunk 4 of fragment 0")) << message;
@@ -270,8 +276,8 @@ TEST_F(CheckpointReaderTest, ObjectsNextToTheChunksComeWithTheLoadAndAreStillVer
   ASSERT_TRUE(reader.ok()) << reader.status().ToString();
   ASSERT_EQ(1u, (*reader)->manifest().objects.size());
   const format::ObjectInfo object = (*reader)->manifest().objects[0];
-  std::vector<float> whole(kRows * kCols);
-  auto loaded = (*reader)->Load({TensorShard::Whole("w", DType::kF32, {kRows, kCols}, whole.data())});
+  std::vector<float> whole;
+  auto loaded = LoadWhole(reader->get(), &whole);
   ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
   EXPECT_EQ(8192u, loaded->bytes_read);  // the object shares the last block of the chunks
   for (int i = 0; i < 2; ++i) {  // handed out once, then read again
@@ -283,7 +289,7 @@ TEST_F(CheckpointReaderTest, ObjectsNextToTheChunksComeWithTheLoadAndAreStillVer
   FlipByte(DataFile(1), object.offset + 3);
   reader = CheckpointReader::Open(env_.get(), "/ckpt", 1);
   ASSERT_TRUE(reader.ok()) << reader.status().ToString();
-  loaded = (*reader)->Load({TensorShard::Whole("w", DType::kF32, {kRows, kCols}, whole.data())});
+  loaded = LoadWhole(reader->get(), &whole);
   ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
   EXPECT_EQ(w_, whole);
   auto rng = (*reader)->ReadObject((*reader)->manifest().objects[0]);
@@ -300,8 +306,8 @@ TEST_F(CheckpointReaderTest, ATinyMemoryBudgetStillLoadsEverything) {
   options.queue_depth = 1;
   auto reader = CheckpointReader::Open(env_.get(), "/ckpt", 1, options);
   ASSERT_TRUE(reader.ok()) << reader.status().ToString();
-  std::vector<float> whole(kRows * kCols, -1.0f);
-  auto loaded = (*reader)->Load({TensorShard::Whole("w", DType::kF32, {kRows, kCols}, whole.data())});
+  std::vector<float> whole;
+  auto loaded = LoadWhole(reader->get(), &whole);
   ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
   EXPECT_EQ(w_, whole);
   Status verified = (*reader)->Verify(nullptr);
