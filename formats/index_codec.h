@@ -9,10 +9,14 @@
 #ifndef LIFELINE_FORMATS_INDEX_CODEC_H_
 #define LIFELINE_FORMATS_INDEX_CODEC_H_
 
+#include <functional>
+#include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "formats/geometry.h"
 #include "formats/model.h"
 #include "lifeline/status.h"
 
@@ -33,7 +37,8 @@ std::string QuoteUntrusted(std::string_view name);
 // InvalidArgument (caller's input) as the error code. Messages name `source`.
 Status ValidateIndex(const CheckpointIndex& index, std::string_view source, bool untrusted);
 
-// Serialises an index (rank index or manifest). InvalidArgument if ValidateIndex fails.
+// Serialises an index (rank index or manifest). InvalidArgument if ValidateIndex fails. A manifest
+// whose fragments are grouped by tensor in increasing order gets a directory (SPEC §5.5).
 Result<std::string> EncodeIndex(const CheckpointIndex& index);
 
 // Parses and validates. `source` (usually the file path) is used in error messages.
@@ -42,7 +47,8 @@ Result<CheckpointIndex> DecodeIndex(std::string_view bytes, std::string_view sou
 // Builds the manifest of a checkpoint from its rank indexes (one per rank 0..world_size-1, any
 // order): tensors merged by name (dtype and shape must agree, else InvalidArgument naming the
 // tensor and both ranks), files, fragments, chunks and objects concatenated with their references
-// renumbered, metadata taken from rank 0. Fails when the indexes disagree on step, run_id,
+// renumbered, then fragments grouped by tensor (rank order within one) with their chunks, so that
+// the encoded manifest gets a directory (SPEC §5.5); metadata taken from rank 0. Fails when the indexes disagree on step, run_id,
 // world_size or chunk_bytes, when a rank is missing or repeated, or when ValidateCoverage fails.
 Result<CheckpointIndex> BuildManifest(std::vector<CheckpointIndex> rank_indexes);
 
@@ -52,7 +58,58 @@ Result<CheckpointIndex> BuildManifest(std::vector<CheckpointIndex> rank_indexes)
 // InvalidArgument. The message names the tensor, the ranks involved and, for two ranks that
 // stored the same elements, the likely cause (data-parallel copies not marked as replicas).
 // Cost: O(F log F) over the F fragments, never all pairs.
-Status ValidateCoverage(const CheckpointIndex& manifest, std::string_view source, bool untrusted);
+// `only`, when given, limits the check to those tensors (a manifest read in parts).
+Status ValidateCoverage(const CheckpointIndex& manifest, std::string_view source, bool untrusted,
+                        const std::vector<uint32_t>* only = nullptr);
+
+// Reads a manifest in parts (formats/SPEC.md §5.5): the header and the directory, then files,
+// tensors, objects and names (the "head"), then, on request, the fragments and chunks of chosen
+// tensors and nothing else. Every byte used is first checked: the header and the directory by
+// their own checksums, everything else block by block against the directory's checksums. What is
+// read is validated as DecodeIndex validates a whole file (ValidateIndex; coverage for each tensor
+// whose fragments were added). Errors are Corruption naming `source` and the byte offset, block or
+// record; NotSupported for a newer format version.
+//
+// Thread safety: one thread at a time.
+class ManifestPartReader {
+ public:
+  // Reads `length` bytes at `offset` of the file into `out`.
+  using ReadAt = std::function<Status(uint64_t offset, uint64_t length, char* out)>;
+
+  // Reads the header, the directory and the head. Returns null when the file is a manifest without
+  // a directory (written before it existed, or with fragments not grouped by tensor): decode the
+  // whole file with DecodeIndex then.
+  static Result<std::unique_ptr<ManifestPartReader>> Open(ReadAt read, uint64_t file_size, std::string_view source);
+  ~ManifestPartReader();
+
+  // The manifest without fragments and chunks.
+  const CheckpointIndex& head() const;
+
+  // A tensor (index into head().tensors) and the box of it a load fills; no box: all of it.
+  struct TensorBox {
+    uint32_t tensor;
+    std::optional<Box> box;
+  };
+
+  // Appends to `into` (a copy of head() with fragments added only by this reader) the fragments of
+  // the wanted tensors whose boxes meet the wanted boxes: the fragments are read box run by box
+  // run (the fragments of a tensor that share a box, e.g. the DP parts of one TP shard), and a run
+  // is read once however often it is asked for. Their chunks are renumbered to follow those
+  // already in `into`.
+  Status AddFragments(const std::vector<TensorBox>& wanted, CheckpointIndex* into);
+  // The same for whole tensors.
+  Status AddTensors(const std::vector<uint32_t>& tensors, CheckpointIndex* into);
+  // Every fragment not read yet.
+  Status AddAllFragments(CheckpointIndex* into);
+
+  // Bytes of the file read so far.
+  uint64_t bytes_read() const;
+
+ private:
+  struct State;
+  explicit ManifestPartReader(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
 
 }  // namespace lifeline::format
 

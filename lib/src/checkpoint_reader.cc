@@ -19,6 +19,7 @@
 #include "lib/src/load_plan.h"
 #include "lib/src/step_scan.h"
 #include "lifeline/internal/copy_kernel.h"
+#include "lifeline/log.h"
 #include "lifeline/internal/shared_memory.h"
 
 namespace lifeline {
@@ -384,15 +385,54 @@ Result<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(Env* env, const
   LL_ASSIGN_OR_RETURN(StepState state, ScanStep(env, dir, *step));
   if (!state.info.complete)
     return Status::NotFound(dir, "checkpoint of step " + std::to_string(*step) + " is not complete: " + state.info.problem);
+  if (options.manifest_in_parts) {
+    LL_ASSIGN_OR_RETURN(ManifestParts parts, OpenManifestParts(env, state));
+    if (parts.parts != nullptr) {
+      std::unique_ptr<CheckpointReader> reader(new CheckpointReader(env, dir, std::move(parts.head), options));
+      reader->parts_ = std::move(parts.parts);
+      return reader;
+    }
+  }
   LL_ASSIGN_OR_RETURN(format::CheckpointIndex manifest, ReadManifest(env, state));
   return std::unique_ptr<CheckpointReader>(new CheckpointReader(env, dir, std::move(manifest), options));
+}
+
+uint64_t CheckpointReader::manifest_bytes_read() const { return parts_ == nullptr ? 0 : parts_->bytes_read(); }
+
+Status CheckpointReader::FetchFragments(const std::vector<format::ManifestPartReader::TensorBox>* wanted) {
+  if (parts_ == nullptr) return Status::OK();
+  Status added = wanted != nullptr ? parts_->AddFragments(*wanted, &manifest_) : parts_->AddAllFragments(&manifest_);
+  if (added.ok()) return added;
+  // A damaged part: the rank indexes are the commit record, the manifest only their merge.
+  parts_.reset();
+  prefetched_objects_.clear();
+  if (!added.IsCorruption()) return added;
+  Result<format::CheckpointIndex> merged =
+      MergeRankIndexes(env_, step_dir_, RunHash(manifest_.run_id), manifest_.world_size, manifest_.step);
+  if (!merged.ok()) return added;
+  Log(LogLevel::kWarning, "ignoring the manifest, merged the rank indexes instead: " + added.ToString());
+  manifest_ = std::move(*merged);
+  return Status::OK();
 }
 
 Result<LoadStats> CheckpointReader::Load(const std::vector<TensorShard>& targets) {
   const format::CheckpointIndex& m = manifest_;
   std::unordered_map<std::string_view, uint32_t> tensor_by_name;
-  tensor_by_name.reserve(m.tensors.size());
-  for (uint32_t i = 0; i < m.tensors.size(); ++i) tensor_by_name.emplace(m.tensors[i].name, i);
+  auto index_names = [&] {
+    tensor_by_name.clear();
+    tensor_by_name.reserve(m.tensors.size());
+    for (uint32_t i = 0; i < m.tensors.size(); ++i) tensor_by_name.emplace(m.tensors[i].name, i);
+  };
+  index_names();
+  if (parts_ != nullptr) {
+    // The fragments that meet the targets' boxes (a flat range's box is the whole box it lies in).
+    std::vector<format::ManifestPartReader::TensorBox> wanted;
+    for (const TensorShard& t : targets)
+      if (auto it = tensor_by_name.find(t.name); it != tensor_by_name.end() && t.offsets.size() == t.shape.size())
+        wanted.push_back({it->second, format::Box{t.offsets, t.shape}});
+    LL_RETURN_IF_ERROR(FetchFragments(&wanted));
+    index_names();  // the fallback to the rank indexes replaces the manifest
+  }
 
   // Targets checked against what is stored; then the plan (lib/src/load_plan.h).
   std::vector<format::Region> target_regions(targets.size());
@@ -668,6 +708,8 @@ Result<std::vector<uint64_t>> DataFileContentEnds(const format::CheckpointIndex&
 }  // namespace
 
 Status CheckpointReader::Verify(VerifyReport* report) {
+  // Every fragment, whatever was loaded; the manifest file itself is then decoded whole below.
+  LL_RETURN_IF_ERROR(FetchFragments(nullptr));
   const format::CheckpointIndex& m = manifest_;
   VerifyReport local;
   Status indexes = VerifyIndexes(env_, step_dir_, m, &local.indexes_checked);

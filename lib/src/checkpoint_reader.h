@@ -14,6 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "formats/index_codec.h"
 #include "formats/model.h"
 #include "lifeline/checkpoint.h"
 #include "lifeline/env.h"
@@ -34,6 +35,11 @@ struct ReaderOptions {
   uint64_t memory_budget = 256ull << 20;
   unsigned queue_depth = 16;
   bool direct_io = true;
+  // Read the manifest in parts (formats/SPEC.md §5.5): files, tensors and objects at Open, and at
+  // each Load only the fragments of its tensors, so that a rank of a large job reads a small part
+  // of the manifest. manifest() then holds the fragments of the tensors loaded so far; Verify
+  // reads the rest. Manifests written without a directory are read whole.
+  bool manifest_in_parts = false;
 };
 
 struct LoadStats {
@@ -61,8 +67,11 @@ class CheckpointReader {
 
   uint64_t step() const { return manifest_.step; }
   const std::string& step_dir() const { return step_dir_; }
-  // The merged description of the whole checkpoint (all ranks).
+  // The merged description of the whole checkpoint (all ranks); with manifest_in_parts, only the
+  // fragments and chunks of the tensors loaded so far.
   const format::CheckpointIndex& manifest() const { return manifest_; }
+  // Bytes of the manifest read so far when it is read in parts; 0 otherwise.
+  uint64_t manifest_bytes_read() const;
 
   // Fills every target with its region of the stored tensors, reading only the chunks that
   // intersect a target and verifying each chunk's checksum before using it. Fails with NotFound
@@ -89,10 +98,16 @@ class CheckpointReader {
 
  private:
   CheckpointReader(Env* env, std::string step_dir, format::CheckpointIndex manifest, ReaderOptions options);
+  // With the manifest read in parts, adds the fragments that meet `wanted` (all when null) not read
+  // yet. A damaged part makes the reader fall back to the merge of the rank indexes, as Open does
+  // for a damaged manifest.
+  Status FetchFragments(const std::vector<format::ManifestPartReader::TensorBox>* wanted);
+
   Env* env_;
   std::string step_dir_;
   format::CheckpointIndex manifest_;
   ReaderOptions options_;
+  std::unique_ptr<format::ManifestPartReader> parts_;
   // Objects the last Load read along with its chunks, checksum-verified, by index into
   // manifest_.objects; ReadObject hands each out once.
   std::unordered_map<uint64_t, std::string> prefetched_objects_;

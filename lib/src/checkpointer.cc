@@ -477,6 +477,7 @@ Result<LoadResult> LoadFromRoot(Env* env, const std::string& root, std::optional
   ropt.memory_budget = options_.load_memory_budget;
   ropt.queue_depth = options_.queue_depth;
   ropt.direct_io = options_.direct_io;
+  ropt.manifest_in_parts = true;
 
   auto complete_steps = [&]() -> Result<std::vector<uint64_t>> {
     LL_ASSIGN_OR_RETURN(std::vector<CheckpointInfo> all, ScanCheckpoints(env, root));

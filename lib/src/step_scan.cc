@@ -19,6 +19,13 @@ Result<std::string> ReadIndexFile(Env* env, const std::string& path) {
   return bytes;
 }
 
+Status CheckManifestIdentity(const format::CheckpointIndex& manifest, const StepState& state, const std::string& path) {
+  if (manifest.kind != format::IndexKind::kManifest || manifest.step != state.info.step ||
+      manifest.world_size != state.info.world_size || RunHash(manifest.run_id) != state.run_hash)
+    return Status::Corruption(path, "manifest describes another step or save attempt than its name");
+  return Status::OK();
+}
+
 }  // namespace
 
 Result<StepState> ScanStep(Env* env, const std::string& step_dir, uint64_t step) {
@@ -127,6 +134,26 @@ Result<format::CheckpointIndex> MergeRankIndexes(Env* env, const std::string& st
   return manifest;
 }
 
+Result<ManifestParts> OpenManifestParts(Env* env, const StepState& state) {
+  ManifestParts out;
+  if (!state.info.complete || !state.has_manifest) return out;
+  const std::string path = JoinPath(state.info.directory, ManifestFileName(state.run_hash, state.info.world_size));
+  LL_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file, env->NewRandomAccessFile(path, FileOptions{}));
+  LL_ASSIGN_OR_RETURN(const uint64_t size, file->Size());
+  // The reader keeps the file open for the fragments asked for later.
+  std::shared_ptr<RandomAccessFile> shared(std::move(file));
+  auto read = [shared](uint64_t offset, uint64_t length, char* out) { return shared->ReadAt(offset, out, length); };
+  Result<std::unique_ptr<format::ManifestPartReader>> parts = format::ManifestPartReader::Open(read, size, path);
+  if (!parts.ok()) {
+    if (parts.status().IsCorruption() || parts.status().IsNotSupported()) return out;  // ReadManifest decides
+    return parts.status();
+  }
+  if (*parts == nullptr || !CheckManifestIdentity((*parts)->head(), state, path).ok()) return out;
+  out.head = (*parts)->head();
+  out.parts = std::move(*parts);
+  return out;
+}
+
 Result<format::CheckpointIndex> ReadManifest(Env* env, const StepState& state) {
   const std::string& dir = state.info.directory;
   if (!state.info.complete) return Status::NotFound(dir, "checkpoint is not complete: " + state.info.problem);
@@ -135,9 +162,7 @@ Result<format::CheckpointIndex> ReadManifest(Env* env, const StepState& state) {
     auto read = [&]() -> Result<format::CheckpointIndex> {
       LL_ASSIGN_OR_RETURN(std::string bytes, ReadIndexFile(env, path));
       LL_ASSIGN_OR_RETURN(format::CheckpointIndex manifest, format::DecodeIndex(bytes, path));
-      if (manifest.kind != format::IndexKind::kManifest || manifest.step != state.info.step ||
-          manifest.world_size != state.info.world_size || RunHash(manifest.run_id) != state.run_hash)
-        return Status::Corruption(path, "manifest describes another step or save attempt than its name");
+      LL_RETURN_IF_ERROR(CheckManifestIdentity(manifest, state, path));
       // The same rule as a merge of the rank indexes: a manifest is trusted no more than they are.
       LL_RETURN_IF_ERROR(format::ValidateCoverage(manifest, path, /*untrusted=*/true));
       return manifest;

@@ -4,9 +4,11 @@
 #define LIFELINE_SRC_STEP_SCAN_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "formats/index_codec.h"
 #include "formats/model.h"
 #include "lifeline/checkpoint.h"
 #include "lifeline/env.h"
@@ -27,6 +29,16 @@ Result<StepState> ScanStep(Env* env, const std::string& step_dir, uint64_t step)
 // The merged description of a complete step: its manifest file when present and consistent,
 // otherwise the rank indexes decoded and merged (BuildManifest). Corruption names the bad file.
 Result<format::CheckpointIndex> ReadManifest(Env* env, const StepState& state);
+
+// A complete step's manifest read in parts (formats/SPEC.md §5.5): `head` is the manifest without
+// fragments, `parts` fetches the fragments of the tensors a load needs. Null `parts` when the step
+// has no manifest file, or one without a directory, or one that failed to open (damaged, or a
+// newer version): use ReadManifest then, which decides between the manifest and the rank indexes.
+struct ManifestParts {
+  std::unique_ptr<format::ManifestPartReader> parts;
+  format::CheckpointIndex head;
+};
+Result<ManifestParts> OpenManifestParts(Env* env, const StepState& state);
 
 // Reads and merges the W rank indexes of attempt (run_hash, world_size).
 Result<format::CheckpointIndex> MergeRankIndexes(Env* env, const std::string& step_dir, const std::string& run_hash,

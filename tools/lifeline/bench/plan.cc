@@ -7,12 +7,14 @@
 // part of their optimizer states (ZeRO-1). Timed per rank: the library's planner (PlanLoad,
 // lib/src/load_plan.h), and on a sample of ranks the same plans by all-pairs matching (every
 // target against every stored fragment), checked equal. It also counts the manifest
-// bytes a rank's plan needs: its tensors' records and names, the fragment and chunk records it
-// reads from, against the whole manifest a reader decodes today.
+// bytes a rank's plan needs at least (its tensors' records and names, the fragment and chunk
+// records it reads from), and what a rank reads when it opens the encoded manifest in parts, as
+// loads do (formats/SPEC.md §5.5), planning on what it read.
 #include <sys/resource.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <iostream>
 #include <memory>
 #include <numeric>
@@ -251,6 +253,60 @@ uint64_t NeededMetadataBytes(const format::CheckpointIndex& m, const std::vector
   return bytes;
 }
 
+// What one loading rank does with a manifest read in parts (formats/SPEC.md §5.5): open it (header,
+// directory, head), fetch its tensors' fragments, plan on that. The plan is checked against the
+// one made on the whole manifest, chunk numbers mapped back (a partial index numbers its chunks
+// in the order it fetched them).
+struct PartialPlan {
+  bool ok = false;
+  bool equal = false;
+  uint64_t bytes_read = 0;
+  double ms = 0;
+  Status status;
+};
+
+// A fragment's place in its data file, which no other fragment shares: (file, byte offset).
+uint64_t PlaceKey(const format::FragmentInfo& f) { return (uint64_t{f.file} << 44) ^ f.offset; }
+
+PartialPlan PlanFromParts(const std::string& encoded, const format::CheckpointIndex& m,
+                          const std::unordered_map<uint64_t, uint64_t>& fragment_at,
+                          const std::vector<LoadTarget>& targets, const std::vector<PlannedCopy>& whole_plan) {
+  PartialPlan out;
+  auto read = [&encoded](uint64_t offset, uint64_t length, char* dst) -> Status {
+    if (offset > encoded.size() || length > encoded.size() - offset) return Status::IOError("read past the end");
+    std::memcpy(dst, encoded.data() + offset, length);
+    return Status::OK();
+  };
+  const double t0 = NowSeconds();
+  Result<std::unique_ptr<format::ManifestPartReader>> parts =
+      format::ManifestPartReader::Open(read, encoded.size(), "bench manifest");
+  if (!parts.ok() || *parts == nullptr) {
+    out.status = parts.ok() ? Status::FailedPrecondition("bench manifest", "written without a directory") : parts.status();
+    return out;
+  }
+  format::CheckpointIndex part = (*parts)->head();
+  std::vector<format::ManifestPartReader::TensorBox> wanted;
+  for (const LoadTarget& t : targets) wanted.push_back({t.tensor, format::Box{t.region.offsets, t.region.shape}});
+  out.status = (*parts)->AddFragments(wanted, &part);
+  if (!out.status.ok()) return out;
+  Result<std::vector<PlannedCopy>> plan = PlanLoad(part, targets, "bench plan");
+  out.ms = (NowSeconds() - t0) * 1e3;
+  out.bytes_read = (*parts)->bytes_read();
+  if (!plan.ok()) {
+    out.status = plan.status();
+    return out;
+  }
+  out.ok = true;
+  std::vector<uint64_t> chunk_in_whole(part.chunks.size());
+  for (const format::FragmentInfo& f : part.fragments) {
+    const format::FragmentInfo& whole = m.fragments[fragment_at.at(PlaceKey(f))];
+    for (uint64_t k = 0; k < f.num_chunks; ++k) chunk_in_whole[f.first_chunk + k] = whole.first_chunk + k;
+  }
+  for (PlannedCopy& c : *plan) c.chunk = chunk_in_whole[c.chunk];
+  out.equal = SamePlan(std::move(*plan), whole_plan);
+  return out;
+}
+
 double Percentile(std::vector<double> v, double p) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -301,6 +357,11 @@ int RunPlanBench(const PlanBenchOptions& o) {
   const uint64_t manifest_bytes = encoded->size();
   std::unordered_map<std::string, uint32_t> tensor_ids;
   for (uint32_t t = 0; t < m.tensors.size(); ++t) tensor_ids.emplace(m.tensors[t].name, t);
+  std::unordered_map<uint64_t, uint64_t> fragment_at;
+  fragment_at.reserve(m.fragments.size());
+  for (uint64_t f = 0; f < m.fragments.size(); ++f) fragment_at.emplace(PlaceKey(m.fragments[f]), f);
+  std::vector<double> part_ms, part_bytes;
+  bool parts_equal = true;
 
   std::vector<double> plan_ms, all_pairs_ms, sampled_plan_ms;
   std::vector<double> needed_bytes;
@@ -317,6 +378,12 @@ int RunPlanBench(const PlanBenchOptions& o) {
     copies_total += plan->size();
     plan_bytes_max = std::max<uint64_t>(plan_bytes_max, plan->size() * sizeof(PlannedCopy));
     needed_bytes.push_back(static_cast<double>(NeededMetadataBytes(m, targets, *plan)));
+    const PartialPlan partial = PlanFromParts(*encoded, m, fragment_at, targets, *plan);
+    if (!partial.ok)
+      return ReportFailure(kCommand, partial.status.Annotate("rank " + std::to_string(r) + " reading in parts"), o.json);
+    part_ms.push_back(partial.ms);
+    part_bytes.push_back(static_cast<double>(partial.bytes_read));
+    parts_equal = parts_equal && partial.equal;
     if (sample_every != 0 && r % sample_every == 0) {
       const double a0 = NowSeconds();
       const std::vector<PlannedCopy> pairs = AllPairsPlan(m, targets);
@@ -330,6 +397,8 @@ int RunPlanBench(const PlanBenchOptions& o) {
   const double speedup = sampled_plan > 0 ? sampled_pairs / sampled_plan : 0;
   const uint64_t rss = MaxRssBytes();
   const double needed_p50 = Percentile(needed_bytes, 0.5), needed_max = Percentile(needed_bytes, 1.0);
+  const double read_p50 = Percentile(part_bytes, 0.5), read_max = Percentile(part_bytes, 1.0);
+  all_equal = all_equal && parts_equal;
   if (o.json) {
     PrintJson({{"ok", all_equal},
                {"command", kCommand},
@@ -357,7 +426,13 @@ int RunPlanBench(const PlanBenchOptions& o) {
                {"plans_equal", all_equal},
                {"needed_metadata_bytes_p50", needed_p50},
                {"needed_metadata_bytes_max", needed_max},
-               {"needed_metadata_fraction_p50", needed_p50 / static_cast<double>(manifest_bytes)}});
+               {"needed_metadata_fraction_p50", needed_p50 / static_cast<double>(manifest_bytes)},
+               {"manifest_read_bytes_p50", read_p50},
+               {"manifest_read_bytes_max", read_max},
+               {"manifest_read_fraction_p50", read_p50 / static_cast<double>(manifest_bytes)},
+               {"read_and_plan_ms_p50", Percentile(part_ms, 0.5)},
+               {"read_and_plan_ms_p99", Percentile(part_ms, 0.99)},
+               {"plans_from_parts_equal", parts_equal}});
   } else {
     std::cout << "saved by " << saved.world() << " ranks (" << saved.ToString() << "), loaded by " << load.world()
               << " ranks (" << load.ToString() << "): " << layers << " layers, " << m.tensors.size() << " tensors, "
@@ -371,10 +446,15 @@ int RunPlanBench(const PlanBenchOptions& o) {
               << (all_equal ? "equal" : "DIFFER") << "\n"
               << "  metadata a rank needs  p50 " << FormatByteSize(static_cast<uint64_t>(needed_p50)) << " ("
               << Fixed(100.0 * needed_p50 / static_cast<double>(manifest_bytes), 2) << "% of the manifest)\n"
+              << "  manifest read in parts  p50 " << FormatByteSize(static_cast<uint64_t>(read_p50)) << " ("
+              << Fixed(100.0 * read_p50 / static_cast<double>(manifest_bytes), 2) << "%), max "
+              << FormatByteSize(static_cast<uint64_t>(read_max)) << "; read and plan p50 "
+              << Fixed(Percentile(part_ms, 0.5), 2) << " ms, p99 " << Fixed(Percentile(part_ms, 0.99), 2)
+              << " ms; plans " << (parts_equal ? "equal" : "DIFFER") << "\n"
               << "  memory              peak RSS " << FormatByteSize(rss) << "\n";
   }
   if (!all_equal) {
-    std::cerr << "lifeline " << kCommand << ": the planner and all-pairs matching disagree\n";
+    std::cerr << "lifeline " << kCommand << ": plans disagree (planner, all-pairs matching, manifest read in parts)\n";
     return kExitFailed;
   }
   return kExitOk;
