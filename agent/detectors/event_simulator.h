@@ -57,6 +57,9 @@ struct Sim {
   // Faults.
   std::function<double(int rank, int step)> extra_compute;
   std::function<double(int rank, int step)> extra_post;
+  // Seconds a rank leaves the collective after it completed: a host slow to run it again (a rank
+  // that slept waiting for a late peer, on a machine with fewer cores than ranks).
+  std::function<double(int rank, int step)> extra_end;
   std::function<double(int step)> op_seconds;                  // replaces `op` when set
   std::function<double(int rank, int step)> persist_seconds;   // < 0: never persisted
   std::function<bool(int rank, int step)> checkpoint_fails;    // kCheckpointFailed (IOError)
@@ -126,7 +129,7 @@ inline Stream Generate(const Sim& s) {
       for (int r = 0; r < s.ranks; ++r) {
         out[r].push_back(Coll(EventType::kCollectiveBegin, Ns(begin[r]), k, seq, Op::kAllReduce));
         out[r].push_back(Coll(EventType::kCollectivePosted, Ns(posted[r]), k, seq));
-        t[r] = done + 0.0002 * uniform(rng);
+        t[r] = done + 0.0002 * uniform(rng) + (s.extra_end ? s.extra_end(r, k) : 0.0);
         out[r].push_back(Coll(EventType::kCollectiveEnd, Ns(t[r]), k, seq));
       }
     }

@@ -23,18 +23,28 @@ void SlowCollectiveDetector::Observe(const Timeline& t, const TimelineChange& c)
   if (c.rank < 0 || c.rank >= world_ || !c.exited_by_all) return;
   const uint32_t comm = c.event->comm;
   const CollectiveRecord& rec = *c.record;
-  uint64_t last_begin = 0, last_end = 0;
+  uint64_t last_begin = 0;
   Sample sample;
   sample.seq = c.event->seq;
   sample.step = rec.step;
   sample.posted_delay.assign(static_cast<size_t>(world_), kNaN);
-  for (int m : t.Members(comm)) {
+  const std::vector<int> members = t.Members(comm);
+  for (int m : members) {
     if (!t.rank(m).alive) continue;
     last_begin = std::max(last_begin, rec.begin_ns[m]);
-    last_end = std::max(last_end, rec.end_ns[m]);
     if (rec.posted_ns[m] != 0) sample.posted_delay[m] = SecondsBetween(rec.begin_ns[m], rec.posted_ns[m]);
   }
-  sample.duration = SecondsBetween(last_begin, last_end);
+  // From the last entry to the median member's exit. Not to the last exit: the members that waited
+  // for a late rank were asleep and must be woken and scheduled again, and on a host with fewer
+  // cores than ranks (the late rank already computing its next step on one of them) the last of
+  // them leaves milliseconds after the rest. That delay is the late rank's doing, which the
+  // straggler detector reports; a communicator is slow when most of its members see it slow.
+  std::vector<double> exits;
+  exits.reserve(members.size());
+  for (int m : members)
+    if (t.rank(m).alive) exits.push_back(SecondsBetween(last_begin, rec.end_ns[m]));
+  if (exits.empty()) return;
+  sample.duration = Median(std::move(exits));
   OpStats& st = stats_[{comm, rec.op}];
   if (st.baseline.size() < std::max<uint32_t>(config_.baseline_window, 1)) {
     st.baseline.push_back(sample.duration);

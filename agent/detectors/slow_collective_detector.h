@@ -1,6 +1,9 @@
 // "slow_collective": an op on a communicator slowing down against its own baseline. A collective's
-// duration is the last CollectiveEnd minus the last CollectiveBegin over its members (the time it
-// took once everyone had joined: a straggler's late arrival is not counted). The first
+// duration runs from the last CollectiveBegin over its members to the median member's CollectiveEnd:
+// the time it took once everyone had joined, as most members saw it. A straggler's late arrival is
+// not counted, nor what it costs its peers after it: they waited asleep, and on a host with fewer
+// cores than ranks the last of them to be woken leaves milliseconds after the others (that is the
+// straggler detector's finding, not a slow communicator; a slow link delays every member). The first
 // baseline_window durations of each (comm, op) form its baseline; when the median of the last
 // recent_window exceeds factor x the baseline median, and the baseline median by more than
 // min_excess_seconds, it fires. Culprits are the ranks whose contribution leaves late

@@ -62,6 +62,50 @@ TEST(SlowCollectiveDetectorTest, SmallSlowdownUnderTheFactorStaysSilent) {
   EXPECT_TRUE(driver.all().empty()) << Describe(driver.all());
 }
 
+// How a late rank looks on a small host (lifeline-drill, 4 ranks on 2 cores): the peers that
+// waited for it slept, and once it arrives they are woken one after another while it is already
+// computing its next step on one of the cores, so they leave the collective 1, 2 and 8 ms after it
+// completed, the late rank itself at once. From `late` on, `late_rank` waits for no one.
+double WakeUps(int late_rank, int rank) {
+  if (rank == late_rank) return 0.0;
+  const int place = rank < late_rank ? rank : rank - 1;  // 0, 1, 2 among the ranks woken
+  return place == 2 ? 0.008 : 0.001 * (place + 1);
+}
+
+// A compute straggler: rank 3 arrives 50 ms late into every allreduce from step 30 and its peers
+// leave late as above. Timed to the last exit, the allreduce would have slowed from 2 ms to 10;
+// timed to the median member's exit it did not: the straggler is the one anomaly.
+TEST(SlowCollectiveDetectorTest, LateArrivalIsAStragglerAndNotASlowCollective) {
+  Sim sim;
+  sim.steps = 120;
+  sim.op = 0.002;
+  sim.extra_compute = [](int r, int k) { return r == 3 && k >= 30 ? 0.050 : 0.0; };
+  sim.extra_end = [](int r, int k) { return k >= 30 ? WakeUps(3, r) : 0.0; };
+  SimDriver driver(sim);
+  driver.RunPast(1 * kSec);
+  ASSERT_EQ(driver.all().size(), 1u) << Describe(driver.all());
+  EXPECT_EQ(driver.all()[0].kind, "straggler");
+  EXPECT_EQ(driver.all()[0].ranks, std::vector<int>{3});
+}
+
+// A slow link under the same wake-ups: rank 1 enters on time but posts its part 30 ms late from
+// step 60, so everyone leaves late, the median member included. Named, as without the wake-ups.
+TEST(SlowCollectiveDetectorTest, SlowLinkIsStillNamedWhenWaitersLeaveLate) {
+  Sim sim;
+  sim.steps = 120;
+  sim.op = 0.002;
+  sim.extra_post = [](int r, int k) { return r == 1 && k >= 60 ? 0.030 : 0.0; };
+  sim.extra_end = [](int r, int k) { return k >= 60 ? WakeUps(1, r) : 0.0; };
+  SimDriver driver(sim);
+  driver.RunPast(1 * kSec);
+  ASSERT_EQ(driver.all().size(), 1u) << Describe(driver.all());
+  const Anomaly& a = driver.all()[0];
+  EXPECT_EQ(a.kind, "slow_collective");
+  EXPECT_EQ(a.ranks, std::vector<int>{1});
+  EXPECT_EQ(a.evidence["trigger"], "communicator") << a.evidence.dump();
+  EXPECT_NE(a.message.find("rank 1 posts its part"), std::string::npos) << a.message;
+}
+
 // On a node whose ranks are the job's 4..7, local rank 1 is rank 5 in the anomaly and its evidence.
 TEST(SlowCollectiveDetectorTest, NamesTheGlobalRankOnANodeOfALargerJob) {
   Sim sim;

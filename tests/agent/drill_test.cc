@@ -148,13 +148,11 @@ TEST_F(DrillTest, HungRankIsNamedAndTheRestartedJobEndsLikeACleanOne) {
 TEST_F(DrillTest, SlowComputeIsNamedAStragglerAndOnlyLogged) {
   Outcome o;
   ASSERT_NO_FATAL_FAILURE(RunSlowdown("slow", "slow@3:30:40", "straggler", &o));
+  // One fault, one alarm: rank 3's late arrival into every allreduce does not also make the
+  // allreduce slow (its peers waited for it; that is the straggler, already reported).
   for (const auto& a : o.anomalies) {
-    // On a loaded machine every allreduce may slow down together ("no rank stands out"): that
-    // names no one, so it blames no innocent rank; only the culprits named matter here.
-    if (a["kind"] == "slow_collective" && a["ranks"].empty()) continue;
+    EXPECT_EQ(a["kind"], "straggler") << a.dump();
     EXPECT_EQ(a["ranks"], nlohmann::json::array({3})) << a.dump();
-    EXPECT_NE(a["kind"], "hang") << a.dump();
-    EXPECT_NE(a["kind"], "dead") << a.dump();
   }
 }
 
@@ -162,10 +160,9 @@ TEST_F(DrillTest, SlowLinkIsNamedASlowCollective) {
   Outcome o;
   ASSERT_NO_FATAL_FAILURE(RunSlowdown("slowcomm", "slowcomm@1:30:30", "slow_collective", &o));
   for (const auto& a : o.anomalies) {
-    if (a["kind"] == "slow_collective") {
-      EXPECT_EQ(a["ranks"], nlohmann::json::array({1})) << a.dump();
-      EXPECT_EQ(a.value("op", ""), "allreduce") << a.dump();
-    }
+    EXPECT_EQ(a["kind"], "slow_collective") << a.dump();
+    EXPECT_EQ(a["ranks"], nlohmann::json::array({1})) << a.dump();
+    EXPECT_EQ(a.value("op", ""), "allreduce") << a.dump();
   }
 }
 
