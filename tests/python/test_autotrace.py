@@ -103,19 +103,23 @@ class AutoTrace(unittest.TestCase):
                 lines = [json.loads(l) for l in f if l.strip()]
         return p.returncode, output, lines, snapshots
 
-    # (a) Events arrive: steps, DDP's gradient all-reduces, its buffer broadcasts.
+    # (a) Events arrive: steps, DDP's gradient all-reduces, its buffer broadcasts; through the
+    # traced process group (the default on torch 1.x) and through the comm hook (torch 2.x).
     def test_unchanged_ddp_script_reports_steps_and_collectives(self):
-        rc, out, events, snapshots = self.agent([PYTHON, TUTORIAL], env=_environment(STEPS=30),
-                                                poll_metrics=True)
-        self.assertEqual(rc, 0, out)
-        self.assertIn("rank 1 step 29", out)
-        self.assertTrue(snapshots, "no metrics could be read while the job ran:\n" + out)
-        steps, ops = _counts(snapshots[-1])
-        self.assertGreater(steps, 0, snapshots[-1])
-        self.assertGreater(ops.get("allreduce", 0), 0, ops)   # DDP's buckets, through the comm hook
-        self.assertGreater(ops.get("broadcast", 0), 0, ops)   # DDP's buffer sync before each forward
-        self.assertNotIn("Python tracing", out)
-        self.assertEqual([e for e in events if "kind" in e], [], events)
+        for mode in ("", "hook"):
+            with self.subTest(LIFELINE_DDP_TRACE=mode):
+                rc, out, events, snapshots = self.agent([PYTHON, TUTORIAL], poll_metrics=True,
+                                                        env=_environment(STEPS=30, LIFELINE_DDP_TRACE=mode))
+                self.assertEqual(rc, 0, out)
+                self.assertIn("rank 1 step 29", out)
+                self.assertTrue(snapshots, "no metrics could be read while the job ran:\n" + out)
+                steps, ops = _counts(snapshots[-1])
+                self.assertGreater(steps, 0, snapshots[-1])
+                self.assertGreater(ops.get("allreduce", 0), 0, ops)   # DDP's gradient buckets
+                self.assertGreater(ops.get("broadcast", 0), 0, ops)   # DDP's buffer sync before each forward
+                self.assertNotIn("Python tracing", out)
+                self.assertNotIn("traced through a comm hook", out)  # the group was made where asked
+                self.assertEqual([e for e in events if "kind" in e], [], events)
 
     # (b) Rank 1 sleeps before step 3: rank 0 waits in the buffer broadcast rank 1 never joins.
     def test_hang_names_rank_1_alone_within_the_timeout(self):
@@ -155,8 +159,8 @@ class AutoTrace(unittest.TestCase):
         self.assertEqual(rc, 0, out)
         self.assertEqual(out.count("hooked False"), 2, out)
 
-    # DDP's gradients are what its builtin all-reduce makes, bit for bit; a comm hook the script
-    # registers replaces ours without error and gives the same numbers.
+    # DDP's gradients are what its builtin all-reduce makes, bit for bit, traced either way; a
+    # comm hook the script registers works (replacing ours in hook mode) and gives the same numbers.
     def test_ddp_numerics_unchanged_and_user_comm_hook_replaces_ours(self):
         def checksum(*flags, **env):
             rc, out, _, _ = self.agent([PYTHON, TUTORIAL], *flags, env=_environment(STEPS=3, PRINT_CHECKSUM=1, **env))
@@ -166,6 +170,8 @@ class AutoTrace(unittest.TestCase):
         builtin = checksum("--no-python-tracing")
         self.assertEqual(checksum(), builtin)
         self.assertEqual(checksum(COMM_HOOK="allreduce"), builtin)
+        self.assertEqual(checksum(LIFELINE_DDP_TRACE="hook"), builtin)
+        self.assertEqual(checksum(LIFELINE_DDP_TRACE="hook", COMM_HOOK="allreduce"), builtin)
 
     def script(self, text, name="script.py"):
         path = os.path.join(self.dir, name)
