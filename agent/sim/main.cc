@@ -54,6 +54,7 @@ int main(int argc, char** argv) {
   CLI::App app{"lifeline-sim: the agent's real detectors (each node's, and the leader's job-wide view) driven by a "
                "simulated multi-node job with injected faults; reports accuracy, false alarms, detection latency "
                "and the detectors' CPU per event"};
+  app.set_version_flag("--version", "lifeline-sim " LIFELINE_VERSION);
   SimConfig config;
   int drills = 100;
   int clean = -1;

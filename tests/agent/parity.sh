@@ -10,9 +10,9 @@ dir="$(mktemp -d /tmp/lifeline-agent-parity-XXXXXX)"
 trap 'rm -rf "$dir"; [ -n "${holder:-}" ] && kill "$holder" 2>/dev/null || true' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 
-for b in "$agent" "$cli" "$drill"; do
+for b in "$agent" "$cli" "$drill" "$(dirname "$agent")/lifeline-sim"; do
   v="$("$b" --version)"
-  echo "$v" | grep -Eq '^lifeline(-agent|-drill)? [0-9]+\.[0-9]+\.[0-9]+$' || fail "$b --version printed '$v'"
+  echo "$v" | grep -Eq '^lifeline(-agent|-drill|-sim)? [0-9]+\.[0-9]+\.[0-9]+$' || fail "$b --version printed '$v'"
 done
 
 out="$(env -u OMP_NUM_THREADS "$agent" run --nproc 2 --max-restarts 0 -- sh -c 'echo "omp=$OMP_NUM_THREADS"' 2>&1)"
