@@ -348,6 +348,34 @@ class AutoTrace(unittest.TestCase):
             self.assertEqual(rc, 0, f"run {run}:\n{out}")
             self.assertNotIn("terminate called", out)
 
+    # Ranks other than 0 wait for rank 0's store before init_process_group asks for it (rank 0
+    # opens it late here): every way of calling it still initialises, and tracing goes on.
+    def test_init_process_group_waits_for_the_store_in_every_form(self):
+        script = self.script("""
+            import os, sys, time, torch, torch.distributed as dist
+            form = sys.argv[1]
+            rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+            if rank == 0:
+                time.sleep(2)  # the store opens late
+            if form == "env":
+                dist.init_process_group("gloo")
+            elif form == "explicit":
+                dist.init_process_group(backend="gloo", init_method="env://", rank=rank, world_size=size)
+            else:
+                address = f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+                dist.init_process_group("gloo", address, rank=rank, world_size=size)
+            t = torch.ones(2)
+            dist.all_reduce(t)
+            print("sum", t.sum().item(), flush=True)
+            os._exit(0)  # torch 1.13's gloo teardown can deadlock (tests/python/gloo_ranks.py)
+        """)
+        for form in ("env", "explicit", "tcp"):
+            with self.subTest(form=form):
+                rc, out, _, _ = self.agent([PYTHON, script, form])
+                self.assertEqual(rc, 0, out)
+                self.assertEqual(out.count("sum 4.0"), 2, out)
+                self.assertNotIn("Python tracing stopped", out)
+
     def test_a_broken_hook_never_breaks_the_script(self):
         # A `lifeline` that fails to import stands in for any failure of the hook.
         broken = os.path.join(self.dir, "broken", "lifeline")
