@@ -24,6 +24,9 @@ this module). What is recorded, through lifeline.trace's ring API:
   turns this off at its first step, and
   collectives inside its own lifeline.trace.collective scopes are not recorded twice.
 
+- start-up: a rank other than 0 initialising from the environment waits until rank 0's store takes
+  a connection before init_process_group asks it (torch's client would retry a second later).
+
 No patch changes what the patched call does or returns (async calls return the same work object,
 except where a backend's work has no future; then a proxy ends the record on wait()). A failure in
 the tracing itself is written once to stderr and tracing stops; the script goes on.
