@@ -84,7 +84,8 @@ Status PrepareRunDir(std::string dir) {
 
 // The directory holding the Python ranks' startup hook (lifeline_startup/sitecustomize.py) beside
 // the lifeline package: LIFELINE_PYTHONPATH, else found from the agent's own binary, built
-// (build/bin -> build/python) or installed (PREFIX/bin -> PREFIX/lib/python3/dist-packages).
+// (build/bin -> build/python), installed (PREFIX/bin -> PREFIX/lib/python3/dist-packages) or in a
+// wheel (site-packages/lifeline/_bin -> site-packages).
 // Empty, with the places looked at in `looked`, when there is none.
 std::string FindPythonStartupDir(std::string* looked) {
   std::vector<std::string> candidates;
@@ -97,6 +98,7 @@ std::string FindPythonStartupDir(std::string* looked) {
       const std::filesystem::path prefix = exe.parent_path().parent_path();
       candidates.push_back((prefix / "python" / "lifeline_startup").string());
       candidates.push_back((prefix / "lib" / "python3" / "dist-packages" / "lifeline_startup").string());
+      candidates.push_back((prefix.parent_path() / "lifeline_startup").string());
     }
   }
   for (const std::string& c : candidates) {

@@ -1,4 +1,4 @@
-"""The tutorial DDP job (gloo, torchvision resnet18, SGD) with Lifeline added: five lines.
+"""The tutorial DDP job (gloo, resnet18, SGD) with Lifeline added: five lines.
 
     lifeline-agent run --nproc 2 --checkpoint-dir D -- python3 ddp_resnet.py --dir D --steps N
 
@@ -17,7 +17,8 @@ import time
 print(f"phase process_start {time.time():.6f}", flush=True)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-import torchvision  # noqa: E402
+
+import resnet  # noqa: E402  (resnet18 as torchvision defines it, without torchvision)
 
 import lifeline  # noqa: E402
 import lifeline.torch  # noqa: E402
@@ -36,7 +37,7 @@ dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 print(f"phase process_group_ready {time.time():.6f}", flush=True)
 torch.manual_seed(0)
-model = torch.nn.parallel.DistributedDataParallel(torchvision.models.resnet18(num_classes=10))
+model = torch.nn.parallel.DistributedDataParallel(resnet.resnet18(num_classes=10))
 opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 ckpt = lifeline.Checkpointer(args.dir, keep_last=2, memory_tier=True)
 start = lifeline.torch.load(ckpt, model, opt) or 0

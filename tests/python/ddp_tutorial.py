@@ -1,4 +1,4 @@
-"""A tutorial-style DDP training script, as a user writes it: gloo, torchvision's resnet18, SGD.
+"""A tutorial-style DDP training script, as a user writes it: gloo, a resnet18, SGD.
 It knows nothing of Lifeline (test_autotrace.py runs it under lifeline-agent unchanged).
 
 Environment: STEPS (default 8), BATCH (default 4), HANG_AT (rank 1 sleeps HANG_SECONDS, default 30,
@@ -14,8 +14,9 @@ import time
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-import torchvision
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+import resnet  # resnet18 as torchvision defines it (torchvision may not import beside torch)
 
 
 def main():
@@ -28,7 +29,7 @@ def main():
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
 
     torch.manual_seed(int(os.environ.get("SEED", "0")))
-    model = torchvision.models.resnet18(num_classes=10)
+    model = resnet.resnet18(num_classes=10)
     ddp_model = DDP(model)
     if os.environ.get("COMM_HOOK") == "allreduce":
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks

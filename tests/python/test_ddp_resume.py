@@ -1,4 +1,4 @@
-"""The tutorial DDP job (torchvision resnet18, gloo, 2 ranks) with Lifeline added, under lifeline-agent:
+"""The tutorial DDP job (resnet18, gloo, 2 ranks) with Lifeline added, under lifeline-agent:
 rank 1 is SIGKILLed at step 5; the agent relaunches the job, every rank resumes from the same
 checkpoint, and every loss printed after the resume equals, bit for bit, the loss of the same step
 in a run that was never interrupted.
@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import unittest
 
@@ -18,7 +19,7 @@ BIN = os.environ.get("LIFELINE_BIN", os.path.join(HERE, "..", "..", "build", "bi
 def run(directory, kill_at=0):
     events = directory + ".events.jsonl"
     cmd = [os.path.join(BIN, "lifeline-agent"), "run", "--nproc", "2", "--checkpoint-dir", directory,
-           "--events-log", events, "--max-restarts", "1", "--", "/usr/bin/python3",
+           "--events-log", events, "--max-restarts", "1", "--", sys.executable,
            os.path.join(HERE, "ddp_resnet.py"), "--dir", directory, "--steps", "8", "--ckpt-every", "2"]
     if kill_at:
         cmd += ["--kill-at", str(kill_at)]

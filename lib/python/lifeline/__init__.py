@@ -60,10 +60,11 @@ class Ticket:
     def wait_tensor(self, path):
         """Blocks until the tensor at `path` ("optim.3.exp_avg") is copied, so it alone may be mutated."""
         try:
-            index = self._names[path]
+            indexes = self._names[path]
         except KeyError:
             raise KeyError(f"no tensor {path!r} in the save of step {self.step}") from None
-        self._impl.wait_tensor(index)
+        for index in indexes:  # a DTensor's pieces
+            self._impl.wait_tensor(index)
 
     def fence_on(self, stream=None):
         """CUDA tensors: makes `stream` (a torch.cuda.Stream; default: the current stream) wait on the
@@ -119,11 +120,8 @@ def _env_int(*names):
 
 def _process_group(world_size):
     """torch.distributed when it is initialised with more than one rank, else None."""
-    if world_size <= 1:
-        return None
-    try:
-        import torch.distributed as dist
-    except ImportError:
+    dist = _sys.modules.get("torch.distributed")  # none is initialised unless the program imported it
+    if world_size <= 1 or dist is None:
         return None
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() != world_size:
         return None
@@ -179,14 +177,16 @@ class Checkpointer:
 
     def _request(self, state):
         specs, keep, objects, names = [], [], [], {}
-        for path, leaf in _state.walk(state):
-            if isinstance(leaf, Shard) or _state.is_tensor(leaf):
-                spec, buffer = _state.tensor_spec(path, leaf)
-                names[path] = len(specs)
+        for path, leaf, parts in _state.leaves(state, self.rank, self.world_size):
+            if parts is None:
+                objects.append((path, _state.encode_object(path, leaf)))
+                continue
+            names[path] = []
+            for piece in parts:
+                spec, buffer = _state.tensor_spec(path, piece)
+                names[path].append(len(specs))
                 specs.append(spec)
                 keep.append(buffer)
-            else:
-                objects.append((path, _state.encode_object(path, leaf)))
         return specs, keep, objects, names
 
     def save(self, step, state, metadata=None):
@@ -249,30 +249,16 @@ class Checkpointer:
         been saved with any world size and layout: each tensor or Shard gets its region of the
         stored global tensor. `last_load` then holds step, from_memory_tier, saved_world_size,
         bytes_read, metadata and missing_objects."""
-        specs, targets, contiguous = [], {}, {}
-        for path, leaf in _state.walk(state):
-            if not (isinstance(leaf, Shard) or _state.is_tensor(leaf)):
-                continue
-            t = leaf.tensor if isinstance(leaf, Shard) else leaf
-            spec, buffer = _state.tensor_spec(path, leaf)
-            specs.append(spec)
-            targets[path] = t
-            if buffer is not t:
-                contiguous[path] = buffer
+        targets = _state.LoadTargets(state)
         if step is None and self._dist is not None and not self._pinned:
-            result = self._load_agreed(specs, objects_of_rank)
+            result = self._load_agreed(targets.specs, objects_of_rank)
         else:
-            result = self._impl.load(None if step is None else int(step), specs, objects_of_rank)
+            result = self._impl.load(None if step is None else int(step), targets.specs, objects_of_rank)
         if result is None:  # no complete checkpoint anywhere: a fresh start
             return self._loaded(None, [], required)
-
-        def tensor_done(path):
-            if path in contiguous:
-                targets[path].copy_(contiguous[path]) if hasattr(targets[path], "copy_") \
-                    else targets[path].__setitem__(Ellipsis, contiguous[path])
+        targets.finish()
         missing = []
-        objects = dict(result["objects"])
-        _state.restore(state, tensor_done, objects, missing)
+        _state.restore(state, dict(result["objects"]), missing)
         if strict_objects and missing:
             raise Error(f"NotFound: step {result['step']} holds no per-rank object for {', '.join(missing)}")
         return self._loaded(result, missing, required)

@@ -11,6 +11,8 @@ this module). What is recorded, through lifeline.trace's ring API:
   DDP's own (torch 1.x, where it is tested; LIFELINE_DDP_TRACE=hook, and torch 2.x, use a comm hook
   doing what DDP's builtin reduction does instead, which costs a second pass over the gradients).
   An async call is posted when issued and ends when its work completes. The
+  DTensor's functional collectives (tensor parallelism) are posted when called and end when their
+  output is waited for; FSDP2's all-gathers and reduce-scatters are torch.distributed calls. The
   communicator is 0 for the world group, a stable id for any other group (a hash of its ranks),
   and the pair of ranks for point-to-point calls; every member numbers a communicator's calls alike.
 - steps (LIFELINE_STEP_FROM=optimizer, the default; "none" records none): step k ends when
@@ -388,10 +390,12 @@ _COLLECTIVES = {
     "all_reduce_coalesced": ("allreduce", "tensors", {}),
     "all_gather": ("allgather", "tensor", {}),
     "all_gather_into_tensor": ("allgather", "input_tensor", {}),
+    "all_gather_single": ("allgather", "input_tensor", {}),  # what FSDP2 calls in torch 2.13
     "_all_gather_base": ("allgather", "input_tensor", {}),
     "all_gather_coalesced": ("allgather", "input_tensor_list", {}),
     "reduce_scatter": ("reducescatter", "input_list", {}),
     "reduce_scatter_tensor": ("reducescatter", "input", {}),
+    "reduce_scatter_single": ("reducescatter", "input", {}),  # what FSDP2 calls in torch 2.13
     "_reduce_scatter_base": ("reducescatter", "input", {}),
     "broadcast": ("broadcast", "tensor", {}),
     "reduce": ("reduce", "tensor", {}),
@@ -457,6 +461,102 @@ def install_distributed(dist):
         if getattr(dist, "init_process_group", None) is fn:
             dist.init_process_group = waiting
     _install_user_scopes()
+
+
+# ---- functional collectives ------------------------------------------------------------------
+#
+# DTensor (tensor parallelism's redistributions) calls torch.distributed._functional_collectives:
+# each call starts the collective and returns its output at once (an AsyncCollectiveTensor), and
+# the rank waits for it when the output is first used, through the module's wait_tensor. So the
+# record is posted at the call and ends at that wait, or when the output is freed unwaited (an
+# input gradient nobody uses): an open record would look like a rank stuck in a collective. An
+# output that is not asynchronous was waited for inside the call.
+
+# name in _functional_collectives -> op; the payload is the first argument, the group "group"
+_FUNCTIONAL = {
+    "all_reduce": "allreduce",
+    "all_reduce_coalesced": "allreduce",
+    "all_gather_tensor": "allgather",
+    "all_gather_tensor_autograd": "allgather",
+    "all_gather_single": "allgather",
+    "all_gather_single_autograd": "allgather",
+    "reduce_scatter_tensor": "reducescatter",
+    "reduce_scatter_tensor_autograd": "reducescatter",
+    "reduce_scatter_single": "reducescatter",
+    "reduce_scatter_single_autograd": "reducescatter",
+    "all_to_all_single": "alltoall",
+    "all_to_all_single_autograd": "alltoall",
+    "broadcast": "broadcast",
+}
+_awaited = {}  # id(output tensor) -> (seq, comm) of a functional collective not yet waited for
+
+
+def _close_awaited(key):
+    record = _awaited.pop(key, None)
+    if record is not None:
+        _end(*record)
+
+
+def _wrap_functional(fn, op, module):
+    group_i = _param_index(fn, "group", None)
+    tag_i = _param_index(fn, "tag", None)
+
+    @functools.wraps(fn)
+    def traced(*args, **kwargs):
+        if getattr(_local, "depth", 0) or _failed or _c10d is None:
+            return fn(*args, **kwargs)
+        try:
+            name = module._resolve_group_name(_arg(args, kwargs, "group", group_i), _arg(args, kwargs, "tag", tag_i, ""))
+            group = _c10d._resolve_process_group(name)
+            comm, seq = _comm_seq(None if group is _c10d.GroupMember.WORLD else group)
+            if _grad_enabled():
+                _clock.begin()
+            seq = _begin(op, _nbytes(args[0] if args else None), comm, seq)
+        except Exception as err:
+            report(f"recording {fn.__name__}", err)
+            return fn(*args, **kwargs)
+        _local.depth = 1
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException:
+            _end(seq, comm)
+            raise
+        finally:
+            _local.depth = 0
+        output = getattr(result, "elem", None)  # an AsyncCollectiveTensor's output
+        if output is None:
+            _end(seq, comm)
+            return result
+        _posted(seq, comm)
+        _awaited[id(output)] = (seq, comm)
+        weakref.finalize(output, _close_awaited, id(output)).atexit = False
+        return result
+
+    traced._lifeline_traced = True
+    return traced
+
+
+def _wrap_wait(fn):
+    @functools.wraps(fn)
+    def traced(tensor, *args, **kwargs):
+        try:
+            return fn(tensor, *args, **kwargs)
+        finally:
+            _close_awaited(id(tensor))
+
+    traced._lifeline_traced = True
+    return traced
+
+
+def install_functional(module):
+    """Wraps the functional collectives DTensor calls, and the wait that ends them."""
+    for name, op in _FUNCTIONAL.items():
+        fn = getattr(module, name, None)
+        if fn is not None and not getattr(fn, "_lifeline_traced", False):
+            setattr(module, name, _wrap_functional(fn, op, module))
+    fn = getattr(module, "wait_tensor", None)
+    if fn is not None and not getattr(fn, "_lifeline_traced", False):
+        module.wait_tensor = _wrap_wait(fn)
 
 
 # ---- start-up ---------------------------------------------------------------------------------
@@ -828,6 +928,7 @@ def install_ddp(module):
 
 _INSTALLERS = {
     "torch.distributed": install_distributed,
+    "torch.distributed._functional_collectives": install_functional,
     "torch.optim.optimizer": install_optimizer,
     "torch.nn.parallel.distributed": install_ddp,
 }

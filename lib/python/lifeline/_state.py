@@ -12,18 +12,28 @@ Paths join dict keys (str or int) and list indices with ".".
 import base64
 import json
 import math
+import sys
 
+from . import _dtensor
 from . import _lifeline
 
-try:  # torch is optional: numpy arrays work without it.
-    import torch
-except ImportError:  # pragma: no cover - exercised only where torch is absent
-    torch = None
 
-try:
-    import numpy
-except ImportError:  # pragma: no cover
-    numpy = None
+
+def _module(name):
+    """torch or numpy when the program has imported it, else None. A tensor or array of theirs can
+    exist only then, so `import lifeline` never imports either (torch costs about a second, which
+    the lifeline commands installed by pip would pay at every start)."""
+    return sys.modules.get(name)
+
+
+def _is_torch(x):
+    torch = _module("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def _is_numpy(x):
+    numpy = _module("numpy")
+    return numpy is not None and isinstance(x, numpy.ndarray)
 
 
 class Shard:
@@ -108,25 +118,33 @@ def _numel(shape):
 
 # ---- dtypes ----------------------------------------------------------------------------------------
 
-_TORCH_DTYPES = {}
-if torch is not None:
-    for _name, _ll in [("float64", "f64"), ("float32", "f32"), ("float16", "f16"), ("bfloat16", "bf16"),
-                       ("float8_e4m3fn", "f8e4m3"), ("float8_e5m2", "f8e5m2"), ("int64", "i64"),
-                       ("int32", "i32"), ("int16", "i16"), ("int8", "i8"), ("uint8", "u8"), ("bool", "bool")]:
-        if hasattr(torch, _name):
-            _TORCH_DTYPES[getattr(torch, _name)] = _ll
+_TORCH_DTYPE_NAMES = [("float64", "f64"), ("float32", "f32"), ("float16", "f16"), ("bfloat16", "bf16"),
+                      ("float8_e4m3fn", "f8e4m3"), ("float8_e5m2", "f8e5m2"), ("int64", "i64"), ("int32", "i32"),
+                      ("int16", "i16"), ("int8", "i8"), ("uint8", "u8"), ("bool", "bool")]
+
+
+_torch_dtypes = {}
+
+
+def _torch_dtype_names():
+    """torch dtype -> Lifeline's dtype name, for the dtypes this torch has (made on first use)."""
+    if not _torch_dtypes:
+        torch = _module("torch")
+        _torch_dtypes.update({getattr(torch, name): ll for name, ll in _TORCH_DTYPE_NAMES if hasattr(torch, name)})
+    return _torch_dtypes
+
 
 _NUMPY_DTYPES = {"float64": "f64", "float32": "f32", "float16": "f16", "int64": "i64", "int32": "i32",
                  "int16": "i16", "int8": "i8", "uint8": "u8", "bool": "bool"}
 
 
 def is_tensor(x):
-    return (torch is not None and isinstance(x, torch.Tensor)) or (numpy is not None and isinstance(x, numpy.ndarray))
+    return _is_torch(x) or _is_numpy(x)
 
 
 def _dtype_name(t, path):
-    if torch is not None and isinstance(t, torch.Tensor):
-        name = _TORCH_DTYPES.get(t.dtype)
+    if _is_torch(t):
+        name = _torch_dtype_names().get(t.dtype)
     else:
         name = _NUMPY_DTYPES.get(str(t.dtype))
     if name is None:
@@ -137,14 +155,14 @@ def _dtype_name(t, path):
 
 def _check_host(t, path):
     """Checks a tensor can be saved; CUDA tensors go through the library's CUDA copy engine."""
-    if torch is not None and isinstance(t, torch.Tensor):
+    if _is_torch(t):
         if t.device.type not in ("cpu", "cuda"):
             raise TypeError(f"state[{path!r}]: a {t.device.type} tensor; Lifeline snapshots host and CUDA "
                             f"memory (move it with .cpu())")
         if t.device.type == "cuda" and not _lifeline_cuda_built():
             raise TypeError(f"state[{path!r}]: a CUDA tensor, and this build of Lifeline has no CUDA copy engine "
                             f"(rebuild with the CUDA toolkit, LIFELINE_CUDA=ON, or move it with .cpu())")
-        if t.is_sparse or t.layout != torch.strided:
+        if t.is_sparse or t.layout != _module("torch").strided:
             raise TypeError(f"state[{path!r}]: only dense (strided) tensors can be saved")
 
 
@@ -155,28 +173,23 @@ def _lifeline_cuda_built():
 
 def _device(t):
     """(device ordinal, producer stream) of a CUDA tensor; (-1, 0) for host memory."""
-    if torch is not None and isinstance(t, torch.Tensor) and t.device.type == "cuda":
+    if _is_torch(t) and t.device.type == "cuda":
+        torch = _module("torch")
         index = t.device.index if t.device.index is not None else torch.cuda.current_device()
         return index, torch.cuda.current_stream(index).cuda_stream
     return -1, 0
 
 
 def _contiguous(t):
-    if torch is not None and isinstance(t, torch.Tensor):
+    if _is_torch(t):
         return t if t.is_contiguous() else t.contiguous()
-    return t if t.flags["C_CONTIGUOUS"] else numpy.ascontiguousarray(t)
+    return t if t.flags["C_CONTIGUOUS"] else _module("numpy").ascontiguousarray(t)
 
 
 def _address(t):
-    if torch is not None and isinstance(t, torch.Tensor):
+    if _is_torch(t):
         return t.data_ptr()
     return t.ctypes.data
-
-
-def _writable_view(t):
-    """The tensor to load into and, when it is not contiguous, the contiguous buffer to use instead."""
-    c = _contiguous(t)
-    return c, (c is not t)
 
 
 # ---- walking -----------------------------------------------------------------------------------------
@@ -215,6 +228,50 @@ def walk(state):
     if not isinstance(state, (dict, list)):
         raise TypeError(f"the state must be a dict or a list, not {type(state).__name__}")
     yield from visit(state, "")
+
+
+def leaves(state, rank=0, world_size=1):
+    """Yields (path, leaf, pieces) for every leaf of `state` in walk order: `pieces` is the list of
+    tensors or Shards a tensor leaf is saved from and loaded into (a DTensor's boxes, else the leaf
+    itself), None for an object leaf.
+
+    In a state holding DTensors, with world_size > 1, a plain tensor is taken to be the same on every
+    rank (an optimizer's step, an unsharded buffer: what DCP assumes of it too) and is marked as one
+    of world_size copies, written once."""
+    found = list(walk(state))
+    replicated = world_size > 1 and any(_dtensor.is_dtensor(leaf) for _, leaf in found)
+    for path, leaf in found:
+        if _dtensor.is_dtensor(leaf):
+            yield path, leaf, _dtensor.pieces(leaf, path, world_size)
+        elif isinstance(leaf, Shard) or not is_tensor(leaf):
+            yield path, leaf, [leaf] if isinstance(leaf, Shard) else None
+        elif replicated:
+            yield path, leaf, [Shard(leaf, replica=(rank, world_size))]
+        else:
+            yield path, leaf, [leaf]
+
+
+class LoadTargets:
+    """The tensors of a state as load targets: `specs` for the C++ load, and finish() to run once
+    it has filled them, copying into each target that is not contiguous from the buffer the load
+    wrote instead."""
+
+    def __init__(self, state):
+        self.specs, self._copies = [], []
+        for path, _leaf, parts in leaves(state):
+            for piece in parts or ():
+                spec, buffer = tensor_spec(path, piece)
+                self.specs.append(spec)
+                target = piece.tensor if isinstance(piece, Shard) else piece
+                if buffer is not target:
+                    self._copies.append((target, buffer))
+
+    def finish(self):
+        for target, buffer in self._copies:
+            if hasattr(target, "copy_"):
+                target.copy_(buffer)
+            else:
+                target[...] = buffer
 
 
 def tensor_spec(path, leaf):
@@ -265,7 +322,7 @@ def _to_json(x, path):
                 raise TypeError(f"state[{path!r}]: dict key {k!r} is a {type(k).__name__}; keys must be str or int")
             items.append([k, _to_json(v, path)])
         return {"__dict__": items}
-    if numpy is not None and isinstance(x, numpy.generic):
+    if _module("numpy") is not None and isinstance(x, _module("numpy").generic):
         return _to_json(x.item(), path)
     raise TypeError(f"state[{path!r}]: cannot save a {type(x).__name__} (leaves must be tensors, lifeline.Shard, "
                     f"numbers, strings, bytes, None, or lists/tuples/dicts of those)")
@@ -300,16 +357,14 @@ def decode_object(path, data):
 
 # ---- restoring ------------------------------------------------------------------------------------------
 
-def restore(state, tensor_done, objects, missing):
+def restore(state, objects, missing):
     """Puts loaded objects back into `state` in place; tensors were filled by the load already.
 
-    `tensor_done(path)` finishes a tensor leaf (copying from a contiguous buffer when needed).
     `objects` maps path -> bytes. Object leaves absent from the checkpoint keep their value and are
     listed in `missing`.
     """
     def visit(x, path):
         if isinstance(x, Shard) or is_tensor(x):
-            tensor_done(path)
             return x
         if isinstance(x, dict) and _has_tensor(x):
             for k in list(x.keys()):

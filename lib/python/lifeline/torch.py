@@ -1,6 +1,6 @@
 """PyTorch models and optimizers as Lifeline states, keyed by parameter name.
 
-    state = lifeline.torch.state_dict(model, optimizer)   # model: plain or DistributedDataParallel
+    state = lifeline.torch.state_dict(model, optimizer)   # plain, DDP, FSDP2 and/or tensor parallel
     ckpt.save(step, state)
     ...
     step = lifeline.torch.load(ckpt, model, optimizer)    # a freshly constructed optimizer is fine
@@ -10,7 +10,11 @@ index, so a checkpoint saved under DDP loads into a plain model and back. A DDP 
 and optimizer state are the same on every rank of its process group: they are marked as replicas,
 so one copy is written; its buffers are saved by the group's rank 0, whose buffers DDP broadcasts.
 A plain model saved from several ranks is not marked: if the ranks hold the same tensors, the
-commit fails every rank's save (mark them, or use DDP).
+commit fails every rank's save (mark them, or use DDP). A model sharded with FSDP2 (fully_shard)
+or tensor parallelism (parallelize_module) has DTensor parameters: each rank saves the boxes of
+the global tensors its shards hold, replicas once, and its optimizer state follows its parameter's
+placement; its plain tensors (buffers, Adam's step) are the same on every rank and written once.
+Any of these loads into any other: another mesh, placements or world size, DDP or one process.
 
 Layout of the state (the tensor paths are what the checkpoint holds):
     model.<name>                        parameters and buffers (model.state_dict() names)
@@ -25,6 +29,7 @@ from collections.abc import Mapping as _Mapping
 import torch as _torch  # the real torch: imports are absolute
 
 from . import _lifeline
+from . import _dtensor
 from . import _state
 from ._state import Shard
 
@@ -34,7 +39,7 @@ HEADER = "lifeline_torch"
 FORMAT_VERSION = 1
 _NOT_IN_CHECKPOINT = "is not in the checkpoint"  # Checkpointer._load_agreed: a mismatch, no fallback
 
-_DTYPE_OF_NAME = {name: dtype for dtype, name in _state._TORCH_DTYPES.items()}
+_DTYPE_OF_NAME = {name: dtype for dtype, name in _state._torch_dtype_names().items()}
 
 
 def _error(code, message):
@@ -105,6 +110,8 @@ def _model_tensors(model):
 
 
 def _memory(t):
+    if _dtensor.is_dtensor(t):
+        t = _dtensor.local_tensor(t)
     return (t.device.type, t.device.index, t.data_ptr(), tuple(t.shape), t.dtype)
 
 
@@ -312,6 +319,15 @@ class _Plan:
             if dtype is None:
                 self.mismatched.append(f"optim.state.{name}.{key}: dtype {d[1]} has no torch dtype here")
                 continue
+            if _dtensor.is_dtensor(p) and shape == list(p.shape):
+                # State shaped like a DTensor parameter is a DTensor placed as the parameter is.
+                t = current.get(key)
+                if not (_dtensor.is_dtensor(t) and t.dtype == dtype and t.shape == p.shape
+                        and t.placements == p.placements and t.device_mesh == p.device_mesh):
+                    t = _torch.zeros_like(p, dtype=dtype, requires_grad=False)
+                new[key] = t
+                self.targets.setdefault("optim", {"state": {}})["state"].setdefault(name, {})[key] = t
+                continue
             # State shaped like a sharded parameter is the same piece of its own global tensor.
             sharded = isinstance(param_leaf, Shard) and len(shape) > 0 and shape == list(param_leaf.global_shape)
             local = list(param_leaf.tensor.shape) if sharded else shape
@@ -331,9 +347,10 @@ class _Plan:
         """Puts the loaded state and the hyperparameters into the optimizer."""
         for group, saved_group in self.groups:
             for p in group["params"]:
-                if p in self.optim_state:
+                if self.optim_state.get(p):
                     optimizer.state[p] = self.optim_state[p]
-                else:  # the checkpoint holds no state for it (not stepped yet): as a fresh optimizer
+                else:  # the checkpoint holds no state for it (not stepped yet, or an optimizer that
+                    # keeps none, as torch 2.x's SGD without momentum): as a fresh optimizer
                     optimizer.state.pop(p, None)
             for key, value in saved_group.items():
                 if key != "params":
@@ -365,18 +382,9 @@ def load(ckpt, model, optimizer=None, *, strict=True, step=None, required=False)
         plans[head["step"]] = plan
         if plan.mismatched or (strict and (plan.missing or plan.unexpected)):
             return head  # nothing loaded; reported below, on this rank
-        specs, filled = [], []
-        for path, leaf in _state.walk(plan.targets):
-            if not (isinstance(leaf, Shard) or _state.is_tensor(leaf)):
-                continue
-            spec, buffer = _state.tensor_spec(path, leaf)
-            specs.append(spec)
-            t = leaf.tensor if isinstance(leaf, Shard) else leaf
-            if buffer is not t:
-                filled.append((t, buffer))
-        result = ckpt._impl.load(head["step"], specs, None)
-        for t, buffer in filled:
-            t.copy_(buffer)
+        targets = _state.LoadTargets(plan.targets)
+        result = ckpt._impl.load(head["step"], targets.specs, None)
+        targets.finish()
         result["skipped"] = head["skipped"] + result["skipped"]
         result["objects"] = head["objects"]
         return result

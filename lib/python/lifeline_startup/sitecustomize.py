@@ -29,7 +29,8 @@ class _AfterImport:
         self._busy = False
         self._autotrace = None
         self._broken = False
-        self._names = {"torch.distributed", "torch.optim.optimizer", "torch.nn.parallel.distributed"}
+        self._names = {"torch.distributed", "torch.distributed._functional_collectives", "torch.optim.optimizer",
+                       "torch.nn.parallel.distributed"}
 
     def find_spec(self, name, path, target=None):
         if name not in self._names or self._busy or self._broken:
