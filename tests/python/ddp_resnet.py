@@ -39,6 +39,7 @@ print(f"phase process_group_ready {time.time():.6f}", flush=True)
 torch.manual_seed(0)
 model = torch.nn.parallel.DistributedDataParallel(resnet.resnet18(num_classes=10))
 opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+print(f"phase model_ready {time.time():.6f}", flush=True)
 ckpt = lifeline.Checkpointer(args.dir, keep_last=2, memory_tier=True)
 start = lifeline.torch.load(ckpt, model, opt) or 0
 print(f"phase loaded {time.time():.6f} step {start}", flush=True)

@@ -1,7 +1,8 @@
 """Walking a training state: tensors and Shards become tensor descriptions, the rest per-rank objects.
 
 A state is a tree of dicts, lists and tuples. Its leaves are:
-  * tensors (torch, or numpy arrays) and lifeline.Shard: saved in Lifeline's sharded format, by
+  * tensors (torch, or numpy arrays), DTensors (as the boxes of their global tensor their local
+    tensors hold: lifeline/_dtensor.py) and lifeline.Shard: saved in Lifeline's sharded format, by
     the path of the leaf ("model.layers.0.weight", "optim.3.exp_avg"), zero-copy;
   * everything else (numbers, strings, bytes, None, and containers holding no tensor): a per-rank
     object stored under its path, encoded as tagged JSON. Never pickle: loading a checkpoint must
@@ -16,7 +17,6 @@ import sys
 
 from . import _dtensor
 from . import _lifeline
-
 
 
 def _module(name):
