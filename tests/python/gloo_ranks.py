@@ -1,11 +1,12 @@
 """Ranks of a torch.distributed (gloo) job started as plain processes, with no agent and no torchrun:
-what tests/python/test_launch.py and test_torch_state.py share."""
+what tests/python/test_launch.py, test_torch_state.py and test_dtensor.py share."""
 import argparse
 import json
 import os
-import socket
+import shutil
 import subprocess
 import sys
+import tempfile
 import unittest
 
 # The launchers' variables: stripped, so the ranks rely on torch.distributed alone.
@@ -13,21 +14,17 @@ LAUNCH_VARS = ("LIFELINE_LAUNCH_ID", "LIFELINE_JOB", "LIFELINE_RESTART", "TORCHE
                "TORCHELASTIC_RESTART_COUNT", "LIFELINE_RESUME_STEP", "LIFELINE_RESUME_DIR", "LIFELINE_AGENT")
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_ranks(script, world, args_of_rank):
-    """Runs `script --worker --rank R --world W --port P <args_of_rank(R)>` for every rank; returns
+    """Runs `script --worker --rank R --world W --init-method M <args_of_rank(R)>` for every rank, M a
+    file store of this launch's own (no port to guess, so none to lose to another process); returns
     each rank's last `RESULT {json}` line (None when it failed) and the output of all of them."""
-    port = free_port()
+    store_dir = tempfile.mkdtemp(prefix="lifeline-gloo-", dir=os.environ.get("LIFELINE_TEST_TMPDIR", "/var/tmp"))
+    init_method = "file://" + os.path.join(store_dir, "store")
     env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
     procs = []
     for r in range(world):
         cmd = [sys.executable, os.path.abspath(script), "--worker", "--rank", str(r), "--world", str(world),
-               "--port", str(port)] + args_of_rank(r)
+               "--init-method", init_method] + args_of_rank(r)
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
     results, outputs = [], []
     for r, p in enumerate(procs):
@@ -40,6 +37,7 @@ def run_ranks(script, world, args_of_rank):
         outputs.append(text)
         line = [l for l in text.splitlines() if l.startswith("RESULT ")]
         results.append(json.loads(line[-1][7:]) if p.returncode == 0 and line else None)
+    shutil.rmtree(store_dir, ignore_errors=True)
     return results, "".join(outputs)
 
 
@@ -51,9 +49,9 @@ def main(worker, add_arguments=lambda parser: None):
         return
     p = argparse.ArgumentParser()
     p.add_argument("--worker", action="store_true")
-    for name in ("--role", "--dir"):
+    for name in ("--role", "--dir", "--init-method"):
         p.add_argument(name)
-    for name in ("--rank", "--world", "--port"):
+    for name in ("--rank", "--world"):
         p.add_argument(name, type=int)
     add_arguments(p)
     sys.exit(worker(p.parse_args()))

@@ -63,8 +63,7 @@ def make_optimizer(model):
 def init(args, world):
     import torch.distributed as dist
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{args.dir}/store.{args.role}.{args.launch}",
-                            rank=args.rank, world_size=world)
+    dist.init_process_group("gloo", init_method=args.init_method, rank=args.rank, world_size=world)
 
 
 def full_state(model, optimizer):
@@ -214,7 +213,6 @@ def worker(args):
 def add_arguments(parser):
     parser.add_argument("--into")
     parser.add_argument("--source")
-    parser.add_argument("--launch", default="0")
 
 
 @unittest.skipIf(NO_FSDP2, NO_FSDP2)
@@ -286,8 +284,7 @@ class DTensorCheckpoints(unittest.TestCase):
         for source in ("torch", "sd"):
             for into, world in (("fsdp2", 2), ("plain", 1), ("ddp", 3)):
                 with self.subTest(source=source, into=into):
-                    for r in self.ranks(world, "--role", "load", "--into", into, "--source", source,
-                                        "--launch", f"{source}-{into}"):
+                    for r in self.ranks(world, "--role", "load", "--into", into, "--source", source):
                         self.assertEqual(r["step"], STEPS)
                         self.assertEqual(r["differences"], [])
 

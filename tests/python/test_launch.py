@@ -30,7 +30,7 @@ def state_for(rank, world, step):
 
 def worker(args):
     import torch.distributed as dist
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=args.rank,
+    dist.init_process_group("gloo", init_method=args.init_method, rank=args.rank,
                             world_size=args.world)
     opts = {}
     if args.tier:

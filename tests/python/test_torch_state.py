@@ -68,7 +68,7 @@ def differences(model, optimizer, ref):
 
 def worker(args):
     import torch.distributed as dist
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=args.rank,
+    dist.init_process_group("gloo", init_method=args.init_method, rank=args.rank,
                             world_size=args.world)
     ckpt = lifeline.Checkpointer(args.dir, rank=args.rank, world_size=args.world)
     model = torch.nn.parallel.DistributedDataParallel(make_model())
