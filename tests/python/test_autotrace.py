@@ -196,7 +196,7 @@ class AutoTrace(unittest.TestCase):
             from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.fsdp import fully_shard
             from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-            import lifeline
+            import lifeline, lifeline._autotrace
             rank = int(os.environ["RANK"])
             dist.init_process_group("gloo")
             mesh = init_device_mesh("cpu", (2,))
@@ -213,6 +213,9 @@ class AutoTrace(unittest.TestCase):
                     m(torch.ones(2, 8)).sum().backward()
                     opt.step()
                     opt.zero_grad()
+                # An async call's record ends in its future's callback, on gloo's thread, which
+                # may run just after the wait returned: let it before dumping.
+                lifeline._autotrace._wait_for_callbacks()
                 lifeline.trace.dump(sys.argv[1] + f"/{phase}.{rank}.jsonl")
             dist.destroy_process_group()
         """)
