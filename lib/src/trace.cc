@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 
+#include "lifeline/internal/shared_memory.h"
 #include "lifeline/internal/trace_ring.h"
 #include "lifeline/env.h"
 #include "lifeline/log.h"
@@ -104,7 +105,7 @@ bool WriteAll(int fd, const char* p, size_t n) {
 // Async-signal-safe: no allocation, no locks, only open/write/close.
 void DumpTo(const Tracer& t, const char* path, uint64_t max_events) {
   const int saved_errno = errno;
-  const int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  const int fd = CreateFreshFile(path, O_WRONLY, 0600);  // never through a planted link
   if (fd >= 0) {
     const size_t n = t.ring->Recent(t.dump_buffer.get(), std::min<uint64_t>(max_events, t.dump_events));
     char line[512];
@@ -324,7 +325,7 @@ Status DumpRecent(const std::string& path, uint64_t max_events) {
   const uint64_t n = std::min<uint64_t>(max_events, t->ring->capacity());
   std::unique_ptr<Event[]> events(new Event[n]);
   const size_t got = t->ring->Recent(events.get(), n);
-  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  const int fd = CreateFreshFile(path.c_str(), O_WRONLY, 0600);
   if (fd < 0) return Status::FromErrno(errno, path);
   std::string out;
   char line[512];

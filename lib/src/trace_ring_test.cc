@@ -163,10 +163,14 @@ TEST(TraceFormat, EventsFormatAsJsonLinesAndNeverOverflowTheBuffer) {
 }
 
 // The API in a child whose environment names the ring: what the agent reads back, the dump on
-// a signal, and the sequence numbers it counts per communicator.
+// a signal, and the sequence numbers it counts per communicator. Hard links planted at both dumps'
+// names (they are predictable: rank and pid) are replaced, the file outside left alone.
 TEST_F(RingTest, TheTracingApiReachesTheAgentsRingAndDumpsOnSignal) {
   auto ring = TraceRing::Create(RingPath(dir_, 2), 2, 1024);
   ASSERT_TRUE(ring.ok());
+  const std::string outside = dir_ + "/outside";
+  std::ofstream(outside) << "keep me";
+  ASSERT_EQ(link(outside.c_str(), (dir_ + "/explicit.jsonl").c_str()), 0);
   const pid_t pid = fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
@@ -185,6 +189,7 @@ TEST_F(RingTest, TheTracingApiReachesTheAgentsRingAndDumpsOnSignal) {
     Heartbeat();
     StepEnd(7);
     if (a != 1 || b != 2 || c != 1) _exit(11);
+    if (link(outside.c_str(), (dir_ + "/dump.2." + std::to_string(getpid()) + ".jsonl").c_str()) != 0) _exit(13);
     raise(SIGUSR2);  // the agent's "dump" request
     if (!DumpRecent(dir_ + "/explicit.jsonl", 3).ok()) _exit(12);
     ProcessExit();
@@ -225,6 +230,10 @@ TEST_F(RingTest, TheTracingApiReachesTheAgentsRingAndDumpsOnSignal) {
   ss << explicit_dump.rdbuf();
   const std::string text = ss.str();
   EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 3);
+  std::ifstream kept(outside);
+  std::string outside_text;
+  std::getline(kept, outside_text);
+  EXPECT_EQ(outside_text, "keep me") << "a dump wrote through a planted hard link";
 }
 
 TEST(TraceInactive, WithoutAnAgentNothingIsRecorded) {

@@ -1,6 +1,7 @@
 // Env::Default(): POSIX files and directories, O_DIRECT and its fallback, and the helpers.
 #include <fcntl.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <sys/statfs.h>
 #include <unistd.h>
 
@@ -335,6 +336,36 @@ TEST_F(PosixEnvTest, WriteFileAtomicallyReplacesALinkInsteadOfWritingThroughIt) 
   EXPECT_EQ(EntryType::kFile, env_->GetEntryType(Path("index")).value_or(EntryType::kOther));
   EXPECT_EQ("new", ReadFileToString(env_, Path("index"), 10).value_or(""));
   EXPECT_TRUE(target.Intact(env_));
+}
+
+// A save's data file, index temp name or dump has a predictable name: a hard link planted there
+// by another user of the directory, or a FIFO, must be replaced, never written through or waited on.
+TEST_F(PosixEnvTest, NewWritableFileReplacesAHardLinkOrFifoInsteadOfWritingThroughIt) {
+  for (bool direct : {false, true}) {
+    SCOPED_TRACE(direct ? "O_DIRECT" : "buffered");
+    LinkTarget target(env_);
+    const std::string data = Path(direct ? "direct.data" : "buffered.data");
+    ASSERT_EQ(0, ::link(target.file.c_str(), data.c_str()));
+    FileOptions options;
+    options.direct_io = direct;
+    Result<std::unique_ptr<WritableFile>> w = env_->NewWritableFile(data, options);
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    EXPECT_EQ(HasODirect((*w)->fd()), (*w)->direct());
+    AlignedBuffer bytes(kDirectIoAlignment);
+    std::memset(bytes.data(), 'x', kDirectIoAlignment);
+    ASSERT_TRUE((*w)->WriteAt(0, bytes.data(), kDirectIoAlignment).ok());
+    ASSERT_TRUE((*w)->Close().ok());
+    EXPECT_TRUE(target.Intact(env_)) << "the save wrote through a hard link into a file outside";
+    EXPECT_EQ(std::string(kDirectIoAlignment, 'x'), ReadFileToString(env_, data, 8192).value_or(""));
+    struct stat st;
+    ASSERT_EQ(0, ::stat(target.file.c_str(), &st));
+    EXPECT_EQ(1u, st.st_nlink);
+  }
+  ASSERT_EQ(0, ::mkfifo(Path("fifo").c_str(), 0600));
+  Result<std::unique_ptr<WritableFile>> w = env_->NewWritableFile(Path("fifo"), FileOptions{});  // no reader: would block
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  ASSERT_TRUE((*w)->Close().ok());
+  EXPECT_EQ(EntryType::kFile, env_->GetEntryType(Path("fifo")).value_or(EntryType::kOther));
 }
 
 }  // namespace

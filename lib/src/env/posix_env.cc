@@ -13,6 +13,7 @@
 
 #include "lib/src/env/io_queue_internal.h"
 #include "lifeline/env.h"
+#include "lifeline/internal/shared_memory.h"
 
 namespace lifeline {
 namespace internal {
@@ -55,6 +56,22 @@ int OpenMaybeDirect(const std::string& path, int flags, bool want_direct, bool* 
   do {
     fd = ::open(path.c_str(), flags, 0644);
   } while (fd < 0 && errno == EINTR);
+  return fd;
+}
+
+// `fd`, a file just created at `path`, reopened for writing with O_DIRECT when the file system
+// allows it (and the name still leads to the same inode); else `fd` itself, buffered.
+int ReopenDirect(const std::string& path, int fd, bool* direct) {
+  bool reopened = false;
+  const int dfd = OpenMaybeDirect(path, O_WRONLY | O_NOFOLLOW | O_CLOEXEC, true, &reopened);
+  struct stat a, b;
+  if (dfd >= 0 && reopened && ::fstat(fd, &a) == 0 && ::fstat(dfd, &b) == 0 && a.st_dev == b.st_dev &&
+      a.st_ino == b.st_ino) {
+    ::close(fd);
+    *direct = true;
+    return dfd;
+  }
+  if (dfd >= 0) ::close(dfd);
   return fd;
 }
 
@@ -247,11 +264,19 @@ class PosixRandomAccessFile final : public RandomAccessFile {
 
 class PosixEnv final : public Env {
  public:
+  // A path the caller names and wants followed (follow_symlinks: an export's output) is truncated
+  // in place; any other, a name inside a checkpoint, is made a new file (CreateFreshFile), so a hard
+  // link or FIFO planted at it is replaced rather than written through or blocked on.
   Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path,
                                                         const FileOptions& options) override {
-    bool direct;
-    const int fd = OpenMaybeDirect(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | NoFollow(options),
-                                   options.direct_io, &direct);
+    bool direct = false;
+    int fd;
+    if (options.follow_symlinks) {
+      fd = OpenMaybeDirect(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, options.direct_io, &direct);
+    } else {
+      fd = CreateFreshFile(path.c_str(), O_WRONLY, 0644);
+      if (fd >= 0 && options.direct_io) fd = ReopenDirect(path, fd, &direct);
+    }
     if (fd < 0) return OpenError(errno, path);
     return std::unique_ptr<WritableFile>(new PosixWritableFile(path, fd, direct));
   }

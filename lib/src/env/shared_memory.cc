@@ -65,13 +65,37 @@ OwnedFd::~OwnedFd() {
   if (fd_ >= 0) close(fd_);
 }
 
-Result<OwnedFd> OpenSharedFile(const std::string& path, CreateMode mode) {
-  int flags = O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW;
-  if (mode == CreateMode::kFresh) {
-    if (unlink(path.c_str()) != 0 && errno != ENOENT) return Status::FromErrno(errno, path);
-    flags |= O_EXCL;
+int CreateFreshFile(const char* path, int flags, mode_t mode) {
+  for (int attempt = 0;; ++attempt) {
+    int fd;
+    do {
+      fd = open(path, flags | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+    } while (fd < 0 && errno == EINTR);
+    if (fd >= 0 || errno != EEXIST || attempt == 2) return fd;
+    struct stat st;
+    if (lstat(path, &st) == 0 && S_ISLNK(st.st_mode)) {
+      errno = ELOOP;
+      return -1;
+    }
+    if (unlink(path) != 0 && errno != ENOENT) return -1;
   }
-  const int fd = open(path.c_str(), flags, 0600);
+}
+
+Result<OwnedFd> OpenSharedFile(const std::string& path, CreateMode mode) {
+  if (mode == CreateMode::kOpenOrCreate) {
+    // O_NONBLOCK: a FIFO at the path must not block the open; it is replaced below.
+    const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd >= 0) {
+      struct stat st;
+      if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_nlink == 1 &&
+          fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) == 0)
+        return OwnedFd(fd);
+      close(fd);
+    } else if (errno != ENOENT) {
+      return Status::FromErrno(errno, path);
+    }
+  }
+  const int fd = CreateFreshFile(path.c_str(), O_RDWR, 0600);
   if (fd < 0) return Status::FromErrno(errno, path);
   return OwnedFd(fd);
 }

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <string>
 
@@ -74,6 +75,34 @@ TEST_F(SharedMemoryTest, ASymbolicLinkIsNeverFollowed) {
   EXPECT_NE(fd.status().ToString().find(link), std::string::npos) << fd.status().ToString();
   struct stat st;
   EXPECT_NE(lstat(target.c_str(), &st), 0);  // nothing created through the link
+}
+
+// A memory-tier slot has a predictable name: a hard link planted there must not make the tier
+// write into another file, and a FIFO must not block the open.
+TEST_F(SharedMemoryTest, AHardLinkOrFifoAtTheSlotIsReplacedNotWrittenThrough) {
+  const std::string outside = dir_ + "/outside", slot = dir_ + "/slot0", fifo = dir_ + "/slot1";
+  FILE* f = fopen(outside.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  fputs("keep me", f);
+  fclose(f);
+  ASSERT_EQ(link(outside.c_str(), slot.c_str()), 0);
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  for (const std::string& path : {slot, fifo}) {
+    Result<OwnedFd> fd = OpenSharedFile(path, CreateMode::kOpenOrCreate);
+    ASSERT_TRUE(fd.ok()) << fd.status().ToString();
+    ASSERT_TRUE(SizeSharedFile(fd->get(), 4096, false, path).ok());
+    ASSERT_EQ(pwrite(fd->get(), "overwritten", 11, 0), 11);
+    struct stat st;
+    ASSERT_EQ(fstat(fd->get(), &st), 0);
+    EXPECT_TRUE(S_ISREG(st.st_mode));
+    EXPECT_EQ(st.st_nlink, 1u);
+  }
+  char buf[16] = {};
+  f = fopen(outside.c_str(), "r");
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(fread(buf, 1, sizeof(buf) - 1, f), 7u);
+  fclose(f);
+  EXPECT_STREQ(buf, "keep me");
 }
 
 TEST_F(SharedMemoryTest, AReservationLargerThanTheFileSystemIsResourceExhaustedNamingTheFile) {

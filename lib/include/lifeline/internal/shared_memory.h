@@ -72,8 +72,17 @@ enum class CreateMode {
                   // mapping the old file keeps writing there, never into the new one)
 };
 
-// Opens (creating, mode 0600) the file at `path` read-write, never through a symbolic link.
+// Opens (creating, mode 0600) the file at `path` read-write, never through a symbolic link. An
+// existing file is used only when it is a regular file with no other name (kOpenOrCreate); a hard
+// link planted at the path, or a FIFO or device, is replaced by a new file instead.
 Result<OwnedFd> OpenSharedFile(const std::string& path, CreateMode mode);
+
+// Creates `path` as a new regular file, open with `flags` (O_WRONLY or O_RDWR, ...) plus
+// O_CREAT|O_EXCL|O_NOFOLLOW|O_CLOEXEC, permissions `mode`. A file, hard link or FIFO already at the
+// name is unlinked first, so a write never lands in an inode that another name reaches (a hard link
+// planted at a predictable name, pointing outside the checkpoint); a symbolic link there is refused
+// (ELOOP) and left alone. Returns the descriptor, or -1 with errno set. Async-signal-safe.
+int CreateFreshFile(const char* path, int flags, mode_t mode);
 // Sets the file's size to `bytes`; with `reserve`, also allocates every block now, so that a full
 // file system (/dev/shm) is ResourceExhausted here rather than a SIGBUS when the pages are touched.
 Status SizeSharedFile(int fd, uint64_t bytes, bool reserve, const std::string& what);
