@@ -2,7 +2,7 @@
 # Nothing outside the checkpoint root, ever, through the CLI: a step directory planted as a
 # symbolic link (to a directory of other files, or to a complete step of another checkpoint) is
 # listed as not complete, `lifeline gc --keep 1` removes only the link, and `lifeline verify`
-# refuses a data file that is a link, naming it.
+# refuses a data file that is a link, naming it; FIFOs as a step's files hang no command.
 set -euo pipefail
 lifeline="$1"
 source "$(dirname "$0")/common.sh" symlink
@@ -42,4 +42,19 @@ fi
 cat "$dir/verify.err"
 grep -q "$(basename "$data")" "$dir/verify.err" || fail "verify did not name the linked file"
 grep -q "symbolic link" "$dir/verify.err" || fail "verify did not say the file is a symbolic link"
+
+# FIFOs planted as a step's manifest and index: ls, inspect, verify and gc answer at once (an
+# open of a FIFO with no writer blocks forever), naming the file.
+step="$(dirname "$data")"
+for f in "$step"/*.manifest "$step"/*.index; do
+  rm -f "$f"
+  mkfifo "$f"
+done
+for command in "ls $ckpt" "inspect $ckpt" "verify $ckpt" "gc $ckpt --keep 1"; do
+  # shellcheck disable=SC2086
+  rc=0
+  timeout 60 "$lifeline" $command >"$dir/fifo.out" 2>&1 || rc=$?
+  [ "$rc" != 124 ] || fail "lifeline $command hung on a FIFO in the checkpoint"
+done
+"$lifeline" ls "$ckpt" 2>&1 | grep -q "not a regular file" || fail "ls does not say a file is not a regular file"
 echo "cli_gc_symlink: ok"

@@ -340,7 +340,7 @@ TEST_F(PosixEnvTest, WriteFileAtomicallyReplacesALinkInsteadOfWritingThroughIt) 
 
 // A save's data file, index temp name or dump has a predictable name: a hard link planted there
 // by another user of the directory, or a FIFO, must be replaced, never written through or waited on.
-TEST_F(PosixEnvTest, NewWritableFileReplacesAHardLinkOrFifoInsteadOfWritingThroughIt) {
+TEST_F(PosixEnvTest, NewWritableFileReplacesAHardLinkOrFifoInsteadOfWritingThroughIt) {  // and reads refuse a FIFO
   for (bool direct : {false, true}) {
     SCOPED_TRACE(direct ? "O_DIRECT" : "buffered");
     LinkTarget target(env_);
@@ -362,6 +362,12 @@ TEST_F(PosixEnvTest, NewWritableFileReplacesAHardLinkOrFifoInsteadOfWritingThrou
     EXPECT_EQ(1u, st.st_nlink);
   }
   ASSERT_EQ(0, ::mkfifo(Path("fifo").c_str(), 0600));
+  // Read, a FIFO is refused at once, naming it (no writer: an open would block forever).
+  Result<std::unique_ptr<RandomAccessFile>> r = env_->NewRandomAccessFile(Path("fifo"), FileOptions{});
+  EXPECT_EQ(StatusCode::kFailedPrecondition, r.status().code());
+  EXPECT_TRUE(Contains(r.status(), Path("fifo"))) << r.status().ToString();
+  EXPECT_TRUE(Contains(r.status(), "not a regular file")) << r.status().ToString();
+  EXPECT_FALSE(ReadFileToString(env_, Path("fifo"), 100).ok());
   Result<std::unique_ptr<WritableFile>> w = env_->NewWritableFile(Path("fifo"), FileOptions{});  // no reader: would block
   ASSERT_TRUE(w.ok()) << w.status().ToString();
   ASSERT_TRUE((*w)->Close().ok());

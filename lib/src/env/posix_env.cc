@@ -281,11 +281,26 @@ class PosixEnv final : public Env {
     return std::unique_ptr<WritableFile>(new PosixWritableFile(path, fd, direct));
   }
 
+  // O_NONBLOCK: a FIFO planted where a checkpoint file should be must not hang the open (nor the
+  // agent's resume scan, ls, verify, gc or a load); only regular files (and directories, to be
+  // synced) are opened.
   Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(const std::string& path,
                                                                 const FileOptions& options) override {
     bool direct;
-    const int fd = OpenMaybeDirect(path, O_RDONLY | O_CLOEXEC | NoFollow(options), options.direct_io, &direct);
+    const int fd = OpenMaybeDirect(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | NoFollow(options), options.direct_io,
+                                   &direct);
     if (fd < 0) return OpenError(errno, path);
+    struct stat st;
+    if (::fstat(fd, &st) != 0) {
+      const int err = errno;
+      ::close(fd);
+      return Status::FromErrno(err, path);
+    }
+    if (!S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {  // a directory: opened to be synced
+      ::close(fd);
+      return Status::FailedPrecondition(path, "is not a regular file (a FIFO, device or socket); not reading it");
+    }
+    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
     return std::unique_ptr<RandomAccessFile>(new PosixRandomAccessFile(path, fd, direct));
   }
 
