@@ -27,6 +27,7 @@
 #include "agent/metrics.h"
 #include "agent/progress.h"
 #include "agent/resume.h"
+#include "lib/src/save_lock.h"
 #include "lifeline/internal/tier_replica.h"
 #include "lifeline/checkpoint.h"
 #include "lifeline/env.h"
@@ -233,6 +234,16 @@ Status Agent::Setup() {
 
   if (!config_.metrics_addr.empty()) LL_RETURN_IF_ERROR(metrics_->Serve(config_.metrics_addr));
   return Status::OK();
+}
+
+Status Agent::CheckCheckpointDirFree() const {
+  if (config_.checkpoint_dir.empty()) return Status::OK();
+  Result<std::optional<SaveLockHolder>> holder = FindSaveLockHolder(Env::Default(), config_.checkpoint_dir);
+  if (!holder.ok() || !holder->has_value()) return Status::OK();  // the ranks' saves decide then
+  // The job's own launches, on another node that launched first, are welcome.
+  const std::string ours = "lifeline:" + config_.job_id + ":";
+  if ((*holder)->run_id.compare(0, ours.size(), ours) == 0) return Status::OK();
+  return DirectoryInUse(config_.checkpoint_dir, **holder).Annotate("--checkpoint-dir");
 }
 
 Status Agent::Launch() {
@@ -830,6 +841,12 @@ int Agent::Run() {
   detectors_ = MakeDetectors(config_);
   std::cerr << "lifeline-agent: job " << config_.job_id << ", " << config_.nproc << " ranks; control socket "
             << config_.run_dir << "/control.sock" << std::endl;
+  if (Status s = CheckCheckpointDirFree(); !s.ok()) {
+    std::cerr << "lifeline-agent: " << s.ToString() << std::endl;
+    Log({{"action", "give_up"}, {"reason", s.ToString()}});
+    Cleanup();
+    return 2;
+  }
   if (Status s = Launch(); !s.ok()) {
     std::cerr << "lifeline-agent: " << s.ToString() << std::endl;
     Cleanup();
@@ -915,7 +932,29 @@ int Agent::Run() {
       std::vector<int> failed;
       for (const RankProcess& p : launcher_->ranks())
         if (!(WIFEXITED(p.wait_status) && WEXITSTATUS(p.wait_status) == 0)) failed.push_back(p.rank);
-      if (failed.empty()) {
+      // Ranks that all end with 0 can still have lost the job's final state: a save that failed
+      // (into a directory another job holds, a full disk) with none persisted after it.
+      std::vector<int> unsaved;
+      uint64_t unsaved_step = 0;
+      uint64_t unsaved_code = 0;
+      for (size_t r = 0; r < timeline_.ranks().size(); ++r) {
+        const RankTimeline& t = timeline_.rank(static_cast<int>(r));
+        if (t.failed_save_step == trace::kNoStep) continue;
+        unsaved.push_back(static_cast<int>(rank_base_ + r));
+        unsaved_step = std::max(unsaved_step, t.failed_save_step);
+        unsaved_code = t.failed_save_code;
+      }
+      if (failed.empty() && !unsaved.empty()) {
+        finished_ = true;  // the job did end: its keys in etcd go
+        give_up_reason_ = "every rank ended with status 0, but the last checkpoint of ranks " + JoinRanks(unsaved) +
+                          " failed (step " + std::to_string(unsaved_step) + ": " +
+                          StatusCodeName(static_cast<StatusCode>(unsaved_code)) +
+                          ", see the ranks' output) and no later one was saved: the job's final state is not in "
+                          "the checkpoint";
+        Log({{"action", "give_up"}, {"reason", give_up_reason_}});
+        std::cerr << "lifeline-agent: " << give_up_reason_ << std::endl;
+        exit_code = 1;
+      } else if (failed.empty()) {
         Log({{"action", "finished"}, {"ranks", config_.nproc}});
         finished_ = true;
         if (replication_ != nullptr) {

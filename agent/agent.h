@@ -47,6 +47,9 @@ class Agent {
  private:
   Status Setup();
   Status Launch();
+  // FailedPrecondition naming the other job when --checkpoint-dir is being saved into by a job
+  // other than this one (its save lock, lib/src/save_lock.h): refused before any rank starts.
+  Status CheckCheckpointDirFree() const;
   void DrainRings(uint64_t now);
   // Decides what to do about `anomalies`; returns the anomaly that asks for a restart, if any.
   std::optional<Anomaly> Act(std::vector<Anomaly>& anomalies, uint64_t now);

@@ -39,9 +39,9 @@ Result<ResumePoint> FindResumePoint(Env* env, const std::string& checkpoint_dir)
   ResumePoint point;
   LL_ASSIGN_OR_RETURN(std::optional<uint64_t> disk, NewestSound(env, checkpoint_dir));
   std::optional<uint64_t> memory;
-  if (Result<std::string> tier = FindMemoryTierOf(checkpoint_dir, env); tier.ok()) {
-    Result<std::optional<uint64_t>> found = NewestSound(env, *tier);
-    if (found.ok()) memory = *found;
+  if (Result<std::vector<CheckpointInfo>> tier = ScanMemoryTierOf(checkpoint_dir, env); tier.ok()) {
+    const std::vector<uint64_t> steps = SoundSteps(env, *tier, 1);
+    if (!steps.empty()) memory = steps[0];
   }
   if (memory && (!disk || *memory > *disk)) {
     point.step = memory;
@@ -57,8 +57,8 @@ Result<ResumeOffer> FindResumeOffer(Env* env, const std::string& checkpoint_dir)
   ResumeOffer offer;
   offer.directory = checkpoint_dir;
   LL_ASSIGN_OR_RETURN(offer.disk_step, NewestSound(env, checkpoint_dir));
-  if (Result<std::string> tier = FindMemoryTierOf(checkpoint_dir, env); tier.ok()) {
-    const std::vector<CheckpointInfo> all = ScanSteps(env, *tier).value_or(std::vector<CheckpointInfo>{});
+  if (Result<std::vector<CheckpointInfo>> tier = ScanMemoryTierOf(checkpoint_dir, env); tier.ok()) {
+    const std::vector<CheckpointInfo>& all = *tier;
     // A tier holds a few steps; more would only make the rendezvous entries longer.
     offer.memory_steps = SoundSteps(env, all, 16);
     for (const CheckpointInfo& info : all) {

@@ -181,6 +181,8 @@ TimelineChange Timeline::Apply(int rank, const Event& e) {
       if (find_save(e.step) == r.saves.rend()) AddSave(&r, CheckpointSave{e.step, e.time_ns, 0, 0});
       break;
     case EventType::kCheckpointPersisted: {
+      if (r.persisted_step == trace::kNoStep || e.step > r.persisted_step) r.persisted_step = e.step;
+      if (r.failed_save_step != trace::kNoStep && e.step >= r.failed_save_step) r.failed_save_step = trace::kNoStep;
       auto it = find_save(e.step);
       if (it != r.saves.rend()) {
         if (it->persisted_ns == 0) it->persisted_ns = std::max(e.time_ns, it->begin_ns);
@@ -191,6 +193,10 @@ TimelineChange Timeline::Apply(int rank, const Event& e) {
       break;
     }
     case EventType::kCheckpointFailed: {
+      if (r.persisted_step == trace::kNoStep || e.step > r.persisted_step) {
+        r.failed_save_step = e.step;
+        r.failed_save_code = e.aux;
+      }
       auto it = find_save(e.step);
       if (it != r.saves.rend() && it->persisted_ns == 0) r.saves.erase(std::next(it).base());
       break;

@@ -71,6 +71,11 @@ struct RankTimeline {
   uint64_t step_begin_ns = 0;
   uint64_t step_first_collective_ns = 0;  // the open step's first kCollectiveBegin; 0: none yet
   uint64_t committed_step = trace::kNoStep;  // the newest kCheckpointCommitted
+  uint64_t persisted_step = trace::kNoStep;  // the newest kCheckpointPersisted
+  // The newest save that failed (kCheckpointFailed) with no save of that step or a later one
+  // persisted since, and its StatusCode: a rank that ends so never saved its final state.
+  uint64_t failed_save_step = trace::kNoStep;
+  uint64_t failed_save_code = 0;
   std::map<uint32_t, uint64_t> last_begun;  // per comm: the highest seq begun
   // Per comm, per seq. A rank's End of seq S also closes its older open seqs there (their End was
   // lost, or will come late): collectives on one communicator complete in order.

@@ -6,6 +6,7 @@
 #include <csignal>
 #include <string>
 
+#include "agent/detectors/echo.h"
 #include "agent/detectors/evidence.h"
 
 namespace lifeline::agent {
@@ -51,15 +52,22 @@ const char* SignalName(int sig) {
 
 }  // namespace
 
-void DeadRankDetector::Reset(int world) { reported_.assign(static_cast<size_t>(std::max(world, 0)), false); }
+void DeadRankDetector::Reset(int world) {
+  reported_.assign(static_cast<size_t>(std::max(world, 0)), false);
+  early_exits_.clear();
+}
 
 void DeadRankDetector::RankExited(const Timeline& timeline, int rank, int wait_status, bool expected, uint64_t now_ns,
                                   std::vector<Anomaly>* out) {
   if (expected || rank < 0) return;
   const bool signaled = WIFSIGNALED(wait_status);
   const int code = WIFEXITED(wait_status) ? WEXITSTATUS(wait_status) : 0;
-  if (!signaled && code == 0) return;  // an exit 0 may be a rank finishing early
   const bool known = rank < static_cast<int>(reported_.size()) && rank < timeline.world();
+  if (!signaled && code == 0) {
+    // Not an anomaly by itself (a rank may finish first), unless a peer then fails in a collective.
+    if (known && timeline.alive_count() > 0) early_exits_.push_back({rank, KnownStep(timeline.rank(rank).step)});
+    return;
+  }
   if (known) {
     if (reported_[rank]) return;
     reported_[rank] = true;
@@ -120,6 +128,30 @@ void DeadRankDetector::RankExited(const Timeline& timeline, int rank, int wait_s
   }
   if (r.last_event_ns != 0) a.evidence["seconds_since_last_event"] = SecondsBetween(r.last_event_ns, now_ns);
   a.message = "rank " + std::to_string(global) + " " + how + StepSuffix(r.step);
+  // A peer that left with status 0 while this one still needed it for its collectives: this
+  // failure, met in a collective (it recorded one), is the echo of that early exit, and the rank
+  // that left is the culprit.
+  const nlohmann::json& in = a.evidence.value("in_collective", nlohmann::json());
+  const bool in_a_collective = in.is_object() || a.evidence.value("collective_in_step", false);
+  if (!early_exits_.empty() && in_a_collective && MayBeEcho(a, wait_status)) {
+    const EarlyExit first = early_exits_.front();
+    early_exits_.clear();
+    Anomaly e;
+    e.kind = "dead";
+    const int left = timeline.GlobalRank(first.rank);
+    e.ranks = {left};
+    e.step = first.step;
+    e.detected_ns = now_ns;
+    e.evidence["exit_code"] = 0;
+    e.evidence["early_exit"] = true;
+    e.evidence["echo"] = {{"rank", global}, {"message", a.message}};
+    e.message = "rank " + std::to_string(left) + " exited with status 0" +
+                (first.step ? " at step " + std::to_string(*first.step) : std::string()) +
+                " while its peers were still training; rank " + std::to_string(global) + " " + how +
+                " in a collective afterwards, an echo of that early exit";
+    out->push_back(std::move(e));
+    return;
+  }
   out->push_back(std::move(a));
 }
 

@@ -1,7 +1,10 @@
 // "dead": a rank that ended on a signal or with a non-zero exit status while the agent was not
 // stopping it. One anomaly per death, naming the signal (or exit code) and the last step the rank
-// began. An exit with status 0 is not an anomaly (a rank may finish early); expected exits never
-// are.
+// began. An exit with status 0 is not an anomaly by itself (a rank may finish first); expected
+// exits never are. But when a rank left with status 0 while peers were alive, and a peer then
+// fails in a collective (its evidence shows one) in a way a peer's failure can cause (echo.h,
+// MayBeEcho), the rank that left early is the
+// culprit: the anomaly names it (evidence "early_exit", and "echo" the failure that followed).
 //
 // Evidence "in_collective": the oldest collective the rank had begun and not ended when it died
 // ({comm, seq, op, posted}), or false when it had ended every one it began; "collective_in_step":
@@ -13,6 +16,8 @@
 #ifndef LIFELINE_AGENT_DETECTORS_DEAD_RANK_DETECTOR_H_
 #define LIFELINE_AGENT_DETECTORS_DEAD_RANK_DETECTOR_H_
 
+#include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "agent/detector.h"
@@ -27,7 +32,12 @@ class DeadRankDetector : public Detector {
                   std::vector<Anomaly>* out) override;
 
  private:
+  struct EarlyExit {
+    int rank;                     // local index
+    std::optional<uint64_t> step;  // the last step it began
+  };
   std::vector<bool> reported_;  // per rank: its death was reported
+  std::vector<EarlyExit> early_exits_;  // ranks that left with status 0 while peers were alive
 };
 
 }  // namespace lifeline::agent

@@ -64,5 +64,45 @@ TEST(DeadRankDetectorTest, NamesTheGlobalRankOnANodeOfALargerJob) {
   EXPECT_EQ(out[0].message, "rank 5 died (SIGKILL) at step 12");
 }
 
+// Issue 32, item 12: a rank that returned 0 early was never named; its peer, which then failed in
+// its collective with it, was blamed. The rank that left early is the culprit, the failure its echo.
+TEST(DeadRankDetectorTest, ARankThatLeftEarlyIsNamedWhenItsPeerThenFailsInACollective) {
+  DeadRankDetector dead;
+  Driver driver({&dead}, 3);
+  for (int r = 0; r < 3; ++r) driver.Observe(r, Ev(EventType::kStepBegin, 1 * kSec, 5));
+  std::vector<Anomaly> out;
+  driver.Exit(1, 0, /*expected=*/false, 2 * kSec, &out);  // returns from its script at step 5
+  EXPECT_TRUE(out.empty()) << Describe(out);
+  // Rank 0 waits for it in the next allreduce, which raises: exit 1.
+  driver.Observe(0, Ev(EventType::kStepBegin, 2 * kSec, 6));
+  driver.Observe(0, Coll(EventType::kCollectiveBegin, 2 * kSec + 10 * kMs, 6, 1, Op::kAllReduce));
+  driver.Exit(0, 1 << 8, /*expected=*/false, 3 * kSec, &out);
+  ASSERT_EQ(out.size(), 1u) << Describe(out);
+  EXPECT_EQ(out[0].kind, "dead");
+  EXPECT_EQ(out[0].ranks, std::vector<int>{1});
+  EXPECT_EQ(out[0].step, 5u);
+  EXPECT_EQ(out[0].evidence["early_exit"], true);
+  EXPECT_EQ(out[0].evidence["echo"]["rank"], 0);
+  EXPECT_EQ(out[0].message, "rank 1 exited with status 0 at step 5 while its peers were still training; rank 0 "
+                            "exited with status 1 in a collective afterwards, an echo of that early exit");
+  // A rank failing on its own (in its step, before any collective) is still named itself.
+  out.clear();
+  driver.Observe(2, Ev(EventType::kStepEnd, 3 * kSec, 5));
+  driver.Observe(2, Ev(EventType::kStepBegin, 3 * kSec, 6));
+  driver.Exit(2, SIGSEGV, false, 4 * kSec, &out);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].ranks, std::vector<int>{2});
+}
+
+// The usual end: ranks finish one after the other, nobody fails, nothing is raised.
+TEST(DeadRankDetectorTest, RanksFinishingOneAfterAnotherRaiseNothing) {
+  DeadRankDetector dead;
+  Driver driver({&dead}, 2);
+  std::vector<Anomaly> out;
+  driver.Exit(1, 0, false, 2 * kSec, &out);
+  driver.Exit(0, 0, false, 3 * kSec, &out);
+  EXPECT_TRUE(out.empty()) << Describe(out);
+}
+
 }  // namespace
 }  // namespace lifeline::agent

@@ -18,6 +18,11 @@ Status CheckCheckpointMetadata(const CheckpointInfo& info, Env* env) { return Ch
 
 Result<std::string> FindMemoryTierOf(const std::string& dir, Env* env) { return FindMemoryTierRoot(Or(env), dir); }
 
+Result<std::vector<CheckpointInfo>> ScanMemoryTierOf(const std::string& dir, Env* env) {
+  LL_ASSIGN_OR_RETURN(std::string root, FindMemoryTierRoot(Or(env), dir));
+  return ListTierSteps(Or(env), dir, root);
+}
+
 Result<VerifyResult> VerifyCheckpoint(const std::string& root, std::optional<uint64_t> step, Env* env) {
   LL_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(Or(env), root, step));
   VerifyReport report;

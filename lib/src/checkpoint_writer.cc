@@ -28,6 +28,15 @@ Result<format::CheckpointIndex> CheckpointWriter::WriteData(
 
 Result<PublishedIndex> CheckpointWriter::Publish(const format::CheckpointIndex& index,
                                                  const CommitOptions& commit) const {
+  // The index promises its data files: one removed meanwhile (by a gc of partial steps) must not
+  // be promised.
+  for (const format::FileInfo& f : index.files) {
+    Result<uint64_t> size = env_->GetFileSize(JoinPath(step_dir_, f.name));
+    if (size.status().IsNotFound())
+      return Status::IOError(JoinPath(step_dir_, f.name), "was removed before its rank index was published (was "
+                                                           "`lifeline gc --partial --force` run against this job?)");
+    LL_RETURN_IF_ERROR(size.status());
+  }
   PublishedIndex published;
   LL_ASSIGN_OR_RETURN(published.encoded_index, format::EncodeIndex(index));
   LL_ASSIGN_OR_RETURN(published.committed, PublishEncoded(published.encoded_index, commit));

@@ -1,7 +1,8 @@
 // The checkpoint writer: a step written by every rank through it commits and loads back; one
 // rank's index alone does not commit; a step already committed refuses a new writer; pieces that
 // overlap are marked invalid, not committed; a failed write takes back its unpublished data file
-// but never a published one; an index already encoded is republished byte for byte.
+// but never a published one, and no index promises a data file that was removed; an index
+// already encoded is republished byte for byte.
 #include "lib/src/checkpoint_writer.h"
 
 #include <memory>
@@ -91,6 +92,23 @@ TEST_F(CheckpointWriterTest, OverlappingPiecesAreMarkedInvalidNotCommitted) {
   EXPECT_EQ(StatusCode::kFailedPrecondition, last.status().code()) << last.status().ToString();
   EXPECT_NE(std::string::npos, last.status().ToString().find("step 3")) << last.status().ToString();
   EXPECT_TRUE(env_->FileExists(JoinPath("/ckpt/" + StepDirName(kStep), InvalidMarkerFileName(RunHash("writer-test"), 2))));
+  EXPECT_FALSE(CheckpointReader::Open(env_.get(), "/ckpt", kStep).ok());
+}
+
+// A data file removed between its write and its index (a gc of partial steps forced on a live
+// job) is never promised by an index: the publish fails naming the file, and nothing is visible.
+TEST_F(CheckpointWriterTest, ADataFileRemovedBeforeItsIndexIsPublishedFailsThePublish) {
+  ASSERT_TRUE(WriteRank(0, 2, 0, 32).ok());
+  Result<CheckpointWriter> writer = CheckpointWriter::Begin(env_.get(), Target(1, 2));
+  ASSERT_TRUE(writer.ok()) << writer.status().ToString();
+  Result<format::CheckpointIndex> index = writer->WriteData(Plan(32, 64), {}, "{}", Options(1, 2));
+  ASSERT_TRUE(index.ok()) << index.status().ToString();
+  ASSERT_TRUE(env_->RemoveFile(writer->data_path()).ok());
+  Result<PublishedIndex> published = writer->Publish(*index, CommitOptions{});
+  ASSERT_FALSE(published.ok());
+  EXPECT_NE(std::string::npos, published.status().ToString().find(writer->data_path())) << published.status().ToString();
+  EXPECT_NE(std::string::npos, published.status().ToString().find("was removed before its rank index was published"));
+  EXPECT_FALSE(env_->FileExists(writer->index_path()));
   EXPECT_FALSE(CheckpointReader::Open(env_.get(), "/ckpt", kStep).ok());
 }
 

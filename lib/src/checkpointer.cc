@@ -24,6 +24,7 @@
 #include "lib/src/rank_objects.h"
 #include "lib/src/save_job.h"
 #include "lifeline/trace.h"
+#include "lib/src/save_lock.h"
 #include "lib/src/saver.h"
 #include "lib/src/staging_arena.h"
 #include "lib/src/step_scan.h"
@@ -35,6 +36,8 @@ namespace lifeline {
 // Members are destroyed bottom-up: the pipeline first (it waits for every copy and feeds the
 // drainer), then the copy threads, the drainer, and the memory the saves used.
 struct Checkpointer::Impl {
+  // First, so released last: after every save below has ended.
+  std::unique_ptr<SaveLock> save_lock;  // taken (or checked) at the first save
   Env* env = nullptr;
   std::string run_hash;
   std::unique_ptr<MemoryTier> tier;
@@ -217,6 +220,7 @@ Checkpointer::~Checkpointer() {
       if (p.phase == SavePhase::kPersisted || p.phase == SavePhase::kCommitted) m.tier->Withdraw(job->step).IgnoreError();
     }
     m.tier->RemoveSlotFiles();
+    m.tier->RemoveRootIfEmpty();
   }
   m.copy_streams.clear();  // waits for their copies
   for (const auto& [base, length] : m.pinned)
@@ -288,7 +292,13 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::Open(CheckpointerOptions opt
   p.register_buffers = o.register_buffers;
   p.nice_levels = o.background_nice;
   Drainer* drainer = m.drainer.get();
-  m.pipeline = std::make_unique<PersistPipeline>(m.env, std::move(p), m.arena.get(), [drainer](internal::SaveJob& job) {
+  MemoryTier* tier = m.tier.get();
+  m.pipeline = std::make_unique<PersistPipeline>(m.env, std::move(p), m.arena.get(),
+                                                 [drainer, tier](internal::SaveJob& job) {
+    if (tier != nullptr && job.Progress().memory_tier) {
+      Status s = tier->MarkOnDisk(job.step);
+      if (!s.ok()) Log(LogLevel::kWarning, "memory tier: step " + std::to_string(job.step) + ": " + s.ToString());
+    }
     if (drainer != nullptr) drainer->Enqueue(job.step, job.disk_index);
   });
   return c;
@@ -315,6 +325,11 @@ SaveTicket Checkpointer::Save(uint64_t step, const SaveRequest& request) {
                              "or create the Python Checkpointer after torch.distributed is initialised (the ranks "
                              "then agree on one)"),
                   SavePhase::kFailed);
+  if (m.save_lock == nullptr) {
+    Result<std::unique_ptr<SaveLock>> claimed = SaveLock::Claim(m.env, o.directory, o.run_id, o.rank);
+    if (!claimed.ok()) return refuse(claimed.status().Annotate(where), SavePhase::kFailed);
+    m.save_lock = std::move(*claimed);
+  }
   std::set<std::string_view> object_names;
   for (const auto& [name, bytes] : request.objects) {
     if (name.empty() || name.size() > format::kMaxNameBytes || !object_names.insert(name).second)
@@ -527,9 +542,10 @@ Result<LoadResult> LoadFromRoot(Env* env, const std::string& root, std::optional
       };
       auto result = attempt();
       if (result.ok() || step.has_value() || request_mismatch) return result;
-      // With no step asked for, a damaged newest checkpoint falls back to the next older one.
+      // With no step asked for, a damaged newest checkpoint falls back to the next older one; so
+      // does one with a file Lifeline refuses to read (a link, a FIFO planted in it).
       last = result.status();
-      if (!last.IsCorruption() && !last.IsNotFound()) return last;
+      if (!last.IsCorruption() && !last.IsNotFound() && last.code() != StatusCode::kFailedPrecondition) return last;
       Log(LogLevel::kWarning, "checkpoint of step " + std::to_string(candidate) + " unusable, trying an older one: " +
                                   last.ToString());
       skipped->push_back({candidate, "disk", last.ToString()});
@@ -593,7 +609,8 @@ Result<LoadResult> Checkpointer::LoadHost(std::optional<uint64_t> step, const Lo
         if (info.complete && (!want || info.step == *want)) return std::optional<uint64_t>(info.step);
       return found;
     };
-    const std::optional<uint64_t> in_memory = newest_complete(m.tier->List(), step);
+    const std::optional<uint64_t> in_memory =
+        newest_complete(ListTierSteps(m.env, options_.directory, m.tier->root()), step);
     bool use_tier = in_memory.has_value();
     if (use_tier && !step) {
       const std::optional<uint64_t> on_disk = newest_complete(ScanCheckpoints(m.env, options_.directory), std::nullopt);
@@ -628,7 +645,7 @@ Result<std::optional<uint64_t>> Checkpointer::LatestStep() {
 
 Result<std::vector<CheckpointInfo>> Checkpointer::ListMemoryTier() {
   if (impl_->tier == nullptr) return std::vector<CheckpointInfo>();
-  return impl_->tier->List();
+  return ListTierSteps(impl_->env, options_.directory, impl_->tier->root());
 }
 
 Status Checkpointer::CollectGarbage() {

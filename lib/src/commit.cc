@@ -3,6 +3,8 @@
 #include <chrono>
 #include <cstdio>
 #include <optional>
+#include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -95,6 +97,19 @@ Result<bool> PublishRankIndex(Env* env, const std::string& root, uint64_t step, 
   // The last index completes the set; the merge decides whether it is a checkpoint at all. Every
   // rank that waits for the commit sees the verdict: the manifest, or the invalid marker.
   Result<format::CheckpointIndex> manifest = MergeRankIndexes(env, step_dir, std::string(run_hash), world_size, step);
+  // A data file gone from the listing was removed while the step was being saved (a gc of partial
+  // steps run against a live job): such a step must never be published as loadable.
+  if (manifest.ok()) {
+    const std::set<std::string> present(state.children.begin(), state.children.end());
+    for (const format::FileInfo& f : manifest->files) {
+      if (present.count(f.name)) continue;
+      manifest = Status::Corruption(JoinPath(step_dir, f.name),
+                                    "data file of rank " + std::to_string(f.rank) +
+                                        " is missing: it was removed while the step was being saved (was "
+                                        "`lifeline gc --partial --force` run against this job?)");
+      break;
+    }
+  }
   if (!manifest.ok()) {
     if (!manifest.status().IsCorruption()) return manifest.status().Annotate(where + " cannot be committed");
     const std::string reason = std::string(manifest.status().message());

@@ -139,6 +139,7 @@ TEST_F(CommitTest, MissingRankIndexHidesTheStepUntilTheLastRankSaves) {
   RankState none;
   Status s = again->Save(2, RequestOf(none, 0, 2)).WaitPersisted();
   EXPECT_TRUE(s.IsAlreadyExists()) << s.ToString();
+  again.reset();  // this launch ends (and its rank 0 lets go of the directory)
   CheckpointerOptions other = Options(1, 2);
   other.run_id = "commit-test-restarted";
   auto restarted = Checkpointer::Open(other);

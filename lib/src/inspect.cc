@@ -13,6 +13,7 @@
 #include "lib/src/checkpoint_reader.h"
 #include "lib/src/commit.h"
 #include "lib/src/memory_tier.h"
+#include "lib/src/save_lock.h"
 #include "lifeline/internal/replication_record.h"
 
 namespace lifeline {
@@ -121,7 +122,7 @@ Result<CheckpointListing> ListCheckpoints(const std::string& dir, Env* env) {
   for (CheckpointInfo& c : disk) listing.checkpoints.push_back({std::move(c), false});
   if (Result<std::string> root = FindMemoryTierRoot(env, dir); root.ok()) {
     listing.memory_tier = *root;
-    if (Result<std::vector<CheckpointInfo>> tier = ScanCheckpoints(env, *root); tier.ok()) {
+    if (Result<std::vector<CheckpointInfo>> tier = ListTierSteps(env, dir, *root); tier.ok()) {
       for (CheckpointInfo& c : *tier) listing.checkpoints.push_back({std::move(c), true});
     }
   }
@@ -142,6 +143,12 @@ Result<CheckpointListing> ListCheckpoints(const std::string& dir, Env* env) {
   return listing;
 }
 
+Result<std::optional<std::string>> DescribeSavingLaunch(const std::string& dir, Env* env) {
+  LL_ASSIGN_OR_RETURN(std::optional<SaveLockHolder> holder, FindSaveLockHolder(Or(env), dir));
+  if (!holder) return std::optional<std::string>();
+  return std::optional<std::string>(holder->Describe());
+}
+
 Result<std::vector<RetentionDecision>> PlanRetention(const std::string& root, const RetentionOptions& options,
                                                      Env* env) {
   env = Or(env);
@@ -155,6 +162,14 @@ Result<std::vector<RetentionDecision>> PlanRetention(const std::string& root, co
 
 Status ApplyRetention(const std::string& root, const RetentionOptions& options, Env* env) {
   env = Or(env);
+  if (options.remove_partial && !options.even_while_saving) {
+    LL_ASSIGN_OR_RETURN(std::optional<SaveLockHolder> holder, FindSaveLockHolder(env, root));
+    if (holder && (options.saving_run_id.empty() || holder->run_id != options.saving_run_id))
+      return Status::FailedPrecondition(root, "is being saved into by " + holder->Describe() +
+                                                  ": its partial steps are saves in progress, which removing them "
+                                                  "would fail or publish damaged; wait for that job to end (or "
+                                                  "force it: `lifeline gc --partial --force`)");
+  }
   return CollectGarbageIn(env, root, PolicyFor(env, root, options));
 }
 

@@ -4,16 +4,21 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <set>
+#include <utility>
 
 #include "formats/checksum.h"
 #include "lib/src/checkpoint_layout.h"
 #include "lib/src/checkpoint_reader.h"
 #include "lib/src/checkpoint_writer.h"
 #include "lib/src/commit.h"
+#include "lifeline/inspect.h"
 #include "lifeline/log.h"
 
 namespace lifeline {
@@ -146,8 +151,9 @@ Result<std::string> FindMemoryTierRoot(Env* env, const std::string& checkpoint_d
   return root;
 }
 
-MemoryTier::MemoryTier(std::string root, std::string run_hash, uint32_t rank, uint32_t world_size, unsigned slots)
-    : env_(Env::Default()), root_(std::move(root)), run_hash_(std::move(run_hash)), rank_(rank),
+MemoryTier::MemoryTier(std::string root, bool default_root, std::string run_hash, uint32_t rank, uint32_t world_size,
+                       unsigned slots)
+    : env_(Env::Default()), root_(std::move(root)), default_root_(default_root), run_hash_(std::move(run_hash)), rank_(rank),
       world_size_(world_size), slots_(slots) {}
 
 Result<std::string> MemoryTierUserDir() {
@@ -175,14 +181,16 @@ Result<std::string> CreateDefaultMemoryTierRoot(const std::string& checkpoint_di
 Result<std::unique_ptr<MemoryTier>> MemoryTier::Open(std::string root, const std::string& checkpoint_dir,
                                                      const std::string& dir_id, std::string run_hash, uint32_t rank,
                                                      uint32_t world_size, unsigned slots) {
-  if (root.empty()) {
+  const bool default_root = root.empty();
+  if (default_root) {
     LL_ASSIGN_OR_RETURN(root, CreateDefaultMemoryTierRoot(checkpoint_dir, dir_id));
   } else {
     LL_RETURN_IF_ERROR(Env::Default()->CreateDir(root).Annotate("memory tier"));
   }
   LL_RETURN_IF_ERROR(MakePrivateDir(root).Annotate("memory tier"));
   LL_RETURN_IF_ERROR(MakePrivateDir(JoinPath(root, "slots")).Annotate("memory tier"));
-  std::unique_ptr<MemoryTier> tier(new MemoryTier(std::move(root), std::move(run_hash), rank, world_size, slots));
+  std::unique_ptr<MemoryTier> tier(
+      new MemoryTier(std::move(root), default_root, std::move(run_hash), rank, world_size, slots));
   LL_RETURN_IF_ERROR(tier->RemoveStaleSlots());
   return tier;
 }
@@ -202,7 +210,10 @@ Result<std::unique_ptr<MemoryTier>> MemoryTier::OpenFor(Env* env, std::string ro
     }
     dir_id = std::move(id).value();
   }
-  return Open(std::move(root), checkpoint_dir, dir_id, std::move(run_hash), rank, world_size, slots);
+  LL_ASSIGN_OR_RETURN(std::unique_ptr<MemoryTier> tier,
+                      Open(std::move(root), checkpoint_dir, dir_id, std::move(run_hash), rank, world_size, slots));
+  tier->PruneStepsDeletedFrom(env, checkpoint_dir);
+  return tier;
 }
 
 std::string MemoryTier::SlotPath(unsigned k) const {
@@ -246,10 +257,180 @@ Status MemoryTier::Publish(uint64_t step, unsigned slot, std::string_view encode
   return writer.PublishEncoded(encoded_index, CommitOptions{/*retention=*/true, slots_}).status();
 }
 
+namespace {
+constexpr char kOnDiskSuffix[] = ".on-disk";
+}  // namespace
+
+Status MemoryTier::MarkOnDisk(uint64_t step) {
+  const std::string step_dir = JoinPath(root_, StepDirName(step));
+  if (!env_->IsDirectory(step_dir)) return Status::OK();  // not in the tier (withdrawn, or never published)
+  const std::string name = IndexFileName(run_hash_, rank_, world_size_) + kOnDiskSuffix;
+  return WriteFileAtomically(env_, JoinPath(step_dir, name), "");
+}
+
+bool TierStepWasOnDisk(const std::vector<std::string>& children) {
+  const size_t n = sizeof(kOnDiskSuffix) - 1;
+  for (const std::string& name : children)
+    if (name.size() > n && name.compare(name.size() - n, n, kOnDiskSuffix) == 0) return true;
+  return false;
+}
+
+namespace {
+
+// Splits the tier's steps into those still of `checkpoint_dir` and those deleted from it.
+Status SplitTierSteps(Env* env, const std::string& checkpoint_dir, const std::string& root,
+                      std::vector<CheckpointInfo>* kept, std::vector<CheckpointInfo>* deleted) {
+  Env* tier_env = Env::Default();
+  LL_ASSIGN_OR_RETURN(std::vector<CheckpointInfo> all, ScanCheckpoints(tier_env, root));
+  for (CheckpointInfo& info : all) {
+    Result<std::vector<std::string>> children = tier_env->GetChildren(info.directory);
+    const bool gone = children.ok() && TierStepWasOnDisk(*children) &&
+                      !env->IsDirectory(JoinPath(checkpoint_dir, StepDirName(info.step)));
+    (gone ? deleted : kept)->push_back(std::move(info));
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+Result<std::vector<CheckpointInfo>> ListTierSteps(Env* env, const std::string& checkpoint_dir, const std::string& root) {
+  std::vector<CheckpointInfo> kept, deleted;
+  LL_RETURN_IF_ERROR(SplitTierSteps(env, checkpoint_dir, root, &kept, &deleted));
+  return kept;
+}
+
+void MemoryTier::PruneStepsDeletedFrom(Env* env, const std::string& checkpoint_dir) {
+  std::vector<CheckpointInfo> kept, deleted;
+  if (!SplitTierSteps(env, checkpoint_dir, root_, &kept, &deleted).ok()) return;
+  for (const CheckpointInfo& info : deleted) env_->RemoveTree(info.directory).IgnoreError();
+}
+
+void MemoryTier::RemoveRootIfEmpty() {
+  if (!default_root_) return;
+  Result<std::vector<std::string>> slots = env_->GetChildren(JoinPath(root_, "slots"));
+  if (!slots.ok() || !slots->empty()) return;
+  Result<std::vector<std::string>> names = env_->GetChildren(root_);
+  if (!names.ok()) return;
+  for (const std::string& name : *names)
+    if (ParseStepDirName(name)) return;
+  // Another rank opening the tier now recreates what it needs (Open makes the root and slots).
+  env_->RemoveTree(root_).IgnoreError();
+}
+
 void MemoryTier::RemoveSlotFiles() {
   for (unsigned k = 0; k < slots_; ++k) env_->RemoveFile(SlotPath(k)).IgnoreError();
 }
 
 Result<std::vector<CheckpointInfo>> MemoryTier::List() const { return ScanCheckpoints(env_, root_); }
+
+// ---- this node's tier roots (lifeline tier ls / gc) ----------------------------------------------
+
+namespace {
+
+// Whether a process of this node maps a staging slot of `root`: the job using it is alive. The
+// user's own processes' maps are readable; the tier is per user.
+bool RootInUse(const std::string& root) {
+  const std::string slots = JoinPath(root, "slots") + "/";
+  Result<std::vector<std::string>> pids = Env::Default()->GetChildren("/proc");
+  if (!pids.ok()) return true;  // cannot tell: assume it is
+  for (const std::string& pid : *pids) {
+    if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream maps("/proc/" + pid + "/maps");
+    std::string line;
+    while (std::getline(maps, line))
+      if (line.find(slots) != std::string::npos) return true;
+  }
+  return false;
+}
+
+// Memory held under `dir`: allocated blocks, each inode once.
+void AddBytes(const std::string& dir, std::set<std::pair<dev_t, ino_t>>* seen, uint64_t* bytes, int depth) {
+  Result<std::vector<std::string>> names = Env::Default()->GetChildren(dir);
+  if (!names.ok() || depth > 3) return;
+  for (const std::string& name : *names) {
+    const std::string path = JoinPath(dir, name);
+    struct stat st;
+    if (lstat(path.c_str(), &st) != 0) continue;
+    if (S_ISDIR(st.st_mode)) {
+      AddBytes(path, seen, bytes, depth + 1);
+    } else if (seen->insert({st.st_dev, st.st_ino}).second) {
+      *bytes += static_cast<uint64_t>(st.st_blocks) * 512;
+    }
+  }
+}
+
+MemoryTierRootInfo DescribeRoot(const std::string& root) {
+  MemoryTierRootInfo info;
+  info.root = root;
+  info.state = "unknown";
+  Result<std::string> owner = ReadFileToString(Env::Default(), JoinPath(root, kOwnerFile), PATH_MAX + 64);
+  const size_t nl = owner.ok() ? owner->find('\n') : std::string::npos;
+  if (nl != std::string::npos) {
+    info.checkpoint_dir = owner->substr(0, nl);
+    std::string id = owner->substr(nl + 1);
+    while (!id.empty() && id.back() == '\n') id.pop_back();
+    if (!Env::Default()->IsDirectory(info.checkpoint_dir)) {
+      info.state = "gone";
+    } else {
+      Result<std::string> now = CheckpointDirectoryId(Env::Default(), info.checkpoint_dir, /*create=*/false);
+      info.state = now.ok() && *now == id ? "current" : "re-created";
+    }
+  }
+  info.in_use = RootInUse(root);
+  std::vector<CheckpointInfo> kept, deleted;
+  if (info.state == "current" && SplitTierSteps(Env::Default(), info.checkpoint_dir, root, &kept, &deleted).ok()) {
+    info.steps = kept.size() + deleted.size();
+    info.offered = kept.size();
+  } else if (Result<std::vector<CheckpointInfo>> all = ScanCheckpoints(Env::Default(), root); all.ok()) {
+    info.steps = all->size();  // nobody can load them
+  }
+  std::set<std::pair<dev_t, ino_t>> seen;
+  AddBytes(root, &seen, &info.bytes, 0);
+  return info;
+}
+
+}  // namespace
+
+Result<std::vector<MemoryTierRootInfo>> ListMemoryTierRoots() {
+  LL_ASSIGN_OR_RETURN(std::string base, MemoryTierFileSystem());
+  const std::string user_dir = JoinPath(base, "lifeline-" + std::to_string(geteuid()));
+  std::vector<MemoryTierRootInfo> out;
+  if (!Env::Default()->IsDirectory(user_dir)) return out;
+  LL_RETURN_IF_ERROR(CheckPrivateDir(user_dir));
+  LL_ASSIGN_OR_RETURN(std::vector<std::string> names, Env::Default()->GetChildren(user_dir));
+  std::sort(names.begin(), names.end());
+  for (const std::string& name : names) {
+    const std::string root = JoinPath(user_dir, name);
+    if (Env::Default()->GetEntryType(root).value_or(EntryType::kOther) != EntryType::kDirectory) continue;
+    out.push_back(DescribeRoot(root));
+  }
+  return out;
+}
+
+Result<MemoryTierGcResult> CollectMemoryTierRoots(bool all, bool dry_run) {
+  LL_ASSIGN_OR_RETURN(std::vector<MemoryTierRootInfo> roots, ListMemoryTierRoots());
+  MemoryTierGcResult result;
+  Env* env = Env::Default();
+  for (const MemoryTierRootInfo& r : roots) {
+    if (r.in_use) continue;
+    if (r.state != "current" || all || r.offered == 0) {
+      result.removed_roots.push_back(r);
+      result.bytes_freed += r.bytes;
+      if (!dry_run) LL_RETURN_IF_ERROR(env->RemoveTree(r.root));
+      continue;
+    }
+    std::vector<CheckpointInfo> kept, deleted;
+    LL_RETURN_IF_ERROR(SplitTierSteps(env, r.checkpoint_dir, r.root, &kept, &deleted));
+    for (const CheckpointInfo& step : deleted) {
+      std::set<std::pair<dev_t, ino_t>> seen;
+      uint64_t bytes = 0;
+      AddBytes(step.directory, &seen, &bytes, 1);
+      result.steps_removed += 1;
+      result.bytes_freed += bytes;  // pages shared with a slot are freed once the slot goes too
+      if (!dry_run) LL_RETURN_IF_ERROR(env->RemoveTree(step.directory));
+    }
+  }
+  return result;
+}
 
 }  // namespace lifeline

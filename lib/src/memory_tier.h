@@ -61,20 +61,41 @@ class MemoryTier {
   Status Publish(uint64_t step, unsigned slot, std::string_view encoded_index);
   // Unlinks this rank's slot files (their memory is freed once no step links to them).
   void RemoveSlotFiles();
+  // Records that this rank's snapshot of `step` is on disk too (its disk index is published), so
+  // that once the step is deleted from the disk the tier no longer offers it (ListTierSteps).
+  Status MarkOnDisk(uint64_t step);
+  // Removes the snapshots ListTierSteps leaves out (deleted from `checkpoint_dir` after their disk
+  // copy was made), so that a new save of their step can take their place. OpenFor calls it.
+  void PruneStepsDeletedFrom(Env* env, const std::string& checkpoint_dir);
+  // Removes a default root (not one the caller named) when nothing is left in it (no step, no
+  // slot of any rank): an orderly end leaves no folder behind. Best effort.
+  void RemoveRootIfEmpty();
 
   Result<std::vector<CheckpointInfo>> List() const;
 
  private:
-  MemoryTier(std::string root, std::string run_hash, uint32_t rank, uint32_t world_size, unsigned slots);
+  MemoryTier(std::string root, bool default_root, std::string run_hash, uint32_t rank, uint32_t world_size,
+             unsigned slots);
   Status RemoveStaleSlots();
 
   Env* const env_;
   const std::string root_;
+  const bool default_root_;
   const std::string run_hash_;
   const uint32_t rank_;
   const uint32_t world_size_;
   const unsigned slots_;
 };
+
+// The steps of memory-tier `root` that still belong to `checkpoint_dir` (read through `env`), newest
+// first, as ScanCheckpoints lists them. A snapshot that was also written to the disk (MarkOnDisk)
+// but whose step directory is gone from `checkpoint_dir` was deleted there, by a user or by
+// retention, and is left out: deleted steps never come back from memory. One never written to the
+// disk (the process died first) stays: that is what the tier is for.
+Result<std::vector<CheckpointInfo>> ListTierSteps(Env* env, const std::string& checkpoint_dir, const std::string& root);
+
+// Whether a tier step directory holds a rank's MarkOnDisk record.
+bool TierStepWasOnDisk(const std::vector<std::string>& step_dir_children);
 
 // The identity of a checkpoint directory: the 32 hex digits in <dir>/lifeline.id. With `create`,
 // the first caller writes a random one (atomically; concurrent ranks all end up with the winner's).

@@ -240,10 +240,11 @@ TEST(MemoryTierTest, LoadPrefersTheTierOnlyWhenItIsAtLeastAsNewAsTheDisk) {
   EXPECT_TRUE(r->from_memory_tier);
   EXPECT_EQ(buf, state.tensors[0].bytes);
 
-  // A newer step on disk only (saved by a process without the tier) wins over the tier.
+  // A newer step on disk only (saved by a Checkpointer of the launch without the tier) wins over
+  // the tier.
   {
     CheckpointerOptions o = BaseOptions(dir.Sub("ckpt"));
-    o.run_id = "other";
+    o.run_id = "run";
     auto plain = Checkpointer::Open(o);
     ASSERT_TRUE(plain.ok());
     WholeState newer(3);
@@ -306,7 +307,57 @@ TEST(MemoryTierTest, ADirectoryCreatedAgainAtTheSamePathNeverLoadsTheOldSnapshot
   EXPECT_FALSE(r.ok()) << "loaded step " << r->step << " of the deleted directory";
   const std::string second_root = (*ckpt)->memory_tier_directory();
   ckpt->reset();
+  EXPECT_FALSE(Env::Default()->IsDirectory(second_root)) << "an orderly end left an empty tier folder behind";
   Env::Default()->RemoveTree(second_root).IgnoreError();
+}
+
+// Issue 32, item 3: after `rm -rf D/step-*` (lifeline.id kept), a new job silently resumed the
+// deleted steps from memory. A snapshot whose disk copy was made and then deleted is not offered
+// again; one whose disk copy never finished still is (RestartedProcessLoadsTheSnapshot... above).
+TEST(MemoryTierTest, StepsDeletedFromTheDiskNeverComeBackFromMemory) {
+  TempDir dir;
+  CheckpointerOptions o = BaseOptions(dir.Sub("ckpt"));
+  o.run_id = "first";
+  o.memory_tier = true;  // default root
+  o.memory_tier_cleanup_on_close = false;
+  std::string root;
+  {
+    auto ckpt = Checkpointer::Open(o);
+    ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
+    root = (*ckpt)->memory_tier_directory();
+    WholeState state(7);
+    ASSERT_TRUE((*ckpt)->Save(7, state.Request()).WaitCommitted(30).ok());
+    ASSERT_TRUE((*ckpt)->Save(8, state.Request()).WaitCommitted(30).ok());
+  }
+  auto before = ScanMemoryTierOf(dir.Sub("ckpt"));
+  ASSERT_TRUE(before.ok()) << before.status().ToString();
+  ASSERT_EQ(before->size(), 2u);
+  for (const std::string& name : ListDir(dir.Sub("ckpt")))
+    if (name.rfind("step-", 0) == 0) ASSERT_TRUE(Env::Default()->RemoveTree(dir.Sub("ckpt") + "/" + name).ok());
+  ASSERT_TRUE(Env::Default()->FileExists(dir.Sub("ckpt") + "/lifeline.id"));
+
+  auto after = ScanMemoryTierOf(dir.Sub("ckpt"));
+  ASSERT_TRUE(after.ok()) << after.status().ToString();
+  EXPECT_TRUE(after->empty()) << "the tier still offers step " << (*after)[0].step;
+  o.run_id = "second";
+  o.memory_tier_cleanup_on_close = true;
+  auto ckpt = Checkpointer::Open(o);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
+  WholeState state(7);
+  std::vector<uint8_t> buf;
+  auto r = LoadFirstTensor(ckpt->get(), state, &buf);
+  EXPECT_TRUE(r.status().IsNotFound()) << (r.ok() ? "resumed the deleted step " + std::to_string(r->step)
+                                                   : r.status().ToString());
+  // The new job's own step 7 takes the deleted one's place in memory.
+  WholeState next(70);
+  ASSERT_TRUE((*ckpt)->Save(7, next.Request()).WaitCommitted(30).ok());
+  auto tier = (*ckpt)->ListMemoryTier();
+  ASSERT_TRUE(tier.ok());
+  ASSERT_EQ(tier->size(), 1u);
+  EXPECT_EQ((*tier)[0].step, 7u);
+  EXPECT_TRUE((*tier)[0].complete);
+  ckpt->reset();
+  Env::Default()->RemoveTree(root).IgnoreError();
 }
 
 // Two processes of one machine given different LIFELINE_MEMORY_TIER_DIR are two nodes: each serves

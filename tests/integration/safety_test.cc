@@ -3,8 +3,10 @@
 // full disk does not leave it stuck; a load that falls back says so; a launch's ranks resume from
 // the step fixed for it.
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -20,6 +22,7 @@
 #include "lib/src/checkpoint_layout.h"
 #include "lib/src/checkpoint_reader.h"
 #include "lib/src/commit.h"
+#include "lifeline/inspect.h"
 #include "tests/fuzz/index_reseal.h"
 #include "tests/integration/test_util.h"
 
@@ -448,6 +451,138 @@ TEST_F(SafetyTest, TheLaunchsResumeStepPinsLoadLatest) {
 
   ::setenv("LIFELINE_RESUME_STEP", "12x", 1);
   EXPECT_EQ(Checkpointer::Open(Options("p4")).status().code(), StatusCode::kInvalidArgument);
+}
+
+// ---- Issue 32: one launch saves into a directory at a time; gc never publishes a hole --------------
+
+// Item 4: a second job in the same directory got AlreadyExists for its last steps, lost its final
+// state and exited 0. Now its first save is refused at once, naming the job that holds the
+// directory, and it saves once that job has ended.
+TEST_F(SafetyTest, ASecondJobInTheDirectoryIsRefusedNamingTheFirstUntilItEnds) {
+  std::vector<GlobalTensor> t = Tensors(1);
+  std::vector<RankState> one = BuildRanks(t, DimLayout(1, 0), true), two = BuildRanks(t, DimLayout(2, 0), true);
+  auto first = Checkpointer::Open(Options("job-a"));
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  ASSERT_TRUE((*first)->Save(1, RequestOf(one[0], 0, 1)).WaitPersisted().ok());
+
+  auto holder = DescribeSavingLaunch(dir_);
+  ASSERT_TRUE(holder.ok()) << holder.status().ToString();
+  ASSERT_TRUE(holder->has_value());
+  EXPECT_THAT(**holder, HasSubstr("launch 'job-a' (pid " + std::to_string(::getpid())));
+
+  for (uint32_t rank : {0u, 1u}) {  // rank 0 finds the lock taken; the others find it names job-a
+    auto second = Checkpointer::Open(Options("job-b", rank, 2));
+    ASSERT_TRUE(second.ok()) << second.status().ToString();
+    Status s = (*second)->Save(2, RequestOf(two[rank], rank, 1)).WaitPersisted();
+    EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+    EXPECT_THAT(s.ToString(), HasSubstr("is being saved into by another job, launch 'job-a'"));
+    EXPECT_THAT(s.ToString(), HasSubstr("rank " + std::to_string(rank)));
+  }
+  // Another Checkpointer of the same launch is not another job.
+  auto again = Checkpointer::Open(Options("job-a"));
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE((*again)->Save(3, RequestOf(one[0], 0, 1)).WaitPersisted().ok());
+  again->reset();
+  first->reset();  // job-a ends: its lock goes with it
+
+  EXPECT_FALSE(DescribeSavingLaunch(dir_).value_or("held").has_value());
+  auto later = Checkpointer::Open(Options("job-b"));
+  ASSERT_TRUE(later.ok());
+  EXPECT_TRUE((*later)->Save(4, RequestOf(one[0], 0, 1)).WaitPersisted().ok());
+}
+
+// A job killed without closing never leaves the directory locked: the kernel drops the lock of a
+// dead process. A planted FIFO or hard link at the lock's name is replaced, not blocked on or
+// written through.
+TEST_F(SafetyTest, TheSaveLockDiesWithItsProcessAndAPlantedLockFileIsReplaced) {
+  ASSERT_EQ(::mkdir(dir_.c_str(), 0755), 0);
+  const std::string lock = dir_ + "/lifeline.lock";
+  const std::string outside = tmp_.Sub("outside.txt");
+  {
+    std::FILE* f = std::fopen(outside.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs("precious", f);
+    std::fclose(f);
+  }
+  ASSERT_EQ(::link(outside.c_str(), lock.c_str()), 0);
+
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // holds the lock as a job's rank 0 would, until killed
+    ::close(ready[0]);
+    Result<std::unique_ptr<FileLock>> held = Env::Default()->LockFile(lock);
+    if (!held.ok() || !(*held)->SetHolder("run_id=killed-job\nhost=h\npid=1\n").ok()) ::_exit(1);
+    (void)!::write(ready[1], "x", 1);
+    for (;;) ::pause();
+  }
+  ::close(ready[1]);
+  char c = 0;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  ::close(ready[0]);
+  auto held = DescribeSavingLaunch(dir_);
+  ASSERT_TRUE(held.ok() && held->has_value()) << held.status().ToString();
+  EXPECT_THAT(**held, HasSubstr("launch 'killed-job'"));
+  EXPECT_EQ(ReadWholeFile(outside), "precious");  // the link was replaced, its target untouched
+
+  ::kill(child, SIGKILL);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_FALSE(DescribeSavingLaunch(dir_).value_or("held").has_value());
+  std::vector<RankState> one = BuildRanks(Tensors(1), DimLayout(1, 0), true);
+  auto next = Checkpointer::Open(Options("next-job"));
+  ASSERT_TRUE(next.ok());
+  EXPECT_TRUE((*next)->Save(1, RequestOf(one[0], 0, 1)).WaitPersisted().ok());
+
+  ASSERT_EQ(::unlink(lock.c_str()), 0);
+  ASSERT_EQ(::mkfifo(lock.c_str(), 0644), 0);
+  next->reset();
+  auto after_fifo = Checkpointer::Open(Options("fifo-job"));
+  ASSERT_TRUE(after_fifo.ok());
+  EXPECT_TRUE((*after_fifo)->Save(2, RequestOf(one[0], 0, 2)).WaitPersisted().ok());
+  struct stat st;
+  ASSERT_EQ(::lstat(lock.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISREG(st.st_mode));
+}
+
+// Item 2: `gc --partial` during a live job removed files of saves in progress; one step whose data
+// file went mid-save was still published complete, and retention then trusted it. Now the gc is
+// refused while the job holds the directory, and a step whose data file is gone is never published.
+TEST_F(SafetyTest, GcOfPartialStepsIsRefusedWhileAJobSavesAndAStepMissingADataFileIsNeverPublished) {
+  SaveStep(1, 2, "old");
+  std::vector<RankState> ranks = BuildRanks(Tensors(2), DimLayout(2, 0), true);
+  auto r0 = Checkpointer::Open(Options("live", 0, 2));
+  ASSERT_TRUE(r0.ok());
+  ASSERT_TRUE((*r0)->Save(2, RequestOf(ranks[0], 0, 2)).WaitPersisted().ok());  // step 2: partial, rank 1 to come
+
+  RetentionOptions gc;
+  gc.keep_last = 1;
+  gc.remove_partial = true;
+  Status refused = ApplyRetention(dir_, gc);
+  EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition) << refused.ToString();
+  EXPECT_THAT(refused.ToString(), HasSubstr("launch 'live'"));
+  ASSERT_NE(Find(List(), 2), nullptr);
+
+  // Forced anyway, between rank 0's save and rank 1's: rank 1 completes the set, finds rank 0's
+  // data file gone, and the step is marked invalid rather than published.
+  const std::string step_dir = Find(List(), 2)->directory;
+  ASSERT_EQ(::unlink((step_dir + "/" + DataFileName(RunHash("live"), 0, 2)).c_str()), 0);
+  auto r1 = Checkpointer::Open(Options("live", 1, 2));
+  ASSERT_TRUE(r1.ok());
+  Status s = (*r1)->Save(2, RequestOf(ranks[1], 1, 2)).WaitPersisted();
+  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(s.ToString(), HasSubstr("is missing: it was removed while the step was being saved"));
+  const CheckpointInfo* two = Find(List(), 2);
+  ASSERT_NE(two, nullptr);
+  EXPECT_FALSE(two->complete);
+  std::string diff;
+  auto got = LoadWholeAndCompare(r0->get(), std::nullopt, Tensors(1), &diff);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, 1u);
+
+  gc.even_while_saving = true;  // --force
+  EXPECT_TRUE(ApplyRetention(dir_, gc).ok());
 }
 
 }  // namespace

@@ -146,6 +146,38 @@ TEST_F(SymlinkTest, ALoadAndAVerifyRefuseALinkedDataFile) {
   EXPECT_TRUE(Contains(v, data)) << v.ToString();
 }
 
+// Issue 32, item 6: a FIFO or a link in the newest step made Load(latest) fail outright (a FIFO
+// also hung it before). It is damage like any other: the load falls back to the step before, says
+// which it passed over, and never blocks.
+TEST_F(SymlinkTest, ALoadOfTheLatestPassesOverAStepWithAPlantedFifoOrLink) {
+  ASSERT_TRUE(Save(1).ok());
+  ASSERT_TRUE(Save(2).ok());
+  ASSERT_TRUE(Save(3).ok());
+  const std::string data = FileOfStep(3, ".data");
+  ASSERT_EQ(0, ::unlink(data.c_str()));
+  ASSERT_EQ(0, ::mkfifo(data.c_str(), 0644));
+  const std::string index = FileOfStep(2, ".index");
+  ASSERT_EQ(0, ::rename(index.c_str(), (outside_ + "/moved.index").c_str()));
+  for (const std::string& n : ListDir(StepDir(2)))  // the manifest would describe it without the index
+    if (n.find(".manifest") != std::string::npos) ASSERT_EQ(0, ::unlink((StepDir(2) + "/" + n).c_str()));
+  PlantLink(outside_ + "/moved.index", index);
+
+  auto ckpt = Checkpointer::Open(Options());
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
+  std::vector<GlobalTensor> expected = Tensors(1);
+  std::vector<RankState> ranks = BuildRanks(expected, DimLayout(1, 0), false);
+  LoadRequest req;
+  req.tensors = ranks[0].shards;
+  Result<LoadResult> r = (*ckpt)->Load(std::nullopt, req);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->step, 1u);
+  std::vector<uint64_t> skipped;
+  for (const SkippedCheckpoint& s : r->skipped) skipped.push_back(s.step);
+  EXPECT_EQ(skipped, std::vector<uint64_t>{3}) << "step 2 has no valid index: it is not even complete";
+  ASSERT_FALSE(r->skipped.empty());
+  EXPECT_TRUE(r->skipped[0].reason.find("is not a regular file") != std::string::npos) << r->skipped[0].reason;
+}
+
 TEST_F(SymlinkTest, ALinkedRankIndexIsNotCountedAndIsNamed) {
   ASSERT_TRUE(Save(1).ok());
   const std::string index = FileOfStep(1, ".index");

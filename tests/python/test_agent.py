@@ -1,4 +1,5 @@
-"""Python ranks under lifeline-agent: their trace events name the hung rank, and they resume.
+"""Python ranks under lifeline-agent: their trace events name the hung rank, and they resume; a
+second job in a checkpoint directory is refused, and a job that lost its final checkpoint fails.
 
 Two ranks all-reduce over gloo inside lifeline.trace scopes and checkpoint every 5 steps. In the
 first launch rank 1 stops before its all-reduce of step 13 (rank 0 waits inside it). The agent must
@@ -79,6 +80,94 @@ class AgentSupervisesPython(unittest.TestCase):
         self.assertFalse([e for e in lines if e.get("kind") not in (None, "hang")], lines)
         # Sum over steps 1..30 of 2*step, whatever the interruption.
         self.assertIn("[rank 0] final 930.0", r.stdout)
+
+
+HOLDER_SCRIPT = textwrap.dedent("""
+    import sys, torch, lifeline
+    c = lifeline.Checkpointer(sys.argv[1], rank=0, world_size=1, run_id="first-job")
+    c.save(1, {"w": torch.ones(64)}).wait()
+    print("ready", flush=True)
+    sys.stdin.read()  # holds the directory until the test closes stdin or kills it
+""")
+
+# Saves without waiting on its tickets, and never closes: only the agent can tell its saves failed.
+UNCHECKED_SAVER = textwrap.dedent("""
+    import sys, torch, lifeline
+    c = lifeline.Checkpointer(sys.argv[1])
+    for step in (2, 3):
+        c.save(step, {"w": torch.full((64,), float(step))})
+    c.wait_snapshot()
+""")
+
+
+class TwoJobsInOneDirectory(unittest.TestCase):
+    """Issue 32, item 4: a second job in a directory lost its final checkpoint and exited 0."""
+
+    def setUp(self):
+        base = os.environ.get("LIFELINE_TEST_TMPDIR", "/var/tmp")
+        self.dir = tempfile.mkdtemp(prefix="lifeline-twojobs-", dir=base)
+        self.ckpt = os.path.join(self.dir, "ckpt")
+        self.bin = os.environ["LIFELINE_BIN"]
+        env = dict(os.environ)
+        env.pop("LIFELINE_LAUNCH_ID", None)
+        self.holder = subprocess.Popen([sys.executable, "-c", HOLDER_SCRIPT, self.ckpt], stdin=subprocess.PIPE,
+                                       stdout=subprocess.PIPE, text=True, env=env)
+        self.assertEqual(self.holder.stdout.readline().strip(), "ready")
+
+    def tearDown(self):
+        self.holder.kill()
+        self.holder.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def script(self, text):
+        path = os.path.join(self.dir, "job.py")
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    def test_the_agent_refuses_a_checkpoint_dir_another_job_saves_into(self):
+        r = subprocess.run([os.path.join(self.bin, "lifeline-agent"), "run", "--nproc", "1", "--master-port", "0",
+                            "--checkpoint-dir", self.ckpt, "--", sys.executable, self.script(UNCHECKED_SAVER),
+                            self.ckpt], capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn("is being saved into by another job, launch 'first-job' (pid %d" % self.holder.pid, r.stderr)
+        self.assertNotIn("[rank 0]", r.stdout)  # refused before any rank started
+
+    def test_a_job_whose_last_checkpoint_failed_does_not_exit_0(self):
+        r = subprocess.run([os.path.join(self.bin, "lifeline-agent"), "run", "--nproc", "1", "--master-port", "0",
+                            "--max-restarts", "0", "--", sys.executable, self.script(UNCHECKED_SAVER), self.ckpt],
+                           capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn("every rank ended with status 0, but the last checkpoint of ranks 0 failed (step 3: "
+                      "FailedPrecondition", r.stderr)
+
+    def test_close_raises_when_the_last_save_failed(self):
+        code = ("import sys, torch, lifeline\n"
+                "c = lifeline.Checkpointer(sys.argv[1], rank=0, world_size=1, run_id='second-job')\n"
+                "c.save(5, {'w': torch.zeros(64)})\n"
+                "c.close()\n")
+        r = subprocess.run([sys.executable, "-c", code, self.ckpt], capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("the last checkpoint (step 5) was not saved", r.stderr)
+        self.assertIn("launch 'first-job'", r.stderr)
+
+    def test_gc_of_partial_steps_waits_for_the_job_and_ls_names_it(self):
+        cli = os.path.join(self.bin, "lifeline")
+        r = subprocess.run([cli, "ls", self.ckpt], capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("saving now: launch 'first-job' (pid %d" % self.holder.pid, r.stdout)
+        os.makedirs(os.path.join(self.ckpt, "step-00000000000000000009"))  # a save in progress, as gc sees it
+        r = subprocess.run([cli, "gc", self.ckpt, "--keep", "1", "--partial"], capture_output=True, text=True,
+                           timeout=60)
+        self.assertNotEqual(r.returncode, 0, r.stdout)
+        self.assertIn("launch 'first-job'", r.stderr + r.stdout)
+        self.assertTrue(os.path.isdir(os.path.join(self.ckpt, "step-00000000000000000009")))
+        self.holder.stdin.close()  # the job ends: gc may go on
+        self.assertEqual(self.holder.wait(timeout=60), 0)
+        r = subprocess.run([cli, "gc", self.ckpt, "--keep", "1", "--partial"], capture_output=True, text=True,
+                           timeout=60)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertFalse(os.path.isdir(os.path.join(self.ckpt, "step-00000000000000000009")))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 Run by ctest with Debian's /usr/bin/python3 and PYTHONPATH=build/python.
 """
 
+import json
 import os
 import shutil
 import subprocess
@@ -331,6 +332,72 @@ class MemoryTierOnExit(unittest.TestCase):
         r = self.run_child(3, "c.close()\n")
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertNotIn(3, self.tier_steps(), r.stderr)
+
+
+class MemoryTierHygiene(unittest.TestCase):
+    """Issue 32, item 3: deleted steps came back from memory, and tier roots piled up with no
+    command to see or free them. Runs on a tier of its own (LIFELINE_MEMORY_TIER_DIR)."""
+
+    def setUp(self):
+        self.base = scratch_dir()
+        self.dir = os.path.join(self.base, "ckpt")
+        self.env = dict(os.environ, LIFELINE_LAUNCH_ID="", LIFELINE_MEMORY_TIER_DIR=os.path.join(self.base, "shm"))
+        self.cli = os.path.join(os.environ["LIFELINE_BIN"], "lifeline")
+
+    def tearDown(self):
+        shutil.rmtree(self.base, ignore_errors=True)
+
+    def python(self, code):
+        r = subprocess.run([sys.executable, "-c", "import sys, torch, lifeline\n" + code], capture_output=True,
+                           text=True, env=self.env, timeout=120)
+        return r
+
+    def tier(self, *args):
+        r = subprocess.run([self.cli, "tier", *args, "--json"], capture_output=True, text=True, env=self.env,
+                           timeout=120)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        return json.loads(r.stdout)
+
+    def test_deleted_steps_stay_deleted_and_tier_gc_frees_what_nobody_can_load(self):
+        # A job that crashes after step 2 leaves its snapshots in memory for its relaunch.
+        r = self.python(f"c = lifeline.Checkpointer({self.dir!r}, memory_tier=True)\n"
+                        "for s in (1, 2): c.save(s, {'w': torch.full((4096,), float(s))}).wait()\n"
+                        "c.close(keep_memory_tier=True)\n")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        roots = self.tier("ls")["roots"]
+        self.assertEqual(len(roots), 1, roots)
+        self.assertEqual((roots[0]["state"], roots[0]["offered"], roots[0]["in_use"]), ("current", 2, False))
+        self.assertGreater(roots[0]["bytes"], 2 * 4096 * 4)
+
+        # The user deletes the steps to start over: a new job starts fresh, not from memory.
+        for name in os.listdir(self.dir):
+            if name.startswith("step-"):
+                shutil.rmtree(os.path.join(self.dir, name))
+        self.assertEqual(self.tier("ls")["roots"][0]["offered"], 0)
+        r = self.python(f"c = lifeline.Checkpointer({self.dir!r}, memory_tier=True)\n"
+                        "w = torch.zeros(4096)\n"
+                        "print('loaded', c.load({'w': w}))\n"
+                        "c.close()\n")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("loaded None", r.stdout)
+        # Its orderly end left no folder behind.
+        self.assertEqual(self.tier("ls")["roots"], [])
+
+        # A crashed job's tier whose directory was then removed: gc frees it, a dry run first.
+        r = self.python(f"c = lifeline.Checkpointer({self.dir!r}, memory_tier=True)\n"
+                        "c.save(5, {'w': torch.ones(4096)}).wait()\n"
+                        "c.close(keep_memory_tier=True)\n")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        shutil.rmtree(self.dir)
+        roots = self.tier("ls")["roots"]
+        self.assertEqual([(x["state"], x["steps"]) for x in roots], [("gone", 1)])
+        dry = self.tier("gc", "--dry-run")
+        self.assertEqual(len(dry["removed_roots"]), 1)
+        self.assertEqual(len(self.tier("ls")["roots"]), 1)
+        freed = self.tier("gc")
+        self.assertEqual([x["root"] for x in freed["removed_roots"]], [roots[0]["root"]])
+        self.assertGreater(freed["bytes_freed"], 4096 * 4)
+        self.assertEqual(self.tier("ls")["roots"], [])
 
 if __name__ == "__main__":
     unittest.main()

@@ -208,6 +208,8 @@ int RunLs(const LsArgs& a) {
       c.created_unix_ns = static_cast<uint64_t>(st.st_mtim.tv_sec) * 1000000000ull + static_cast<uint64_t>(st.st_mtim.tv_nsec);
   }
   const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  // Informative: a directory whose lock cannot be read still lists.
+  const std::optional<std::string> saving = DescribeSavingLaunch(a.dir).value_or(std::nullopt);
   if (a.json) {
     nlohmann::json list = nlohmann::json::array();
     for (const auto& [where, c, replicated_ranks] : rows) {
@@ -225,9 +227,11 @@ int RunLs(const LsArgs& a) {
       if (!c.complete) j["problem"] = c.problem;
       list.push_back(std::move(j));
     }
-    PrintJson({{"ok", true}, {"command", kCommand}, {"dir", a.dir}, {"memory_tier", tier_root}, {"checkpoints", list}});
+    PrintJson({{"ok", true}, {"command", kCommand}, {"dir", a.dir}, {"memory_tier", tier_root},
+               {"saving", saving ? nlohmann::json(*saving) : nlohmann::json()}, {"checkpoints", list}});
     return kExitOk;
   }
+  if (saving) std::cout << "saving now: " << *saving << "\n";
   if (rows.empty()) {
     std::cout << a.dir << ": no checkpoints\n";
     return kExitOk;
@@ -254,6 +258,7 @@ struct GcArgs {
   std::string dir;
   uint32_t keep = 0;
   bool partial = false;
+  bool force = false;
   bool no_verify = false;
   bool dry_run = false;
   bool json = false;
@@ -269,6 +274,7 @@ int RunGc(const GcArgs& a) {
   retention.keep_last = a.keep;
   retention.verify = !a.no_verify;
   retention.remove_partial = a.partial;
+  retention.even_while_saving = a.force;
   std::vector<CheckpointInfo> removed;
   if (a.dry_run) {
     Result<std::vector<RetentionDecision>> plan = PlanRetention(a.dir, retention);
@@ -302,6 +308,67 @@ int RunGc(const GcArgs& a) {
   std::cout << kCommand << ": " << verb << " " << removed.size() << " step(s), " << FormatByteSize(bytes)
             << "; kept the newest " << (a.keep == 0 ? std::string("(all)") : std::to_string(a.keep))
             << " loadable\n";
+  return kExitOk;
+}
+
+// ---- tier ls / tier gc ---------------------------------------------------------------------------
+
+struct TierArgs {
+  bool all = false;
+  bool dry_run = false;
+  bool json = false;
+};
+
+nlohmann::json TierRootJson(const MemoryTierRootInfo& r) {
+  return {{"root", r.root}, {"checkpoint_dir", r.checkpoint_dir}, {"state", r.state}, {"in_use", r.in_use},
+          {"steps", r.steps}, {"offered", r.offered}, {"bytes", r.bytes}};
+}
+
+int RunTierLs(const TierArgs& a) {
+  constexpr const char* kCommand = "tier ls";
+  Result<std::vector<MemoryTierRootInfo>> roots = ListMemoryTierRoots();
+  if (!roots.ok()) return ReportFailure(kCommand, roots.status(), a.json);
+  if (a.json) {
+    nlohmann::json list = nlohmann::json::array();
+    for (const MemoryTierRootInfo& r : *roots) list.push_back(TierRootJson(r));
+    PrintJson({{"ok", true}, {"command", kCommand}, {"roots", list}});
+    return kExitOk;
+  }
+  if (roots->empty()) {
+    std::cout << "no memory tier of this user on this node\n";
+    return kExitOk;
+  }
+  std::printf("%-10s %-6s %-7s %12s  %-18s %s\n", "STATE", "IN USE", "STEPS", "MEMORY", "ROOT", "DIRECTORY");
+  for (const MemoryTierRootInfo& r : *roots) {
+    const std::string steps = std::to_string(r.offered) + "/" + std::to_string(r.steps);
+    const size_t slash = r.root.find_last_of('/');
+    std::printf("%-10s %-6s %-7s %12s  %-18s %s\n", r.state.c_str(), r.in_use ? "yes" : "no", steps.c_str(),
+                FormatByteSize(r.bytes).c_str(), r.root.substr(slash + 1).c_str(),
+                r.checkpoint_dir.empty() ? "?" : r.checkpoint_dir.c_str());
+  }
+  std::cout << "STEPS: offered for loads / held (the others were deleted from the disk); "
+               "`lifeline tier gc` frees what nobody can load\n";
+  return kExitOk;
+}
+
+int RunTierGc(const TierArgs& a) {
+  constexpr const char* kCommand = "tier gc";
+  Result<MemoryTierGcResult> gc = CollectMemoryTierRoots(a.all, a.dry_run);
+  if (!gc.ok()) return ReportFailure(kCommand, gc.status(), a.json);
+  if (a.json) {
+    nlohmann::json list = nlohmann::json::array();
+    for (const MemoryTierRootInfo& r : gc->removed_roots) list.push_back(TierRootJson(r));
+    PrintJson({{"ok", true}, {"command", kCommand}, {"dry_run", a.dry_run}, {"removed_roots", list},
+               {"steps_removed", gc->steps_removed}, {"bytes_freed", gc->bytes_freed}});
+    return kExitOk;
+  }
+  const char* verb = a.dry_run ? "would remove" : "removed";
+  for (const MemoryTierRootInfo& r : gc->removed_roots)
+    std::cout << verb << " " << r.root << " (" << r.state << ", "
+              << (r.checkpoint_dir.empty() ? std::string("?") : r.checkpoint_dir) << ", " << r.steps << " step(s), "
+              << FormatByteSize(r.bytes) << ")\n";
+  std::cout << kCommand << ": " << verb << " " << gc->removed_roots.size() << " root(s) and " << gc->steps_removed
+            << " deleted step(s) of others, " << FormatByteSize(gc->bytes_freed) << "\n";
   return kExitOk;
 }
 
@@ -545,12 +612,32 @@ void AddConvertCommands(CLI::App& root, std::vector<Command>* commands) {
       ->required()
       ->check(CLI::NonNegativeNumber);
   g->add_flag("--partial", gc->partial,
-              "Also remove partial steps newer than the newest loadable one (only when no job is saving here)");
+              "Also remove partial steps newer than the newest loadable one; refused while a job is saving "
+              "here (it holds the directory's lifeline.lock)");
+  g->add_flag("--force", gc->force, "With --partial: remove them even while a job is saving here (its saves fail)");
   g->add_flag("--no-verify", gc->no_verify,
               "Count a step toward --keep when its metadata is sound, without reading its data checksums");
   g->add_flag("--dry-run", gc->dry_run, "Only list what would be removed");
   g->add_flag("--json", gc->json, "Print one JSON object on stdout");
   commands->push_back({g, [gc] { return RunGc(*gc); }});
+
+  CLI::App* tier = root.add_subcommand("tier", "This node's memory tiers: list them, free what nobody can load");
+  tier->require_subcommand(1);
+  auto tier_ls = std::make_shared<TierArgs>();
+  CLI::App* tl = tier->add_subcommand(
+      "ls", "Every memory-tier root of this user on this node: its directory, whether that still exists, "
+            "whether a job uses it, its steps and memory");
+  tl->add_flag("--json", tier_ls->json, "Print one JSON object on stdout");
+  commands->push_back({tl, [tier_ls] { return RunTierLs(*tier_ls); }});
+  auto tier_gc = std::make_shared<TierArgs>();
+  CLI::App* tg = tier->add_subcommand(
+      "gc", "Free memory-tier roots of directories that are gone or re-created, and snapshots deleted from "
+            "the disk; roots a running job uses are never touched");
+  tg->add_flag("--all", tier_gc->all,
+               "Also free snapshots still offered (a crashed job's resume point: its relaunch reads the disk)");
+  tg->add_flag("--dry-run", tier_gc->dry_run, "Only list what would be freed");
+  tg->add_flag("--json", tier_gc->json, "Print one JSON object on stdout");
+  commands->push_back({tg, [tier_gc] { return RunTierGc(*tier_gc); }});
 
   auto diff = std::make_shared<DiffArgs>();
   CLI::App* d = root.add_subcommand(

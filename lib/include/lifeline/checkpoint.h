@@ -164,6 +164,10 @@ LIFELINE_EXPORT Status CheckCheckpointMetadata(const CheckpointInfo& info, Env* 
 // The memory-tier root holding this node's snapshots of checkpoint directory `dir`; NotFound when
 // it has none.
 LIFELINE_EXPORT Result<std::string> FindMemoryTierOf(const std::string& dir, Env* env = nullptr);
+// The step directories of that memory tier which still belong to `dir`, newest first: a snapshot
+// whose disk copy was made and then deleted from `dir` (by a user or retention) is left out, so
+// deleted steps never come back from memory. NotFound when `dir` has no tier on this node.
+LIFELINE_EXPORT Result<std::vector<CheckpointInfo>> ScanMemoryTierOf(const std::string& dir, Env* env = nullptr);
 
 // What VerifyCheckpoint checked, and `status`: OK, or the first damage found (naming the file,
 // tensor, rank or offset).

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -131,6 +132,16 @@ class LIFELINE_EXPORT IoQueue {
   }
 };
 
+// An exclusive advisory lock on a file (Env::LockFile), held until this object is destroyed or
+// the process ends, however it ends.
+class LIFELINE_EXPORT FileLock {
+ public:
+  virtual ~FileLock() = default;
+  // Replaces the file's text: who holds the lock, for those it refuses (Env::LockHolder).
+  virtual Status SetHolder(std::string_view text) = 0;
+  virtual const std::string& path() const = 0;
+};
+
 class LIFELINE_EXPORT Env {
  public:
   virtual ~Env() = default;
@@ -178,6 +189,16 @@ class LIFELINE_EXPORT Env {
   virtual Status SyncDir(const std::string& dir) = 0;
   // A new asynchronous I/O queue for files opened through this Env.
   virtual Result<std::unique_ptr<IoQueue>> NewIoQueue(const IoQueueOptions& options) = 0;
+  // Takes an exclusive lock on `path` without waiting, creating it (a regular file, never through
+  // a link) when missing. Unavailable naming the path, with the holder's text in the message, when
+  // another holder has it: another process, or another FileLock of this one. The POSIX Env uses
+  // open-file-description locks (fcntl F_OFD_SETLK): the kernel drops them when the holder dies,
+  // and NFS carries them between machines. NotSupported in Envs without locks (the default).
+  virtual Result<std::unique_ptr<FileLock>> LockFile(const std::string& path);
+  // The text of the holder of the lock on `path` (FileLock::SetHolder), or nullopt when nobody
+  // holds it or the file does not exist. Takes nothing and creates nothing. NotSupported where
+  // LockFile is.
+  virtual Result<std::optional<std::string>> LockHolder(const std::string& path);
 };
 
 // Forwards every call to another Env; a test double overrides only what it needs.
@@ -214,6 +235,10 @@ class LIFELINE_EXPORT EnvWrapper : public Env {
   Status SyncDir(const std::string& dir) override { return target_->SyncDir(dir); }
   Result<std::unique_ptr<IoQueue>> NewIoQueue(const IoQueueOptions& options) override {
     return target_->NewIoQueue(options);
+  }
+  Result<std::unique_ptr<FileLock>> LockFile(const std::string& path) override { return target_->LockFile(path); }
+  Result<std::optional<std::string>> LockHolder(const std::string& path) override {
+    return target_->LockHolder(path);
   }
 
  private:

@@ -136,8 +136,10 @@ struct LIFELINE_EXPORT RetentionOptions {
   // so damage in a newer step never costs the older good one; false: CheckCheckpointMetadata only.
   bool verify = true;
   // Also remove partial steps newer than the newest loadable one (otherwise kept: a save may still
-  // be writing them).
+  // be writing them). ApplyRetention refuses it (FailedPrecondition naming the launch) while a job
+  // holds the directory's save lock, that is while one is saving there, unless even_while_saving.
   bool remove_partial = false;
+  bool even_while_saving = false;
   // Set to the run id of a launch that is saving into `root` (CheckpointerOptions::run_id): partial
   // steps newer than the newest loadable one that hold rank indexes of other launches and no file
   // of this one are removed too (they can never complete): what that launch's own retention does
@@ -163,6 +165,44 @@ LIFELINE_EXPORT Result<std::vector<RetentionDecision>> PlanRetention(const std::
 // (one rank index before anything else), so an interrupted removal leaves a partial step, never
 // a damaged complete one. A kept complete step also loses the files of other save attempts.
 LIFELINE_EXPORT Status ApplyRetention(const std::string& root, const RetentionOptions& options, Env* env = nullptr);
+
+// The launch saving into checkpoint directory `dir` now, as its save lock (<dir>/lifeline.lock,
+// held by rank 0 of the launch from its first save until it closes or dies) names it: "launch
+// 'ID' (pid P on host H, since T)". nullopt when no job is saving there.
+LIFELINE_EXPORT Result<std::optional<std::string>> DescribeSavingLaunch(const std::string& dir, Env* env = nullptr);
+
+// ---- this node's memory tiers --------------------------------------------------------------------
+
+// One memory-tier root of this user on this node (under $LIFELINE_MEMORY_TIER_DIR or /dev/shm,
+// lifeline-<uid>/): the snapshots kept in memory for one checkpoint directory.
+struct LIFELINE_EXPORT MemoryTierRootInfo {
+  std::string root;
+  std::string checkpoint_dir;  // the directory it belongs to, as its owner file says ("" unknown)
+  // "current": the directory exists with the identity the root was made for; "gone": it does
+  // not exist on this node; "re-created": it exists with another identity (deleted and made
+  // again); "unknown": the owner file is missing or unreadable.
+  std::string state;
+  bool in_use = false;     // a process of this node maps its staging slots (a job is running)
+  uint64_t steps = 0;      // step directories held
+  uint64_t offered = 0;    // of those, still offered for loads (not deleted from the disk)
+  uint64_t bytes = 0;      // memory held, each file counted once (steps link the slots' pages)
+};
+
+// Every memory-tier root of this user on this node.
+LIFELINE_EXPORT Result<std::vector<MemoryTierRootInfo>> ListMemoryTierRoots();
+
+struct LIFELINE_EXPORT MemoryTierGcResult {
+  std::vector<MemoryTierRootInfo> removed_roots;  // as they were before removal
+  uint64_t steps_removed = 0;                     // from roots that stay
+  uint64_t bytes_freed = 0;
+};
+
+// Frees memory-tier roots nobody can load from: roots whose directory is gone or re-created, or
+// whose owner is unknown; in current roots, snapshots deleted from the disk, and the root itself
+// once nothing offered is left. With `all`, also the snapshots still offered (a crashed job's
+// resume point: its relaunch then reads the disk). Roots in use are never touched. `dry_run`:
+// reports what would go.
+LIFELINE_EXPORT Result<MemoryTierGcResult> CollectMemoryTierRoots(bool all, bool dry_run);
 
 }  // namespace lifeline
 

@@ -170,6 +170,7 @@ class Checkpointer:
         self._pending = []        # (ticket, device_only) whose snapshot may still read the caller's tensors
         self._fenced = []         # device-only tickets a stream was fenced on, kept until copied
         self._last = None
+        self._final_reported = False  # close() raised for a failed last save once already
         self._announced = False   # process_start sent to the agent
         self.last_load = None
 
@@ -375,12 +376,22 @@ class Checkpointer:
         """Waits for every save to be persisted, then releases the staging memory. Idempotent.
         An orderly close removes this rank's memory-tier snapshots that are on disk (unless
         memory_tier_cleanup_on_close=False); keep_memory_tier=True leaves them, as a crash would.
+        Raises lifeline.Error when the newest save failed (after closing): the final state is not
+        saved, and a script ending on it must not exit 0.
         A Checkpointer that is never closed (a process ending on an exception) keeps them too, so
         that its relaunch resumes from memory."""
         if not self._impl.closed:
             self._impl.close(bool(keep_memory_tier))
         self._pending = []
         self._fenced = []
+        # The newest save is the job's final state: a script must not end "successfully" without it
+        # (a second job holding the directory, a full disk). Once per failure; not over another error.
+        last = self._last
+        if last is not None and not keep_memory_tier and not self._final_reported:
+            self._final_reported = True
+            error = last.error()
+            if error is not None and last.phase != "skipped":
+                raise Error(f"the last checkpoint (step {last.step}) was not saved: {error}")
 
     @property
     def closed(self):

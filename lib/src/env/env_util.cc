@@ -60,6 +60,14 @@ Result<EntryType> Env::GetEntryType(const std::string& path) {
   return Status::NotFound(path);
 }
 
+Result<std::unique_ptr<FileLock>> Env::LockFile(const std::string& path) {
+  return Status::NotSupported(path, "this Env has no file locks");
+}
+
+Result<std::optional<std::string>> Env::LockHolder(const std::string& path) {
+  return Status::NotSupported(path, "this Env has no file locks");
+}
+
 Status Env::RemoveTree(const std::string& path) {
   Result<EntryType> type = GetEntryType(path);
   if (type.status().IsNotFound()) return Status::OK();

@@ -262,6 +262,66 @@ class PosixRandomAccessFile final : public RandomAccessFile {
   const bool direct_;
 };
 
+// The lock file of LockFile/LockHolder: a regular file with one name. Anything else found at the
+// path (a FIFO, a link, a hard link to another file) was planted: it is replaced, never written
+// through; `create` false leaves a missing file missing (-1, ENOENT).
+int OpenLockFile(const std::string& path, int flags, bool create) {
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    int fd;
+    do {
+      fd = ::open(path.c_str(), flags | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    } while (fd < 0 && errno == EINTR);
+    if (fd >= 0) {
+      struct stat st;
+      if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_nlink == 1) return fd;
+      ::close(fd);
+    } else if (errno == ENOENT) {
+      if (!create) return -1;
+      fd = CreateFreshFile(path.c_str(), flags, 0644);
+      if (fd >= 0 || errno != EEXIST) return fd;
+      continue;  // another process created it first: open theirs
+    } else if (errno != ELOOP) {
+      return -1;
+    }
+    if (!create) {
+      errno = ENOENT;
+      return -1;
+    }
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT) return -1;
+  }
+  errno = EAGAIN;
+  return -1;
+}
+
+std::string ReadLockText(int fd) {
+  char buf[4096];
+  const ssize_t n = ::pread(fd, buf, sizeof(buf), 0);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+}
+
+class PosixFileLock final : public FileLock {
+ public:
+  PosixFileLock(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  ~PosixFileLock() override { ::close(fd_); }  // closing the last descriptor drops the lock
+
+  Status SetHolder(std::string_view text) override {
+    if (::ftruncate(fd_, 0) != 0) return Status::FromErrno(errno, path_);
+    size_t done = 0;
+    while (done < text.size()) {
+      const ssize_t n = ::pwrite(fd_, text.data() + done, text.size() - done, static_cast<off_t>(done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return Status::FromErrno(n < 0 ? errno : EIO, path_);
+      done += static_cast<size_t>(n);
+    }
+    return Status::OK();
+  }
+  const std::string& path() const override { return path_; }
+
+ private:
+  const std::string path_;
+  const int fd_;
+};
+
 class PosixEnv final : public Env {
  public:
   // A path the caller names and wants followed (follow_symlinks: an export's output) is truncated
@@ -428,6 +488,49 @@ class PosixEnv final : public Env {
 
   Result<std::unique_ptr<IoQueue>> NewIoQueue(const IoQueueOptions& options) override {
     return internal::NewPosixIoQueue(options);
+  }
+
+  Result<std::unique_ptr<FileLock>> LockFile(const std::string& path) override {
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      const int fd = OpenLockFile(path, O_RDWR | O_CREAT, /*create=*/true);
+      if (fd < 0) return Status::FromErrno(errno, path);
+      struct flock fl = {};
+      fl.l_type = F_WRLCK;
+      fl.l_whence = SEEK_SET;
+      if (::fcntl(fd, F_OFD_SETLK, &fl) != 0) {
+        const int err = errno;
+        const std::string holder = ReadLockText(fd);
+        ::close(fd);
+        if (err != EAGAIN && err != EACCES) return Status::FromErrno(err, path);
+        return Status::Unavailable(path, "is locked by " + (holder.empty() ? std::string("another process") : holder));
+      }
+      // Locked, but the name may have been given to another file meanwhile (a planted file
+      // replaced by another process): a lock on a file no longer at the path excludes nobody.
+      struct stat held, named;
+      if (::fstat(fd, &held) == 0 && ::lstat(path.c_str(), &named) == 0 && held.st_dev == named.st_dev &&
+          held.st_ino == named.st_ino)
+        return std::unique_ptr<FileLock>(new PosixFileLock(path, fd));
+      ::close(fd);
+    }
+    return Status::Unavailable(path, "keeps being replaced; cannot lock it");
+  }
+
+  Result<std::optional<std::string>> LockHolder(const std::string& path) override {
+    const int fd = OpenLockFile(path, O_RDONLY, /*create=*/false);
+    if (fd < 0) {
+      if (errno == ENOENT) return std::optional<std::string>();
+      return Status::FromErrno(errno, path);
+    }
+    struct flock fl = {};
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;
+    const int rc = ::fcntl(fd, F_OFD_GETLK, &fl);
+    const int err = errno;
+    std::optional<std::string> holder;
+    if (rc == 0 && fl.l_type != F_UNLCK) holder = ReadLockText(fd);
+    ::close(fd);
+    if (rc != 0) return Status::FromErrno(err, path);
+    return holder;
   }
 };
 
