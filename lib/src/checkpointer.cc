@@ -87,45 +87,6 @@ std::string RandomHex64() {
   return buf;
 }
 
-
-// Splits the staged image into pieces of at most one chunk: the unit of copying, hashing and
-// per-tensor readiness.
-void PlanPieces(internal::SaveJob& job, const SaveRequest& request) {
-  const RankSavePlan& plan = job.plan;
-  const uint64_t chunk = job.write_options.chunk_bytes;
-  job.pieces.reserve(job.index.chunks.size() + job.objects.size());
-  for (size_t i = 0; i < plan.fragments.size(); ++i) {
-    const PlannedFragment& pf = plan.fragments[i];
-    const format::FragmentInfo& f = job.index.fragments[i];
-    for (uint64_t k = 0; k < f.num_chunks; ++k) {
-      internal::CopyPiece p;
-      if (pf.strided()) {
-        p.source = pf.source;
-        p.source_stride = pf.source_stride;
-        p.run_bytes = pf.run_bytes;
-        p.source_offset = k * chunk;
-      } else {
-        p.source = pf.source + k * chunk;
-      }
-      p.image_offset = job.layout.fragment_offset[i] + k * chunk;
-      p.length = job.index.chunks[f.first_chunk + k].stored_length;
-      p.target = f.first_chunk + k;
-      p.request_tensor = pf.request_index;
-      p.device = request.tensors[pf.request_index].device >= 0;
-      job.pieces.push_back(p);
-    }
-  }
-  for (size_t i = 0; i < job.objects.size(); ++i) {
-    internal::CopyPiece p;
-    p.source = reinterpret_cast<const uint8_t*>(job.objects[i].second.data());
-    p.image_offset = job.layout.object_offset[i];
-    p.length = job.objects[i].second.size();
-    p.target = i;
-    p.object = true;
-    job.pieces.push_back(p);
-  }
-}
-
 // Queues the device-to-host copies of the job's device pieces into its staging slot, each device's
 // after the work queued so far on its producers' streams, and records one fence per device. On
 // failure, waits for whatever was queued (the slot is about to be released).
@@ -418,7 +379,7 @@ SaveTicket Checkpointer::Save(uint64_t step, const SaveRequest& request) {
   EncodeDataHeader(o.rank, o.world_size, step, m.run_hash, job->image);
   std::memset(job->image + job->layout.bytes, 0, padded - job->layout.bytes);
   job->index = RawImageIndex(job->plan, job->objects, job->metadata_json, job->layout, w);
-  PlanPieces(*job, request);
+  internal::PlanPieces(*job, request);
   if (has_device) {
     Status s = QueueDeviceCopies(DeviceState{m.arena.get(), m.copy_streams, m.pinned, m.warned_unpinned}, *job,
                                  request, *slot);

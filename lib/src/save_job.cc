@@ -48,6 +48,42 @@ format::Codec StoredCodec(SaveCodec codec) {
   return format::Codec::kNone;
 }
 
+void PlanPieces(SaveJob& job, const SaveRequest& request) {
+  const RankSavePlan& plan = job.plan;
+  const uint64_t chunk = job.write_options.chunk_bytes;
+  job.pieces.reserve(job.index.chunks.size() + job.objects.size());
+  for (size_t i = 0; i < plan.fragments.size(); ++i) {
+    const PlannedFragment& pf = plan.fragments[i];
+    const format::FragmentInfo& f = job.index.fragments[i];
+    for (uint64_t k = 0; k < f.num_chunks; ++k) {
+      CopyPiece p;
+      if (pf.strided()) {
+        p.source = pf.source;
+        p.source_stride = pf.source_stride;
+        p.run_bytes = pf.run_bytes;
+        p.source_offset = k * chunk;
+      } else {
+        p.source = pf.source + k * chunk;
+      }
+      p.image_offset = job.layout.fragment_offset[i] + k * chunk;
+      p.length = job.index.chunks[f.first_chunk + k].stored_length;
+      p.target = f.first_chunk + k;
+      p.request_tensor = pf.request_index;
+      p.device = request.tensors[pf.request_index].device >= 0;
+      job.pieces.push_back(p);
+    }
+  }
+  for (size_t i = 0; i < job.objects.size(); ++i) {
+    CopyPiece p;
+    p.source = reinterpret_cast<const uint8_t*>(job.objects[i].second.data());
+    p.image_offset = job.layout.object_offset[i];
+    p.length = job.objects[i].second.size();
+    p.target = i;
+    p.object = true;
+    job.pieces.push_back(p);
+  }
+}
+
 // The checkpoint lifecycle for the node agent (nothing happens without one).
 void SaveJob::Trace(trace::EventType type, uint64_t aux) const {
   if (!trace::Active()) return;

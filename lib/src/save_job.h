@@ -50,6 +50,13 @@ struct CopyPiece {
   bool object = false;
 };
 
+class SaveJob;
+
+// Splits the job's staged image into its pieces, each at most one chunk: the unit of copying,
+// hashing and per-tensor readiness. REQUIRES: the job's plan, objects, layout, index and
+// write_options are set; `request` is the one they were planned from.
+void PlanPieces(SaveJob& job, const SaveRequest& request);
+
 class SaveJob {
  public:
   using Clock = std::chrono::steady_clock;
