@@ -48,7 +48,7 @@ void PersistPipeline::Persist(internal::SaveJob& job) {
     Result<uint64_t> n = WriteImage(job, writer->data_path());
     if (!n.ok()) return finish(n.status());
     stored = *n;
-    written = job.index;  // its checksums are complete: every block was copied before it was written
+    written = job.index;  // its checksums are complete: every piece lies in a block, copied before it was written
   } else {
     RankSavePlan plan = job.plan;
     if (job.image != nullptr) {  // encode from the snapshot, once it is complete

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "formats/checksum.h"
 #include "lib/src/commit.h"
 #include "lifeline/trace.h"
 
@@ -74,10 +75,15 @@ void PlanPieces(SaveJob& job, const SaveRequest& request) {
     }
   }
   for (size_t i = 0; i < job.objects.size(); ++i) {
+    const std::string& bytes = job.objects[i].second;
+    if (bytes.empty()) {
+      job.index.objects[i].checksum = format::Checksum64(bytes);
+      continue;
+    }
     CopyPiece p;
-    p.source = reinterpret_cast<const uint8_t*>(job.objects[i].second.data());
+    p.source = reinterpret_cast<const uint8_t*>(bytes.data());
     p.image_offset = job.layout.object_offset[i];
-    p.length = job.objects[i].second.size();
+    p.length = bytes.size();
     p.target = i;
     p.object = true;
     job.pieces.push_back(p);

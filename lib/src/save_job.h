@@ -32,7 +32,9 @@ namespace lifeline::internal {
 format::Codec StoredCodec(SaveCodec codec);
 
 // Copy `length` bytes from `source` to image offset `image_offset`, hashing them as chunk
-// `target` of the index (or object `target` when `object`).
+// `target` of the index (or object `target` when `object`). `length` is never 0: the pipeline
+// takes the index's checksums as complete once every write block is whole, and a piece of no
+// bytes lies in no block, so nothing would wait for its checksum (see PlanPieces).
 struct CopyPiece {
   // Host memory to copy; for a device piece the device address, already copied into the image by
   // the job's device copies (the copy engine then only checksums the image).
@@ -53,7 +55,8 @@ struct CopyPiece {
 class SaveJob;
 
 // Splits the job's staged image into its pieces, each at most one chunk: the unit of copying,
-// hashing and per-tensor readiness. REQUIRES: the job's plan, objects, layout, index and
+// hashing and per-tensor readiness. An object with no bytes gets no piece: its checksum, that of
+// nothing, is written into the index here. REQUIRES: the job's plan, objects, layout, index and
 // write_options are set; `request` is the one they were planned from.
 void PlanPieces(SaveJob& job, const SaveRequest& request);
 
