@@ -8,10 +8,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <exception>
+#include <utility>
 
 #include <prometheus/counter.h>
-#include <prometheus/exposer.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
@@ -63,6 +62,11 @@ const Histogram::BucketBoundaries& PersistBuckets() {  // 10 ms .. 1 h
     return v;
   }();
   return *b;
+}
+
+std::string Exposition(const prometheus::Registry& registry) {
+  prometheus::TextSerializer serializer;
+  return serializer.Serialize(registry.Collect());
 }
 
 double UnixSeconds() {
@@ -200,9 +204,9 @@ AgentMetrics::~AgentMetrics() = default;
 
 namespace {
 
-// The HTTP library says only "null context when constructing CivetServer" when it cannot listen:
-// try the address first, so the error says what is wrong with it.
-Status CheckListenAddress(const std::string& address) {
+// A listening socket on "HOST:PORT" (the first address HOST resolves to), or an error that says
+// what is wrong with the address.
+Result<int> ListenOn(const std::string& address) {
   const size_t colon = address.rfind(':');
   if (colon == std::string::npos) return Status::InvalidArgument("metrics address " + address, "expected HOST:PORT");
   std::string host = address.substr(0, colon);
@@ -214,39 +218,45 @@ Status CheckListenAddress(const std::string& address) {
   addrinfo* found = nullptr;
   if (int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(), &hints, &found); rc != 0)
     return Status::InvalidArgument("metrics address " + address, std::string("cannot resolve it: ") + gai_strerror(rc));
-  Status result;
   const int fd = socket(found->ai_family, found->ai_socktype | SOCK_CLOEXEC, found->ai_protocol);
-  if (fd >= 0) {
-    const int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (bind(fd, found->ai_addr, found->ai_addrlen) != 0) {
-      const int err = errno;
-      if (err == EADDRINUSE) {
-        result = Status::Unavailable("address " + address + " is in use", "choose another --metrics-addr");
-      } else if (err == EADDRNOTAVAIL) {
-        result = Status::InvalidArgument("address " + address, "is not an address of this machine");
-      } else if (err == EACCES) {
-        result = Status::FailedPrecondition("address " + address, "binding this port needs privileges");
-      } else {
-        result = Status::FromErrno(err, "metrics address " + address);
-      }
+  if (fd < 0) {
+    const int err = errno;
+    freeaddrinfo(found);
+    return Status::FromErrno(err, "metrics address " + address);
+  }
+  const int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));  // a restarted agent rebinds at once
+  Status result;
+  if (bind(fd, found->ai_addr, found->ai_addrlen) != 0) {
+    const int err = errno;
+    if (err == EADDRINUSE) {
+      result = Status::Unavailable("address " + address + " is in use", "choose another --metrics-addr");
+    } else if (err == EADDRNOTAVAIL) {
+      result = Status::InvalidArgument("address " + address, "is not an address of this machine");
+    } else if (err == EACCES) {
+      result = Status::FailedPrecondition("address " + address, "binding this port needs privileges");
+    } else {
+      result = Status::FromErrno(err, "metrics address " + address);
     }
-    close(fd);
+  } else if (listen(fd, SOMAXCONN) != 0) {
+    result = Status::FromErrno(errno, "metrics address " + address);
   }
   freeaddrinfo(found);
-  return result;
+  if (!result.ok()) {
+    close(fd);
+    return result;
+  }
+  return fd;
 }
 
 }  // namespace
 
-Status AgentMetrics::Serve(const std::string& address) {
-  LL_RETURN_IF_ERROR(CheckListenAddress(address));
-  try {
-    exposer_ = std::make_unique<prometheus::Exposer>(address);
-  } catch (const std::exception& e) {
-    return Status::Unavailable("metrics address " + address, std::string("cannot listen: ") + e.what());
-  }
-  exposer_->RegisterCollectable(registry_);
+Status AgentMetrics::Serve(const std::string& address, const net::HttpServerOptions& options) {
+  LL_ASSIGN_OR_RETURN(const int fd, ListenOn(address));
+  // The registry is safe to collect from the server's thread while the agent updates it.
+  net::HttpResource metrics{"/metrics", "text/plain; version=0.0.4; charset=utf-8",
+                            [registry = registry_] { return Exposition(*registry); }};
+  LL_ASSIGN_OR_RETURN(server_, net::HttpServer::Start(fd, std::move(metrics), options));
   return Status::OK();
 }
 
@@ -375,9 +385,6 @@ void AgentMetrics::Observe(const Timeline& timeline, const TimelineChange& c) {
   }
 }
 
-std::string AgentMetrics::Render() const {
-  prometheus::TextSerializer serializer;
-  return serializer.Serialize(registry_->Collect());
-}
+std::string AgentMetrics::Render() const { return Exposition(*registry_); }
 
 }  // namespace lifeline::agent

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "agent/net/http_server.h"
 #include "agent/replication/replication_service.h"
 #include "agent/timeline.h"
 #include "lifeline/status.h"
@@ -19,7 +20,6 @@
 
 namespace prometheus {
 class Registry;
-class Exposer;
 class Counter;
 class Gauge;
 class Histogram;
@@ -44,9 +44,13 @@ class AgentMetrics {
   AgentMetrics(const std::string& job, int world);
   ~AgentMetrics();
 
-  // Starts serving /metrics on "HOST:PORT". InvalidArgument or Unavailable naming the address
-  // when it cannot listen there.
-  Status Serve(const std::string& address);
+  // Starts serving /metrics on "HOST:PORT" (PORT 0: one the kernel picks, see port()), from a
+  // thread of its own (agent/net/http_server.h; `options` bound what each client may take).
+  // InvalidArgument, Unavailable or FailedPrecondition naming the address when it cannot listen
+  // there.
+  Status Serve(const std::string& address, const net::HttpServerOptions& options = {});
+  // The port /metrics is served on; 0 before Serve.
+  uint16_t port() const { return server_ == nullptr ? 0 : server_->port(); }
 
   // A new launch of `world` local ranks, global ranks `rank_base`.. (per-launch state such as
   // open steps is forgotten; counters go on). Rank labels are global ranks.
@@ -75,7 +79,7 @@ class AgentMetrics {
  private:
   struct RankState;
   std::shared_ptr<prometheus::Registry> registry_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<net::HttpServer> server_;  // after registry_: stopped before it goes
   std::string job_;
   std::vector<std::unique_ptr<RankState>> ranks_;
   int rank_base_ = 0;
