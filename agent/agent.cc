@@ -24,6 +24,7 @@
 
 #include "agent/control_socket.h"
 #include "agent/detectors/echo.h"
+#include "agent/host_cpu.h"
 #include "agent/metrics.h"
 #include "agent/progress.h"
 #include "agent/resume.h"
@@ -163,7 +164,26 @@ void Agent::Cleanup() {
     events_log_ = nullptr;
   }
   if (owns_run_dir_ && !config_.run_dir.empty()) {
-    Env::Default()->RemoveTree(config_.run_dir).IgnoreError();  // never follows a link inside it
+    // What the ranks wrote when asked before a restart (their ring events, their Python stacks) is
+    // what a person reads after the job: kept, with the directory; the rest goes.
+    bool kept = false;
+    Result<std::vector<std::string>> names = Env::Default()->GetChildren(config_.run_dir);
+    for (const std::string& name : names.value_or(std::vector<std::string>{})) {
+      const std::string path = config_.run_dir + "/" + name;
+      const bool dump = name.rfind("dump.", 0) == 0 || name.rfind("stack.", 0) == 0;
+      if (dump && Env::Default()->GetEntryType(path).value_or(EntryType::kOther) == EntryType::kFile &&
+          Env::Default()->GetFileSize(path).value_or(0) > 0) {
+        kept = true;
+        continue;
+      }
+      Env::Default()->RemoveTree(path).IgnoreError();  // never follows a link inside it
+    }
+    if (kept) {
+      std::cerr << "lifeline-agent: the ranks' dumps (ring events, Python stacks) are kept in " << config_.run_dir
+                << std::endl;
+    } else {
+      Env::Default()->RemoveTree(config_.run_dir).IgnoreError();
+    }
     owns_run_dir_ = false;
   }
 }
@@ -240,9 +260,9 @@ Status Agent::CheckCheckpointDirFree() const {
   if (config_.checkpoint_dir.empty()) return Status::OK();
   Result<std::optional<SaveLockHolder>> holder = FindSaveLockHolder(Env::Default(), config_.checkpoint_dir);
   if (!holder.ok() || !holder->has_value()) return Status::OK();  // the ranks' saves decide then
-  // The job's own launches, on another node that launched first, are welcome.
-  const std::string ours = "lifeline:" + config_.job_id + ":";
-  if ((*holder)->run_id.compare(0, ours.size(), ours) == 0) return Status::OK();
+  // The job's own ranks (another node's, launched first) are welcome: the agent gives its ranks
+  // the job id (LIFELINE_JOB) and the lock says it.
+  if ((*holder)->job == config_.job_id) return Status::OK();
   return DirectoryInUse(config_.checkpoint_dir, **holder).Annotate("--checkpoint-dir");
 }
 
@@ -261,6 +281,8 @@ Status Agent::Launch() {
     rings_.push_back(std::move(*ring));
   }
   timeline_.Reset(world, static_cast<int>(rank_base_));  // the detectors name global ranks
+  ring_dropped_.assign(static_cast<size_t>(world), 0);
+  named_.clear();
   for (auto& d : detectors_) d->Reset(world);
   const std::string n = std::to_string(world);
   std::map<std::string, std::string> env = {
@@ -336,8 +358,56 @@ Status Agent::Launch() {
     line["world_size"] = plan_->world_size;
   }
   resume_source_ = resume.is_object() ? resume.value("location", "") : "";
+  resume_step_.reset();
+  resume_dir_.clear();
+  if (resume.is_object() && resume["step"].is_number_unsigned()) {
+    resume_step_ = resume["step"].get<uint64_t>();
+    resume_dir_ = resume.value("directory", "");
+  }
+  mismatch_said_ = false;
+  tier_checked_ = false;
   Log(line);
   return Status::OK();
+}
+
+void Agent::CheckRanksMemoryTier() {
+  if (replication_ == nullptr || tier_checked_) return;
+  const std::string dir = ReportedCheckpointDir(ring_dir_);
+  Result<std::string> reported = ReadFileToString(Env::Default(), JoinPath(ring_dir_, trace::kMemoryTierFile), 64 << 10);
+  if (dir.empty() || !reported.ok()) return;  // not yet (or the tier is off)
+  tier_checked_ = true;
+  Result<std::string> mine = FindMemoryTierOf(dir);
+  if (mine.ok() && *mine == *reported) return;
+  const std::string message = "the ranks keep their memory tier in " + *reported + ", but this agent replicates " +
+                              (mine.ok() ? *mine : std::string("the tier of ") + dir) +
+                              ": LIFELINE_MEMORY_TIER_DIR differs between the agent and its ranks, so their "
+                              "snapshots are not replicated to other nodes (set it for the agent, not the script)";
+  Log({{"action", "replication_blind"}, {"ranks_tier", *reported}, {"agent_tier", mine.ok() ? *mine : ""},
+       {"message", message}});
+  std::cerr << "lifeline-agent: warning: " << message << std::endl;
+}
+
+void Agent::CheckResumeStep() {
+  if (!resume_step_ || mismatch_said_) return;
+  // A rank that announced a fresh start (its load found nothing) where the launch was to resume
+  // from a step: its script's Checkpointer looks somewhere else (a mistyped path), and the job
+  // would silently train again from scratch.
+  std::vector<int> fresh;
+  for (int r = 0; r < timeline_.world(); ++r) {
+    const RankTimeline& v = timeline_.rank(r);
+    if (v.started && v.resumed_from == trace::kNoStep) fresh.push_back(static_cast<int>(rank_base_) + r);
+  }
+  if (fresh.empty()) return;
+  mismatch_said_ = true;
+  const std::string opened = ReportedCheckpointDir(ring_dir_);
+  const std::string message =
+      "ranks " + JoinRanks(fresh) + " started from scratch, but this launch was to resume from step " +
+      std::to_string(*resume_step_) + " of " + resume_dir_ +
+      (opened.empty() || opened == resume_dir_ ? std::string() : "; their Checkpointer opened " + opened) +
+      ": is the script's checkpoint path right?";
+  Log({{"action", "resume_mismatch"}, {"ranks", fresh}, {"expected_step", *resume_step_},
+       {"expected_directory", resume_dir_}, {"opened_directory", opened}, {"message", message}});
+  std::cerr << "lifeline-agent: warning: " << message << std::endl;
 }
 
 namespace {
@@ -417,7 +487,10 @@ Status Agent::JoinRound(const std::string& checkpoint_dir) {
   std::cerr << "lifeline-agent: node " << rdzv_->node_id() << " joining job " << z.id << " (" << z.min_nodes
             << (z.max_nodes != z.min_nodes ? ":" + std::to_string(z.max_nodes) : std::string()) << " nodes) at etcd "
             << z.endpoint << std::endl;
-  Result<RoundPlan> plan = rdzv_->Join(offer, [] { return g_stop_signal != 0; });
+  Result<RoundPlan> plan = rdzv_->Join(offer, [] { return g_stop_signal != 0; }, [this](const std::string& what) {
+    Log({{"action", "waiting_for_nodes"}, {"message", what}});
+    std::cerr << "lifeline-agent: waiting for nodes: " << what << std::endl;
+  });
   if (!plan.ok()) return plan.status();
   plan_ = std::move(*plan);
   job_view_->Reset(static_cast<int>(plan_->world_size));
@@ -581,7 +654,22 @@ void Agent::HoldFailureEchoes(std::vector<Anomaly>* anomalies, uint64_t now, boo
     return;
   }
   const double grace = config_.rendezvous.failure_grace_seconds;
+  // A node lost while a failure of ours was held: that failure was the lost node's echo (its ranks'
+  // connections closed), and the lost node is the culprit.
+  const bool node_lost = std::any_of(anomalies->begin(), anomalies->end(),
+                                     [](const Anomaly& a) { return a.kind == "node_lost"; });
+  if (node_lost && held_failure_) {
+    Log({{"action", "echo"},
+         {"ranks", held_failure_->anomaly.ranks},
+         {"message", held_failure_->anomaly.message + ", after a node was lost (not counted)"}});
+    held_failure_.reset();
+  }
   for (auto it = anomalies->begin(); it != anomalies->end();) {
+    if (node_lost && it->kind == "dead") {  // this poll's echoes of the same loss
+      Log({{"action", "echo"}, {"ranks", it->ranks}, {"message", it->message + ", as a node was lost (not counted)"}});
+      it = anomalies->erase(it);
+      continue;
+    }
     if (it->kind != "dead") {
       ++it;
       continue;
@@ -617,6 +705,21 @@ void Agent::HoldFailureEchoes(std::vector<Anomaly>* anomalies, uint64_t now, boo
   Result<bool> earlier = rdzv_->FailedEarlierElsewhere(plan_->round, static_cast<uint64_t>(held_failure_->unix_ms));
   const bool waited_long = now - held_failure_->since_ns >= static_cast<uint64_t>(4 * grace * 1e9);
   if (earlier.ok() && *earlier && !waited_long) return;
+  // A node of the round that reported no failure, while ours may be an echo, may be a machine that
+  // is gone (its ranks cannot report; gloo fails ours within a second): its lease decides, so the
+  // failure is held until that lease would have expired, and node_lost then names the culprit.
+  // Nodes that are alive report their own echoes within the grace, and release it at once.
+  if (!earlier.ok() || !*earlier) {
+    std::vector<std::string> others;
+    for (const RoundNode& n : plan_->nodes)
+      if (n.id != rdzv_->node_id()) others.push_back(n.id);
+    Result<std::vector<std::string>> silent = rdzv_->NodesWithoutFailure(plan_->round, others);
+    const double lease_wait = config_.rendezvous.lease_seconds + 2 * grace;
+    if (silent.ok() && !silent->empty() && now - held_failure_->since_ns < static_cast<uint64_t>(lease_wait * 1e9)) {
+      held_failure_->anomaly.evidence["waited_for_nodes"] = *silent;
+      return;
+    }
+  }
   held_failure_->anomaly.evidence["held_seconds"] = Seconds(now - held_failure_->since_ns);
   anomalies->push_back(std::move(held_failure_->anomaly));
   held_failure_.reset();
@@ -632,9 +735,21 @@ void Agent::DrainRings(uint64_t now) {
       for (auto& d : detectors_) d->Observe(timeline_, change);
       metrics_->Observe(timeline_, change);
     }
-    metrics_->RingDropped(static_cast<int>(r), rings_[r]->header()->dropped.load(std::memory_order_relaxed));
+    const uint64_t dropped = rings_[r]->header()->dropped.load(std::memory_order_relaxed);
+    metrics_->RingDropped(static_cast<int>(r), dropped);
+    if (r < ring_dropped_.size() && dropped > ring_dropped_[r]) {
+      // What the rank did while its events were lost is unknown: a collective whose end was lost
+      // must not look hung. Said once per burst, with the count.
+      timeline_.MarkGap(static_cast<int>(r), now);
+      Log({{"action", "events_lost"},
+           {"rank", static_cast<int>(rank_base_ + r)},
+           {"dropped", dropped - ring_dropped_[r]},
+           {"dropped_total", dropped},
+           {"note", "the rank's trace ring was full (the agent stalled or fell behind); detectors restart their "
+                    "watch of it from now"}});
+      ring_dropped_[r] = dropped;
+    }
   }
-  (void)now;
 }
 
 void Agent::CheckResumed(uint64_t now) {
@@ -652,7 +767,19 @@ void Agent::CheckResumed(uint64_t now) {
                          {"seconds_since_detection", Seconds(now - *restart_detected_ns_)},
                          {"seconds_since_launch", Seconds(now - launched_ns_)}};
   line["resumed_from_checkpoint"] = from == trace::kNoStep ? nlohmann::json(nullptr) : nlohmann::json(from);
-  if (!resume_source_.empty()) line["source"] = resume_source_;  // memory, peer_memory or disk
+  // Where the ranks say they loaded from (a rank that read its memory tier says "memory" whatever
+  // the plan expected); the plan's choice when they did not say.
+  int memory = 0, disk = 0;
+  for (const RankTimeline& v : timeline_.ranks()) {
+    memory += v.resumed_source == trace::ResumeSource::kMemoryTier;
+    disk += v.resumed_source == trace::ResumeSource::kDisk;
+  }
+  std::string source = resume_source_;  // memory, peer_memory or disk
+  if (memory + disk > 0) source = disk > 0 ? (memory == 0 ? "disk" : "mixed")
+                                           : (resume_source_ == "peer_memory" ? resume_source_ : "memory");
+  if (!source.empty()) line["source"] = source;
+  if (memory > 0 && disk > 0) line["ranks_from_memory"] = memory;
+  if (!resume_source_.empty() && source != resume_source_) line["planned_source"] = resume_source_;
   Log(line);
   std::cerr << "lifeline-agent: resumed at step " << first_step << ", "
             << Seconds(now - *restart_detected_ns_) << " s after the anomaly was detected" << std::endl;
@@ -668,8 +795,39 @@ void Agent::RequestDumps(const std::string& reason) {
   Log({{"action", "dump"}, {"reason", reason}, {"ranks", asked}, {"directory", ring_dir_}});
 }
 
+void Agent::ScreenHostNoise(std::vector<Anomaly>* anomalies, uint64_t now) {
+  bool maybe_noise = false;
+  for (const Anomaly& a : *anomalies) maybe_noise |= a.kind == "straggler" || a.kind == "slow_collective";
+  if (!maybe_noise) return;
+  const HostCpu host = SampleHostCpu();
+  for (const Anomaly& a : TakeHostNoise(host, anomalies))
+    Log({{"action", "not_paged"},
+         {"kind", a.kind},
+         {"ranks", a.ranks},
+         {"message", a.message},
+         {"evidence", a.evidence},
+         {"reason", "this host's CPUs are saturated (" + host.Describe() +
+                        "): within what a process waiting for a core is delayed, not a fault of the job"}});
+  (void)now;
+}
+
 std::optional<Anomaly> Agent::Act(std::vector<Anomaly>& anomalies, uint64_t now) {
   std::optional<Anomaly> restart;
+  // One fault, one alarm: a checkpoint anomaly of ranks this launch already named hung or dead is
+  // that fault's consequence (their saves stop with them), logged with it, not raised again.
+  std::vector<Anomaly> raised;
+  for (Anomaly& a : anomalies) {
+    if (a.kind == "hang" || a.kind == "dead") named_.insert(a.ranks.begin(), a.ranks.end());
+    const bool folded = a.kind == "checkpoint" && !a.ranks.empty() &&
+                        std::all_of(a.ranks.begin(), a.ranks.end(), [this](int r) { return named_.count(r) > 0; });
+    if (folded) {
+      Log({{"action", "folded"}, {"kind", a.kind}, {"ranks", a.ranks}, {"message", a.message},
+           {"reason", "these ranks were already named hung or dead in this launch"}});
+      continue;
+    }
+    raised.push_back(std::move(a));
+  }
+  anomalies = std::move(raised);
   for (Anomaly& a : anomalies) {
     ++anomalies_;
     metrics_->Anomaly(a.kind, a.ranks);
@@ -914,6 +1072,9 @@ int Agent::Run() {
         continue;
       }
     }
+    ScreenHostNoise(&anomalies, now);
+    CheckResumeStep();
+    CheckRanksMemoryTier();
     CheckResumed(now);
     std::optional<Anomaly> restart = Act(anomalies, now);
     if (restart) {

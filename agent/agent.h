@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,13 @@ class Agent {
   // FailedPrecondition naming the other job when --checkpoint-dir is being saved into by a job
   // other than this one (its save lock, lib/src/save_lock.h): refused before any rank starts.
   Status CheckCheckpointDirFree() const;
+  // Takes out of `anomalies` what a saturated host explains (agent/host_cpu.h) and logs it as
+  // not paged.
+  void ScreenHostNoise(std::vector<Anomaly>* anomalies, uint64_t now);
+  // Says once per launch when ranks start fresh although the launch resumes from a step.
+  void CheckResumeStep();
+  // Says once per launch when the ranks' memory tier is not the one this agent replicates.
+  void CheckRanksMemoryTier();
   void DrainRings(uint64_t now);
   // Decides what to do about `anomalies`; returns the anomaly that asks for a restart, if any.
   std::optional<Anomaly> Act(std::vector<Anomaly>& anomalies, uint64_t now);
@@ -104,6 +112,12 @@ class Agent {
   std::unique_ptr<Rendezvous> rdzv_;
   std::optional<RoundPlan> plan_;  // the round this node's ranks run in
   uint32_t rank_base_ = 0;         // global rank of local rank 0
+  std::vector<uint64_t> ring_dropped_;  // per local rank: its ring's drop count when last seen
+  std::set<int> named_;  // global ranks named hung or dead in this launch
+  std::optional<uint64_t> resume_step_;  // the step this launch resumes from (nullopt: a fresh start)
+  std::string resume_dir_;               // ...in this directory
+  bool mismatch_said_ = false;           // a rank starting fresh against it was reported
+  bool tier_checked_ = false;            // the ranks' memory tier was compared with the agent's
   bool finished_ = false;          // every local rank ended normally
   std::unique_ptr<JobView> job_view_;  // judged while this node leads its round
   uint64_t progress_published_ns_ = 0;

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "agent/detectors/detector_test_kit.h"
+#include "agent/host_cpu.h"
 
 namespace lifeline::agent {
 namespace {
@@ -50,6 +51,49 @@ TEST(DetectorsTest, ExpectedExitsRaiseNothingFromAnyDetector) {
   for (int r = 0; r < 4; ++r) driver.Exit(r, r % 2 ? SIGKILL : SIGTERM, /*expected=*/true);
   driver.RunUntil(driver.now() + 120 * kSec);
   EXPECT_TRUE(driver.all().empty()) << Describe(driver.all());
+}
+
+// Issue 32, item 13: on a host whose CPUs are saturated, a straggler a few ms behind and a
+// communicator slower as a whole are the host; a rank far behind, or one named by a slow link, is
+// still paged. Nothing is taken on a host with CPU to spare.
+TEST(DetectorsTest, ASaturatedHostIsNotPagedForButARealStragglerStillIs) {
+  const HostCpu busy = ParseHostCpu("some avg10=62.50 avg60=40.00 avg300=10.00 total=1\n", "3.0 2.0 1.0 5/100 7\n", 2);
+  ASSERT_TRUE(busy.saturated);
+  EXPECT_EQ(busy.Describe(), "cpu pressure 62% (some avg10)");
+  const HostCpu idle = ParseHostCpu("some avg10=1.00 avg60=0.50 avg300=0.10 total=1\n", "3.0 2.0 1.0 5/100 7\n", 2);
+  EXPECT_FALSE(idle.saturated);
+  EXPECT_TRUE(ParseHostCpu("", "4.0 1 1 1/1 1", 2).saturated) << "no PSI: load 2 per cpu";
+
+  auto straggler = [](int rank, double own, double peers) {
+    Anomaly a;
+    a.kind = "straggler";
+    a.ranks = {rank};
+    a.evidence["per_rank"][std::to_string(rank)] = {
+        {"basis", "lateness"}, {"lateness_median_seconds", own}, {"peers_lateness_median_seconds", peers}};
+    return a;
+  };
+  Anomaly comm_slow;
+  comm_slow.kind = "slow_collective";
+  Anomaly link_slow = comm_slow;
+  link_slow.ranks = {3};
+  Anomaly hang;
+  hang.kind = "hang";
+  hang.ranks = {1};
+  std::vector<Anomaly> all = {straggler(1, 0.019, 0.001), straggler(2, 0.060, 0.001), comm_slow, link_slow, hang};
+
+  std::vector<Anomaly> kept = all;
+  EXPECT_TRUE(TakeHostNoise(idle, &kept).empty());
+  EXPECT_EQ(kept.size(), all.size());
+
+  kept = all;
+  const std::vector<Anomaly> taken = TakeHostNoise(busy, &kept);
+  ASSERT_EQ(taken.size(), 2u);
+  EXPECT_EQ(taken[0].ranks, std::vector<int>{1});  // 18 ms behind: the host
+  EXPECT_EQ(taken[1].kind, "slow_collective");
+  ASSERT_EQ(kept.size(), 3u);
+  EXPECT_EQ(kept[0].ranks, std::vector<int>{2});  // 59 ms behind: paged
+  EXPECT_EQ(kept[1].ranks, std::vector<int>{3});  // a slow link names its rank
+  EXPECT_EQ(kept[2].kind, "hang");
 }
 
 }  // namespace

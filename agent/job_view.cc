@@ -1,6 +1,7 @@
 #include "agent/job_view.h"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "agent/detectors/slow_collective_detector.h"
@@ -26,12 +27,66 @@ JobView::JobView(const AgentConfig& config)
 void JobView::Reset(int world) {
   timeline_.Reset(world);
   for (auto& d : detectors_) d->Reset(world);
-  hang_.Reset();
+  hang_.Reset(world);
   replayed_.clear();
 }
 
-void JobView::Update(const std::vector<RankProgress>& ranks, uint64_t now_ns, std::vector<Anomaly>* out) {
+std::map<int, double> EstimateClockOffsets(const std::vector<RankProgress>& ranks) {
+  // The end of a collective is one instant for all its members (the last contribution arrives and
+  // every member completes within the network's latency), so on a sound clock every member's
+  // end_ago of the same (comm, seq) agrees. The reference is the node whose summary is its own
+  // (read with no transit: the leader's), else the lowest node.
+  int reference = -1;
+  for (const RankProgress& p : ranks)
+    if (p.summary_age_seconds == 0 && (reference < 0 || p.node < reference)) reference = p.node;
+  if (reference < 0)
+    for (const RankProgress& p : ranks) reference = reference < 0 ? p.node : std::min(reference, p.node);
+  std::map<std::pair<uint32_t, uint64_t>, std::vector<double>> ref_ends;
+  for (const RankProgress& p : ranks)
+    if (p.node == reference)
+      for (const CollectiveSample& s : p.recent) ref_ends[{s.comm, s.seq}].push_back(s.end_ago);
+  std::map<int, std::vector<double>> diffs;
+  for (const RankProgress& p : ranks) {
+    if (p.node == reference) continue;
+    for (const CollectiveSample& s : p.recent) {
+      auto it = ref_ends.find({s.comm, s.seq});
+      if (it == ref_ends.end()) continue;
+      std::vector<double> ends = it->second;
+      std::nth_element(ends.begin(), ends.begin() + ends.size() / 2, ends.end());
+      diffs[p.node].push_back(s.end_ago - ends[ends.size() / 2]);
+    }
+  }
+  std::map<int, double> offsets;
+  for (auto& [node, d] : diffs) {
+    if (d.size() < 3) continue;  // too few shared collectives to tell
+    std::nth_element(d.begin(), d.begin() + d.size() / 2, d.end());
+    const double median = d[d.size() / 2];
+    if (std::abs(median) >= kMinClockOffsetSeconds) offsets[node] = median;
+  }
+  return offsets;
+}
+
+void JobView::Update(const std::vector<RankProgress>& raw, uint64_t now_ns, std::vector<Anomaly>* out) {
   const size_t first = out->size();
+  // The summaries' ages rest on the nodes' wall clocks: a node whose clock is off shows every
+  // time of its ranks shifted by as much (a false straggler "2.0 s late", a false silence). The
+  // shared collectives measure the shift; it is taken out before anything is judged.
+  std::vector<RankProgress> ranks = raw;
+  clock_offsets_ = EstimateClockOffsets(ranks);
+  for (RankProgress& p : ranks) {
+    auto it = clock_offsets_.find(p.node);
+    if (it == clock_offsets_.end()) continue;
+    const double d = it->second;
+    p.silent_seconds = std::max(0.0, p.silent_seconds - d);
+    p.summary_age_seconds = std::max(0.0, p.summary_age_seconds - d);
+    for (auto& [comm, c] : p.comms)
+      if (c.open >= 0) c.open_seconds = std::max(0.0, c.open_seconds - d);
+    for (CollectiveSample& s : p.recent) {
+      s.begin_ago -= d;
+      s.end_ago -= d;
+      if (s.posted_ago >= 0) s.posted_ago -= d;
+    }
+  }
   for (const RankProgress& p : ranks) {
     if (p.rank < 0 || p.rank >= timeline_.world()) continue;  // not of this round
     for (const CollectiveSample& s : p.recent) {

@@ -6,8 +6,10 @@
 // left to it in a multi-node job, so one fault raises one alarm, named as the job knows it.
 //
 // A summary carries each rank's newest ended collectives with their times (seconds before the
-// summary, plus the time it spent in etcd), so the replayed begin, post and end times are the
-// ranks' own, to within the nodes' clock agreement; each is replayed once.
+// summary, plus the time it spent in etcd by the two nodes' wall clocks), so the replayed begin,
+// post and end times are the ranks' own once the nodes' clocks are reconciled: a collective ends
+// at one instant for all its members, so the ends both nodes recorded measure how far a node's
+// clock is off, and that is taken out (EstimateClockOffsets). Each collective is replayed once.
 //
 // Thread safety: none; the agent's loop.
 #ifndef LIFELINE_AGENT_JOB_VIEW_H_
@@ -38,13 +40,25 @@ class JobView {
   void Update(const std::vector<RankProgress>& ranks, uint64_t now_ns, std::vector<Anomaly>* out);
 
   const Timeline& timeline() const { return timeline_; }
+  // Per node, how far its clock was found off the reference's at the last Update (seconds; only
+  // nodes off by at least kMinClockOffsetSeconds).
+  const std::map<int, double>& clock_offsets() const { return clock_offsets_; }
 
  private:
   Timeline timeline_;
   std::vector<std::unique_ptr<Detector>> detectors_;
   JobHangDetector hang_;
   std::map<std::pair<uint32_t, int>, uint64_t> replayed_;  // (comm, rank) -> the newest seq replayed
+  std::map<int, double> clock_offsets_;
 };
+
+// A node's clock is corrected when it is off by at least this much: less is within what the
+// collectives' own spread and the summaries' rounding (1 us) allow.
+inline constexpr double kMinClockOffsetSeconds = 0.005;
+
+// Per node (group rank), how far its wall clock is off the reference node's, from the end times of
+// collectives both recorded (at least 3; the median): positive when its times read too old.
+std::map<int, double> EstimateClockOffsets(const std::vector<RankProgress>& ranks);
 
 // Whether a node's own verdict is left to the job-wide view in a multi-node job.
 bool LeftToJobView(const Anomaly& local);

@@ -81,5 +81,44 @@ TEST(JobViewTest, OnTimeRanksRaiseNothingAndNodeVerdictsAreLeftToTheView) {
   EXPECT_FALSE(LeftToJobView(local));
 }
 
+// Issue 32, item 11: node 1's clock 2 s behind made every time of its ranks read 2 s off: a false
+// straggler "2.0 s late". The shared collectives' ends measure the offset and it is taken out;
+// a real straggler on the skewed node is still named, with its own lateness.
+TEST(JobViewTest, ANodeWhoseClockIsOffRaisesNoFalseStragglerAndARealOneIsStillNamed) {
+  auto skewed = [](uint64_t now, uint64_t n, int late, uint64_t late_ms) {
+    std::vector<RankProgress> ranks = Summaries(now, n, late, late_ms);
+    for (RankProgress& p : ranks) {
+      if (p.node != 1) continue;
+      for (CollectiveSample& s : p.recent) {  // its summary's stamp 2 s behind: every age 2 s more
+        s.begin_ago += 2.0;
+        s.posted_ago += 2.0;
+        s.end_ago += 2.0;
+      }
+      p.silent_seconds += 2.0;
+      p.summary_age_seconds += 2.0;
+    }
+    for (RankProgress& p : ranks) p.summary_age_seconds = p.node == 0 ? 0 : p.summary_age_seconds;
+    return ranks;
+  };
+  for (int late : {-1, 3}) {
+    JobView view{AgentConfig()};
+    view.Reset(4);
+    std::vector<Anomaly> out;
+    for (uint64_t n = 10; n <= 60; n += 10) {
+      const uint64_t now = 1000 * kMs + n * 100 * kMs + 200 * kMs;
+      view.Update(skewed(now, n, late, 40), now, &out);
+    }
+    ASSERT_EQ(view.clock_offsets().size(), 1u);
+    EXPECT_NEAR(view.clock_offsets().at(1), 2.0, 0.001);
+    if (late < 0) {
+      EXPECT_TRUE(out.empty()) << out[0].message;
+    } else {
+      ASSERT_EQ(out.size(), 1u);
+      EXPECT_EQ(out[0].ranks, std::vector<int>({3}));
+      EXPECT_NE(out[0].message.find("40.0 ms late"), std::string::npos) << out[0].message;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace lifeline::agent

@@ -1,5 +1,7 @@
 #include "agent/progress.h"
 
+#include <cstdlib>
+
 #include <algorithm>
 #include <chrono>
 
@@ -55,8 +57,15 @@ std::vector<RankProgress> SummarizeProgress(const Timeline& timeline, int node, 
 }
 
 int64_t UnixMillisNow() {
+  // LIFELINE_TEST_CLOCK_OFFSET_MS shifts this agent's wall clock, as a node whose clock is off
+  // would have it (the skew tests; read once).
+  static const int64_t offset = [] {
+    const char* v = std::getenv("LIFELINE_TEST_CLOCK_OFFSET_MS");
+    return v != nullptr ? std::strtoll(v, nullptr, 10) : int64_t{0};
+  }();
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
+             .count() +
+         offset;
 }
 
 std::string EncodeProgress(const std::vector<RankProgress>& ranks, int64_t unix_ms) {

@@ -63,7 +63,8 @@ std::vector<RankProgress> SummarizeProgress(const Timeline& timeline, int node, 
 std::string EncodeProgress(const std::vector<RankProgress>& ranks, int64_t unix_ms);
 Result<std::vector<RankProgress>> DecodeProgress(std::string_view text, const std::string& what, int64_t now_unix_ms);
 
-// Milliseconds since the Unix epoch, now.
+// Milliseconds since the Unix epoch, now, by this node's clock (shifted by
+// LIFELINE_TEST_CLOCK_OFFSET_MS when set: the skew tests' way to give a node a clock that is off).
 int64_t UnixMillisNow();
 
 }  // namespace lifeline::agent

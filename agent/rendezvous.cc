@@ -271,7 +271,8 @@ Status Rendezvous::TryClose(uint64_t round, const std::vector<EtcdKeyValue>& mem
   return client_->PutIfAbsent(Key("rounds/" + std::to_string(round) + "/plan"), plan.dump()).status();
 }
 
-Result<RoundPlan> Rendezvous::Join(const ResumeOffer& offer, const std::function<bool()>& stop) {
+Result<RoundPlan> Rendezvous::Join(const ResumeOffer& offer, const std::function<bool()>& stop,
+                                   const std::function<void(const std::string&)>& waiting) {
   const Clock::time_point deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                                         std::chrono::duration<double>(config_.join_timeout_seconds));
   {
@@ -330,8 +331,17 @@ Result<RoundPlan> Rendezvous::Join(const ResumeOffer& offer, const std::function
       LL_RETURN_IF_ERROR(TryClose(*round, members));
     return std::optional<RoundPlan>();
   };
+  const Clock::time_point began = Clock::now();
+  Clock::time_point said{};
   while (Clock::now() < deadline) {
     if (stop && stop()) return Status::Aborted("rendezvous", "the agent was stopped");
+    if (waiting && SecondsSince(began) >= 2 && (said == Clock::time_point{} || SecondsSince(said) >= 10)) {
+      said = Clock::now();
+      waiting(std::to_string(seen_members) + " of at least " + std::to_string(config_.min_nodes) +
+              " nodes joined round " + (round ? std::to_string(*round) : std::string("?")) + "; waiting up to " +
+              std::to_string(static_cast<int>(config_.join_timeout_seconds - SecondsSince(began))) + " s more" +
+              (last_error.ok() ? std::string() : " (etcd: " + last_error.ToString() + ")"));
+    }
     Result<std::optional<RoundPlan>> looked = step();
     if (looked.ok() && looked->has_value()) {
       RoundPlan plan = std::move(**looked);
@@ -362,20 +372,26 @@ Result<RoundPlan> Rendezvous::Join(const ResumeOffer& offer, const std::function
 }
 
 Result<uint64_t> Rendezvous::OpenNextRound(uint64_t round) {
-  // etcd may be away for a moment (a restart): retry for as long as a lease lasts.
-  const Clock::time_point deadline =
-      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(config_.lease_seconds));
-  for (;;) {
+  // etcd away (a restart, an election, a slow disk) must not end the job: the restart waits for it
+  // as long as the round's join would. A swap that went through but whose answer was lost is seen
+  // by the retry: the round has moved, the swap does not apply, and the round is read below.
+  const Clock::time_point deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                        std::chrono::duration<double>(config_.join_timeout_seconds));
+  for (int attempt = 0;; ++attempt) {
     Status s = client_->CompareAndSwap(Key("round"), std::to_string(round), std::to_string(round + 1)).status();
     if (s.ok()) break;
     if (!s.IsUnavailable() || Clock::now() >= deadline) return s;
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::min(200 << std::min(attempt, 3), 1000)));
   }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    in_round_ = false;  // the lost-node watch ends with the round
+  for (;;) {  // and the round it opened (or another node did)
+    Result<uint64_t> current = CurrentRound();
+    if (current.ok() || !current.status().IsUnavailable() || Clock::now() >= deadline) {
+      std::lock_guard<std::mutex> lock(mu_);
+      in_round_ = false;  // the lost-node watch ends with the round
+      return current;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
   }
-  return CurrentRound();
 }
 
 Status Rendezvous::GiveUp(const std::string& reason) {
@@ -388,12 +404,37 @@ Status Rendezvous::ReportFailure(uint64_t round, uint64_t unix_ms) {
       .status();
 }
 
+Result<std::vector<std::string>> Rendezvous::NodesWithoutFailure(uint64_t round, const std::vector<std::string>& nodes) {
+  const std::string base = "rounds/" + std::to_string(round) + "/";
+  LL_ASSIGN_OR_RETURN(std::vector<std::vector<EtcdKeyValue>> read,
+                      client_->ReadMany({{Key(base + "failures/"), true}, {Key(base + "finished/"), true}}));
+  std::set<std::string> said;
+  const std::string dirs[2] = {Key(base + "failures/"), Key(base + "finished/")};
+  for (size_t k = 0; k < 2; ++k)
+    for (const EtcdKeyValue& kv : read[k]) said.insert(kv.key.substr(dirs[k].size()));
+  std::vector<std::string> silent;
+  for (const std::string& n : nodes)
+    if (!said.count(n)) silent.push_back(n);
+  return silent;
+}
+
 Result<bool> Rendezvous::FailedEarlierElsewhere(uint64_t round, uint64_t unix_ms) {
   const std::string dir = Key("rounds/" + std::to_string(round) + "/failures/");
   LL_ASSIGN_OR_RETURN(std::vector<EtcdKeyValue> reports, client_->GetPrefix(dir));
+  // etcd orders the reports on one clock, its revision: each node reports the moment it sees its
+  // failure, so the order of the keys' creation is the order of the failures, whatever the nodes'
+  // wall clocks say (one 2 s behind would otherwise make its echo look first). The times in the
+  // values decide only when this node's own report is missing.
+  int64_t mine = 0;
+  for (const EtcdKeyValue& kv : reports)
+    if (kv.key.substr(dir.size()) == node_id_) mine = kv.create_revision;
   for (const EtcdKeyValue& kv : reports) {
     const std::string node = kv.key.substr(dir.size());
     if (node == node_id_) continue;
+    if (mine > 0) {
+      if (kv.create_revision > 0 && kv.create_revision < mine) return true;
+      continue;
+    }
     const std::optional<uint64_t> at = ParseDecimal(kv.value);
     if (!at) continue;  // not one of ours
     if (*at < unix_ms || (*at == unix_ms && node < node_id_)) return true;

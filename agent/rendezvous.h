@@ -120,21 +120,29 @@ class Rendezvous {
   // Joins the job's current round (or the next one, when the current one closed without this
   // node) and waits until it closes. Aborted with the reason when the job gave up, or when `stop`
   // (polled) became true; Unavailable when too few nodes came within the join timeout.
-  Result<RoundPlan> Join(const ResumeOffer& offer, const std::function<bool()>& stop = nullptr);
+  // `waiting` (when given) hears what the round waits for ("1 of at least 2 nodes joined round 3")
+  // after 2 s without it forming, then every 10 s.
+  Result<RoundPlan> Join(const ResumeOffer& offer, const std::function<bool()>& stop = nullptr,
+                         const std::function<void(const std::string&)>& waiting = nullptr);
 
   // Moves the job past `round` (a restart decided here): the round the job is in afterwards,
-  // opened by this call or by another node's at the same time.
+  // opened by this call or by another node's at the same time. While etcd does not answer it
+  // waits, as long as a join would (join_timeout_seconds).
   Result<uint64_t> OpenNextRound(uint64_t round);
   // Ends the job on every node with `reason` (kept in etcd until the last agent leaves).
   Status GiveUp(const std::string& reason);
+  // Of `nodes` (of round `round`), those that reported no failure and did not finish: gone, or not
+  // failed (yet).
+  Result<std::vector<std::string>> NodesWithoutFailure(uint64_t round, const std::vector<std::string>& nodes);
 
   // A rank of this node failed at `unix_ms` (wall clock) in `round`: said in etcd
   // (rounds/R/failures/<node>, leased), so that a node whose ranks failed later, often because of
   // it (a peer's connection closed under them), can tell it was not first. Keeps the earliest.
   Status ReportFailure(uint64_t round, uint64_t unix_ms);
-  // Whether another node reported a failure in `round` before `unix_ms` (or at the same
-  // millisecond with a smaller node id). Relies on the nodes' clocks agreeing to well under the
-  // time a failure takes to reach a peer (NTP: milliseconds; a broken connection: tens of them).
+  // Whether another node reported a failure in `round` before this node did: by the order etcd
+  // created the reports (one clock for all nodes, whatever their wall clocks say); by the times
+  // they carry (before `unix_ms`, or at the same millisecond with a smaller node id) only when
+  // this node's own report is not there.
   Result<bool> FailedEarlierElsewhere(uint64_t round, uint64_t unix_ms);
 
   // What changed since the last call; never blocks.

@@ -21,6 +21,20 @@ void Timeline::RankExited(int rank) {
   if (rank >= 0 && rank < world()) ranks_[rank].alive = false;
 }
 
+void Timeline::MarkGap(int rank, uint64_t now_ns) {
+  if (rank < 0 || rank >= world()) return;
+  RankTimeline& r = ranks_[rank];
+  for (auto& [comm, records] : collectives_)
+    for (auto& [seq, rec] : records)
+      if (static_cast<size_t>(rank) < rec.end_ns.size() && rec.begin_ns[rank] != 0 && rec.end_ns[rank] == 0)
+        rec.end_ns[rank] = now_ns;
+  r.open.clear();
+  r.closed_early.clear();
+  r.step_open = false;
+  r.step_first_collective_ns = 0;
+  r.last_event_ns = std::max(r.last_event_ns, now_ns);
+}
+
 int Timeline::alive_count() const {
   return static_cast<int>(std::count_if(ranks_.begin(), ranks_.end(), [](const RankTimeline& r) { return r.alive; }));
 }
@@ -98,6 +112,7 @@ TimelineChange Timeline::Apply(int rank, const Event& e) {
     case EventType::kProcessStart:
       r.started = true;
       r.resumed_from = e.step;
+      r.resumed_source = e.seq <= 2 ? static_cast<trace::ResumeSource>(e.seq) : trace::ResumeSource::kUnknown;
       break;
     case EventType::kProcessExit:
       r.finished = true;

@@ -63,6 +63,7 @@ struct RankTimeline {
   bool started = false;   // kProcessStart seen
   bool finished = false;  // kProcessExit seen: an orderly end, no more steps expected
   uint64_t resumed_from = trace::kNoStep;  // kProcessStart's step
+  trace::ResumeSource resumed_source = trace::ResumeSource::kUnknown;  // kProcessStart's seq
   uint64_t events = 0;
   uint64_t last_event_ns = 0;  // the latest event time (heartbeats included); 0: none yet
   uint64_t step = trace::kNoStep;  // the last step begun
@@ -119,6 +120,11 @@ class Timeline {
   TimelineChange Apply(int rank, const trace::Event& event);
   // `rank`'s process ended (expected or not): it is no longer a live member of anything.
   void RankExited(int rank);
+  // Events of `rank` were lost (its ring was full: the agent stalled, or fell behind): what the
+  // timeline holds open for it is stale. Its open collectives and step are forgotten (in the
+  // collective records its part counts as ended at `now_ns`, unknown how), and it counts as heard
+  // from at `now_ns`; its next events open new ones. Detectors then judge only what they saw.
+  void MarkGap(int rank, uint64_t now_ns);
 
   int world() const { return static_cast<int>(ranks_.size()); }
   int rank_base() const { return rank_base_; }

@@ -96,6 +96,29 @@ TEST(TimelineTest, AnEndClosesItsCollectiveAndTheOlderOnesOfItsComm) {
   EXPECT_FALSE(t.Apply(0, Coll(EventType::kCollectiveEnd, 10, 99)).collective_closed.has_value());
 }
 
+// Issue 32, item 8: a rank whose events were lost (its ring was full) has stale open state: its
+// begun collectives and step would look hung forever. MarkGap forgets them and counts its part of
+// the collective records as ended, so only what is seen afterwards is judged.
+TEST(TimelineTest, AGapForgetsWhatTheRankHadOpenAndItsNextEventsOpenAgain) {
+  Timeline t;
+  t.Reset(2);
+  for (int r = 0; r < 2; ++r) {
+    t.Apply(r, Ev(EventType::kStepBegin, 1, 3));
+    t.Apply(r, Coll(EventType::kCollectiveBegin, 2, 1));
+  }
+  t.Apply(1, Coll(EventType::kCollectiveEnd, 3, 1));  // rank 0's End is among the lost events
+  t.MarkGap(0, 5000 * kMs);
+  EXPECT_TRUE(t.rank(0).open.empty());
+  EXPECT_FALSE(t.rank(0).step_open);
+  EXPECT_EQ(t.rank(0).last_event_ns, 5000 * kMs);
+  EXPECT_EQ(t.Collectives(0)->at(1).end_ns[0], 5000 * kMs);
+  EXPECT_TRUE(t.rank(1).step_open) << "another rank's state is its own";
+  t.Apply(0, Ev(EventType::kStepBegin, 5001, 9));
+  t.Apply(0, Coll(EventType::kCollectiveBegin, 5002, 40));
+  EXPECT_TRUE(t.rank(0).step_open);
+  EXPECT_EQ(t.rank(0).open.at(0).size(), 1u);
+}
+
 // Python ranks record an End when the user waits on the work, in any order: seq 1's End after
 // seq 2's still names seq 1's begin, marked as closed early (hang history leaves it out).
 TEST(TimelineTest, ALateEndStillFindsItsBegin) {

@@ -37,6 +37,17 @@ void JobHangDetector::Poll(const std::vector<RankProgress>& ranks, uint64_t now_
     for (uint32_t comm : s.comms) m.comms[comm] = CommProgress{};
     missing.push_back(std::move(m));
   }
+  // Ranks of the round never read at all (their node went before its first summary arrived) are
+  // members of the world too, as stale as the round is old.
+  if (round_began_ns_ == 0) round_began_ns_ = now_ns;
+  for (int rank = 0; rank < world_; ++rank) {
+    if (present.count(rank) || seen_.count(rank)) continue;
+    RankProgress m;
+    m.rank = rank;
+    m.summary_age_seconds = Seconds(now_ns - round_began_ns_);
+    m.comms[0] = CommProgress{};
+    missing.push_back(std::move(m));
+  }
   auto add = [&](const RankProgress& p) {
     if (!p.alive) {
       has_dead.insert(0);
@@ -115,6 +126,14 @@ void JobHangDetector::Poll(const std::vector<RankProgress>& ranks, uint64_t now_
       all_stale = all_stale && stale && (*p)->summary_age_seconds < stale_hold_seconds_;
     }
     if (all_stale) continue;
+    // Any member whose node stopped publishing may be the reason the others wait (it left the
+    // collective on its side, then its machine went): its lease decides before the waiting ranks
+    // are blamed.
+    const bool member_stale = std::any_of(list.begin(), list.end(), [&](const RankProgress* p) {
+      const bool stale = p->summary_age_seconds > kStaleSummarySeconds || !present.count(p->rank);
+      return stale && p->summary_age_seconds < stale_hold_seconds_;
+    });
+    if (member_stale) continue;
     a.message += " [job-wide view]";
     a.seq = front;
     a.comm = comm;

@@ -9,11 +9,13 @@
 // never began it; else those in it that never posted their part while others did; else (every
 // member in it and posted) all of them, no rank standing out. Reported once per collective.
 //
-// Members: every live rank for communicator 0 (the world), the ranks that ever reported it for
-// any other. A communicator with a dead member is left to the dead-rank detector.
+// Members: every live rank for communicator 0 (the world: every rank of the round, a rank never
+// read counting as one that began nothing, as stale as the round is old), the ranks that ever
+// reported it for any other. A communicator with a dead member is left to the dead-rank detector.
 //
-// A hang whose every culprit is known only from a summary that stopped coming (older than
-// kStaleSummarySeconds: its node published none since) is held for up to `stale_hold_seconds`:
+// A hang with any member known only from a summary that stopped coming (older than
+// kStaleSummarySeconds: its node published none since), culprit or not, is held for up to
+// `stale_hold_seconds`:
 // the node is likely gone, and its lease running out will name it node_lost, the right verdict;
 // a node that comes back, or outlives the hold, is judged as before. Ranks read before and
 // missing from a read (their node's summary is no longer read once its lease ran out) are members
@@ -42,10 +44,12 @@ class JobHangDetector {
   explicit JobHangDetector(double timeout_seconds, double stale_hold_seconds = 0)
       : timeout_ns_(static_cast<uint64_t>(timeout_seconds * 1e9)), stale_hold_seconds_(stale_hold_seconds) {}
 
-  // A new round: forget the previous one.
-  void Reset() {
+  // A new round of `world` ranks (0: not known): forget the previous one.
+  void Reset(int world = 0) {
     fronts_.clear();
     seen_.clear();
+    world_ = world;
+    round_began_ns_ = 0;
   }
 
   // The newest progress of every rank of the job, read at `now_ns`.
@@ -66,6 +70,8 @@ class JobHangDetector {
   const double stale_hold_seconds_;
   std::map<uint32_t, Front> fronts_;
   std::map<int, Seen> seen_;  // every rank read in this round
+  int world_ = 0;                // ranks of the round, read or not
+  uint64_t round_began_ns_ = 0;  // the first poll of the round
 };
 
 }  // namespace lifeline::agent

@@ -69,6 +69,40 @@ TEST(JobHangDetectorTest, CulpritsWhoseSummaryStoppedComingAreLeftToTheirLease) 
   EXPECT_EQ(out[0].ranks, std::vector<int>({2, 3}));
 }
 
+// Issue 32, item 10: node 1's ranks ended allreduce #110 on their side and their machine went;
+// node 0's ranks wait in it, every member having joined, and were blamed ("no rank stands out")
+// before node 1's lease ran out. A stale member holds the verdict as a stale culprit does.
+TEST(JobHangDetectorTest, WaitingRanksAreNotBlamedWhileAMemberSummaryStoppedComing) {
+  JobHangDetector d(5.0, /*stale_hold_seconds=*/12.0);
+  std::vector<RankProgress> job = {Rank(0, 0, 110, 110), Rank(1, 0, 110, 110), Rank(2, 1, 110, -1),
+                                   Rank(3, 1, 110, -1)};
+  std::vector<Anomaly> out;
+  for (int s = 0; s <= 11; ++s) {
+    job[2].summary_age_seconds = job[3].summary_age_seconds = s;
+    d.Poll(job, (100 + s) * kS, &out);
+  }
+  EXPECT_TRUE(out.empty()) << out[0].message;
+  job[2].summary_age_seconds = job[3].summary_age_seconds = 12.5;
+  d.Poll(job, 112 * kS + kS / 2, &out);
+  ASSERT_EQ(out.size(), 1u) << "judged once the hold is over";
+  EXPECT_EQ(out[0].ranks, std::vector<int>({0, 1}));
+}
+
+// A node that went before its first summary reached the leader: its ranks were not members at all,
+// and the ranks waiting for them were "every member joined". They are the world's members still.
+TEST(JobHangDetectorTest, RanksNeverReadAreMembersOfTheWorld) {
+  JobHangDetector d(5.0, /*stale_hold_seconds=*/12.0);
+  d.Reset(4);
+  const std::vector<RankProgress> job = {Rank(0, 0, 110, 110), Rank(1, 0, 110, 110)};
+  std::vector<Anomaly> out;
+  for (int s = 0; s <= 11; ++s) d.Poll(job, (100 + s) * kS, &out);
+  EXPECT_TRUE(out.empty()) << out[0].message;
+  d.Poll(job, 112 * kS + kS / 2, &out);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].ranks, std::vector<int>({2, 3}));
+  EXPECT_EQ(out[0].evidence["verdict"], "never_joined");
+}
+
 TEST(JobHangDetectorTest, TheRanksOwnTimeInTheCollectiveCountsNotOnlyWhenTheLeaderSawIt) {
   JobHangDetector d(5.0);
   std::vector<RankProgress> job = {Rank(0, 0, 110, 110), Rank(1, 1, 109, -1)};

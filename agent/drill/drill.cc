@@ -500,7 +500,9 @@ int Run(const Flags& flags, const Launch& l) {
                      " holds rank state '%s', expected '%s'\n", rank, r->step, value.c_str(), want.c_str());
     }
   }
-  trace::ProcessStart(resumed);
+  trace::ProcessStart(resumed, resumed == trace::kNoStep ? trace::ResumeSource::kUnknown
+                               : from_memory              ? trace::ResumeSource::kMemoryTier
+                                                          : trace::ResumeSource::kDisk);
   if (resumed == trace::kNoStep) {
     std::printf("rank %u starting fresh\n", rank);
   } else {

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "agent/etcd/etcd_test_server.h"
+#include "agent/rendezvous.h"
 
 namespace lifeline::agent {
 namespace {
@@ -142,4 +143,29 @@ TEST_F(EtcdClientServerTest, TheSameClientWorksAgainAfterEtcdRestarts) {
 }
 
 }  // namespace
+// Issue 32, item 11: which node failed first was decided by the times the nodes wrote, so a node
+// whose clock is 2 s behind saw its echo as the first failure. etcd's order decides now.
+TEST_F(EtcdClientServerTest, FailuresAreOrderedByEtcdNotByTheNodesClocks) {
+  RendezvousConfig config;
+  config.endpoint = server_.endpoint();
+  config.job = "skew";
+  config.host = "node-a";
+  auto a = Rendezvous::Connect(config);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  config.host = "node-b";
+  auto b = Rendezvous::Connect(config);
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  ASSERT_TRUE((*a)->ReportFailure(0, 5000).ok());  // first, by a clock 2 s ahead
+  ASSERT_TRUE((*b)->ReportFailure(0, 3000).ok());  // its echo, by a clock behind
+  Result<bool> b_earlier = (*b)->FailedEarlierElsewhere(0, 3000);
+  Result<bool> a_earlier = (*a)->FailedEarlierElsewhere(0, 5000);
+  ASSERT_TRUE(b_earlier.ok() && a_earlier.ok());
+  EXPECT_TRUE(*b_earlier) << "b's failure came second";
+  EXPECT_FALSE(*a_earlier) << "a's failure came first";
+  // Issue 32, item 10: a node of the round that reported nothing may be gone.
+  Result<std::vector<std::string>> silent = (*a)->NodesWithoutFailure(0, {(*b)->node_id(), "node-c:1:lost"});
+  ASSERT_TRUE(silent.ok()) << silent.status().ToString();
+  EXPECT_EQ(*silent, std::vector<std::string>{"node-c:1:lost"});
+}
+
 }  // namespace lifeline::agent

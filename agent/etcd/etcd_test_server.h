@@ -52,9 +52,15 @@ class EtcdTestServer {
       return;
     }
     dir_ = tmpl;
-    client_port_ = FreeLoopbackPort();
-    peer_port_ = FreeLoopbackPort();
-    Start();
+    // The ports were free a moment ago; another test may take one first, and etcd then exits at
+    // once: a new pair is tried (restarts keep the ports, which agents know).
+    for (int attempt = 0; attempt < 4; ++attempt) {
+      client_port_ = FreeLoopbackPort();
+      peer_port_ = FreeLoopbackPort();
+      Start();
+      if (ok()) break;
+      Stop();
+    }
   }
   ~EtcdTestServer() {
     Stop();
@@ -101,6 +107,11 @@ class EtcdTestServer {
     while (std::chrono::steady_clock::now() < deadline) {
       if (c.ok() && (*c)->Ping().ok()) {
         error_.clear();
+        return;
+      }
+      if (waitpid(pid_, nullptr, WNOHANG) == pid_) {  // it exited: a port taken, most likely
+        pid_ = -1;
+        error_ = "etcd exited at start on " + endpoint() + " (log: " + log + ")";
         return;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));

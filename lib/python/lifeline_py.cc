@@ -107,6 +107,7 @@ py::dict ProgressDict(const SaveProgress& p) {
   d["persist_seconds"] = p.persist_seconds;
   d["staged"] = p.staged;
   d["memory_tier"] = p.memory_tier;
+  d["memory_tier_note"] = p.memory_tier_note.empty() ? py::object(py::none()) : py::object(py::str(p.memory_tier_note));
   return d;
 }
 
@@ -571,7 +572,12 @@ PYBIND11_MODULE(_lifeline, m) {
   m.def("trace_collective_posted", [](uint64_t seq, uint32_t comm) { trace::CollectivePosted(seq, comm); });
   m.def("trace_collective_end", [](uint64_t seq, uint32_t comm) { trace::CollectiveEnd(seq, comm); });
   m.def("trace_heartbeat", [] { trace::Heartbeat(); });
-  m.def("trace_process_start", [](std::optional<uint64_t> step) { trace::ProcessStart(step ? *step : trace::kNoStep); });
+  m.def("trace_process_start", [](std::optional<uint64_t> step, const std::string& source) {
+    const trace::ResumeSource where = source == "memory" ? trace::ResumeSource::kMemoryTier
+                                      : source == "disk" ? trace::ResumeSource::kDisk
+                                                         : trace::ResumeSource::kUnknown;
+    trace::ProcessStart(step ? *step : trace::kNoStep, where);
+  }, py::arg("step"), py::arg("source") = "");
   m.def("trace_process_exit", [] { trace::ProcessExit(); });
   m.def("trace_dropped", [] { return trace::Dropped(); });
   m.def("trace_dump", [](const std::string& path, uint64_t max_events) {

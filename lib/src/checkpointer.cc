@@ -236,6 +236,7 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::Open(CheckpointerOptions opt
     LL_ASSIGN_OR_RETURN(m.tier, MemoryTier::OpenFor(m.env, o.memory_tier_directory, o.directory, m.run_hash, o.rank,
                                                     o.world_size, o.staging_slots));
     for (unsigned k = 0; m.tier != nullptr && k < o.staging_slots; ++k) shm_paths.push_back(m.tier->SlotPath(k));
+    if (m.tier != nullptr) trace::ReportMemoryTier(m.tier->root());
   }
   m.arena = std::make_unique<StagingArena>(o.staging_slots, o.staging_budget_bytes, std::move(shm_paths));
   m.slot_job.resize(o.staging_slots);
@@ -339,15 +340,22 @@ SaveTicket Checkpointer::Save(uint64_t step, const SaveRequest& request) {
     if (!reserved.ok()) {
       Log(LogLevel::kWarning, where + ": cannot stage the snapshot (" + reserved.ToString() +
                                   "); streaming it to disk instead, which blocks until it is written");
+      if (m.tier != nullptr)
+        job->NoteMemoryTier("cannot stage the snapshot in shared memory (" + reserved.ToString() +
+                            "): give the tier's file system (" + m.tier->root() +
+                            ") room for two snapshots, e.g. docker --shm-size or a Kubernetes emptyDir with medium: "
+                            "Memory");
       m.arena->Release(*slot);
       slot.reset();
     }
-  } else if (!m.warned_streaming) {
-    m.warned_streaming = true;
-    Log(LogLevel::kWarning, where + ": the snapshot (" + std::to_string(padded) + " bytes) exceeds a staging slot (" +
-                                std::to_string(m.arena->slot_limit()) +
-                                " bytes: staging_budget_bytes / staging_slots); streaming it to disk instead, which "
-                                "blocks until it is written");
+  } else {
+    const std::string why = "the snapshot (" + std::to_string(padded) + " bytes) exceeds a staging slot (" +
+                            std::to_string(m.arena->slot_limit()) + " bytes: staging_budget_bytes / staging_slots)";
+    if (m.tier != nullptr) job->NoteMemoryTier(why + ": it is streamed to disk, and not kept in memory");
+    if (!m.warned_streaming) {
+      m.warned_streaming = true;
+      Log(LogLevel::kWarning, where + ": " + why + "; streaming it to disk instead, which blocks until it is written");
+    }
   }
 
   const bool has_device = std::any_of(request.tensors.begin(), request.tensors.end(),
@@ -402,6 +410,7 @@ SaveTicket Checkpointer::Save(uint64_t step, const SaveRequest& request) {
         j.MarkMemoryTier();
       } else {
         Log(LogLevel::kWarning, "memory tier: step " + std::to_string(j.step) + " not published: " + s.ToString());
+        j.NoteMemoryTier("not published to the memory tier: " + s.ToString());
       }
     };
   }

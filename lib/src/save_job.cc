@@ -298,6 +298,11 @@ bool SaveJob::finished() const {
   return persisted_ || (phase_ == SavePhase::kFailed && copy_done_);
 }
 
+void SaveJob::NoteMemoryTier(std::string why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (memory_tier_note_.empty()) memory_tier_note_ = std::move(why);
+}
+
 SaveProgress SaveJob::Progress() const {
   SaveProgress p;
   p.step = step;
@@ -307,6 +312,7 @@ SaveProgress SaveJob::Progress() const {
   p.staged = staged_.load();
   p.memory_tier = memory_tier_.load();
   std::lock_guard<std::mutex> lock(mu_);
+  p.memory_tier_note = memory_tier_note_;
   p.phase = phase_;
   p.status = status_;
   p.bytes_stored = bytes_stored_;

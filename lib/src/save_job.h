@@ -123,6 +123,8 @@ class SaveJob {
   // A save not taken (BusyPolicy::kSkip, or refused before anything was read).
   void FinishWithoutCopy(Status status, SavePhase phase);
   void MarkMemoryTier() { memory_tier_.store(true); }
+  // Why a save of a Checkpointer with the memory tier on is not in it (SaveProgress).
+  void NoteMemoryTier(std::string why);
   void SetStaged(bool staged) { staged_.store(staged); }
 
   // ---- tickets ----
@@ -150,6 +152,7 @@ class SaveJob {
   std::atomic<uint64_t> bytes_copied_{0};
   std::atomic<int64_t> stall_ns_{0};
   std::atomic<bool> memory_tier_{false};
+  std::string memory_tier_note_;  // GUARDED_BY(mu_)
   std::atomic<bool> staged_{true};
   std::unique_ptr<std::atomic<uint32_t>[]> tensor_pending_;
   size_t num_tensors_ = 0;

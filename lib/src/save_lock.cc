@@ -1,7 +1,9 @@
 #include "lib/src/save_lock.h"
 
+#include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
 #include <ctime>
 #include <sstream>
@@ -40,8 +42,8 @@ std::string SaveLockHolder::Describe() const {
 }
 
 std::string EncodeSaveLockHolder(const SaveLockHolder& holder) {
-  return "run_id=" + OneLine(holder.run_id) + "\nhost=" + OneLine(holder.host) + "\npid=" + std::to_string(holder.pid) +
-         "\nsince=" + std::to_string(holder.since_unix) + "\n";
+  return "run_id=" + OneLine(holder.run_id) + "\njob=" + OneLine(holder.job) + "\nhost=" + OneLine(holder.host) +
+         "\npid=" + std::to_string(holder.pid) + "\nsince=" + std::to_string(holder.since_unix) + "\n";
 }
 
 SaveLockHolder DecodeSaveLockHolder(const std::string& text) {
@@ -53,6 +55,7 @@ SaveLockHolder DecodeSaveLockHolder(const std::string& text) {
     if (eq == std::string::npos) continue;
     const std::string key = line.substr(0, eq), value = line.substr(eq + 1);
     if (key == "run_id") h.run_id = value;
+    if (key == "job") h.job = value;
     if (key == "host") h.host = value;
     if (key == "pid") h.pid = std::strtoll(value.c_str(), nullptr, 10);
     if (key == "since") h.since_unix = std::strtoll(value.c_str(), nullptr, 10);
@@ -82,9 +85,11 @@ Result<std::unique_ptr<SaveLock>> SaveLock::Claim(Env* env, const std::string& d
   const std::string path = JoinPath(dir, kSaveLockFileName);
   if (rank != 0) {
     // Rank 0 of this launch may not have taken it yet, or not written its name: only a lock that
-    // names another launch refuses.
+    // names another launch, by a process that is alive as far as this host can tell, refuses.
     LL_ASSIGN_OR_RETURN(std::optional<SaveLockHolder> holder, FindSaveLockHolder(env, dir));
-    if (holder && !holder->run_id.empty() && holder->run_id != run_id) return DirectoryInUse(dir, *holder);
+    const bool gone = holder && holder->host == ThisHost() && holder->pid > 0 &&
+                      ::kill(static_cast<pid_t>(holder->pid), 0) != 0 && errno == ESRCH;
+    if (holder && !gone && !holder->run_id.empty() && holder->run_id != run_id) return DirectoryInUse(dir, *holder);
     return std::unique_ptr<SaveLock>(new SaveLock(nullptr));
   }
   Result<std::unique_ptr<FileLock>> lock = env->LockFile(path);
@@ -99,7 +104,9 @@ Result<std::unique_ptr<SaveLock>> SaveLock::Claim(Env* env, const std::string& d
   }
   if (lock.status().IsNotSupported()) return std::unique_ptr<SaveLock>(new SaveLock(nullptr));
   LL_RETURN_IF_ERROR(lock.status());
-  SaveLockHolder me{run_id, ThisHost(), static_cast<int64_t>(::getpid()), static_cast<int64_t>(std::time(nullptr))};
+  const char* job = std::getenv("LIFELINE_JOB");
+  SaveLockHolder me{run_id, job != nullptr ? job : "", ThisHost(), static_cast<int64_t>(::getpid()),
+                    static_cast<int64_t>(std::time(nullptr))};
   LL_RETURN_IF_ERROR((*lock)->SetHolder(EncodeSaveLockHolder(me)));
   return std::unique_ptr<SaveLock>(new SaveLock(std::move(*lock)));
 }

@@ -28,6 +28,7 @@ inline constexpr char kSaveLockFileName[] = "lifeline.lock";
 // The launch holding a directory's save lock, as its text says.
 struct SaveLockHolder {
   std::string run_id;  // CheckpointerOptions::run_id of that launch
+  std::string job;     // LIFELINE_JOB of its process (lifeline-agent's job id); "" without an agent
   std::string host;
   int64_t pid = 0;
   int64_t since_unix = 0;  // seconds since the epoch when it took the lock

@@ -119,8 +119,18 @@ void DumpTo(const Tracer& t, const char* path, uint64_t max_events) {
   errno = saved_errno;
 }
 
-void OnDumpSignal(int) {
+// The handler that was on the dump signal before ours (Python's faulthandler, which the agent's
+// start-up hook registers there to write the rank's Python stacks): called after the ring's dump.
+struct sigaction g_previous_dump_action{};
+
+void OnDumpSignal(int sig, siginfo_t* info, void* context) {
   if (g_state.load(std::memory_order_acquire) == 2) DumpTo(*g_tracer, g_tracer->dump_path, g_tracer->dump_events);
+  const struct sigaction& prev = g_previous_dump_action;
+  if ((prev.sa_flags & SA_SIGINFO) != 0) {
+    if (prev.sa_sigaction != nullptr) prev.sa_sigaction(sig, info, context);
+  } else if (prev.sa_handler != SIG_DFL && prev.sa_handler != SIG_IGN && prev.sa_handler != nullptr) {
+    prev.sa_handler(sig);
+  }
 }
 
 uint64_t EnvUint(const char* name, uint64_t fallback) {
@@ -143,14 +153,15 @@ void InstallDumpHandler(Tracer* t, const std::string& dir) {
   std::memcpy(t->dump_path, path.c_str(), path.size() + 1);
   struct sigaction old{};
   if (sigaction(static_cast<int>(sig), nullptr, &old) != 0) return;
-  if (old.sa_handler != SIG_DFL || (old.sa_flags & SA_SIGINFO) != 0) {
-    Log(LogLevel::kInfo, "trace: signal " + std::to_string(sig) + " already has a handler; no dumps on it");
+  if ((old.sa_flags & SA_SIGINFO) == 0 && old.sa_handler == SIG_IGN) {
+    Log(LogLevel::kInfo, "trace: signal " + std::to_string(sig) + " is ignored by the process; no dumps on it");
     return;
   }
+  g_previous_dump_action = old;  // a handler already there runs after the dump
   struct sigaction sa{};
-  sa.sa_handler = OnDumpSignal;
+  sa.sa_sigaction = OnDumpSignal;
   sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESTART;
+  sa.sa_flags = SA_RESTART | SA_SIGINFO;
   if (sigaction(static_cast<int>(sig), &sa, nullptr) == 0) t->ring->header()->dump_signal = static_cast<int32_t>(sig);
 }
 
@@ -275,13 +286,14 @@ void Heartbeat() {
   Emit(t, e);
 }
 
-void ProcessStart(uint64_t resumed_step) {
+void ProcessStart(uint64_t resumed_step, ResumeSource source) {
   Tracer* t = Get();
   if (t == nullptr) return;
   Event e;
   e.type = EventType::kProcessStart;
   e.step = resumed_step;
   e.aux = static_cast<uint64_t>(getpid());
+  e.seq = static_cast<uint64_t>(source);
   Emit(t, e);
 }
 
@@ -308,6 +320,15 @@ void ReportCheckpointDirectory(const std::string& directory) {
   if (Env::Default()->FileExists(path)) return;
   // Already there (another rank won the race) is the normal outcome of all but one rank.
   WriteFileAtomically(Env::Default(), path, absolute, /*replace=*/false).IgnoreError();
+}
+
+void ReportMemoryTier(const std::string& root) {
+  Tracer* t = Get();
+  const char* agent = getenv("LIFELINE_AGENT");
+  if (t == nullptr || agent == nullptr || root.empty()) return;
+  const std::string path = JoinPath(agent, kMemoryTierFile);
+  if (Env::Default()->FileExists(path)) return;
+  WriteFileAtomically(Env::Default(), path, root, /*replace=*/false).IgnoreError();
 }
 
 void Record(const Event& event) {

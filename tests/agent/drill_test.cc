@@ -3,11 +3,13 @@
 // right kind, restart when the policy says so, and the job must end with the same parameters as
 // a run without faults.
 #include <sys/wait.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <regex>
 #include <string>
@@ -183,6 +185,53 @@ TEST_F(DrillTest, ALongCleanRunWithJitterRaisesNoAnomaly) {
 
 // The control socket of a running agent answers status and dump; the YAML config's policy is
 // applied (straggler -> dump), and the ranks' dumps hold their last trace events.
+// Issue 32, item 8: an agent stalled long enough for its rings to fill (SIGSTOP here; swapped out,
+// starved of CPU in real life) found collectives whose ends it had lost still open, and restarted a
+// healthy job for a hang. Now the lost events are said (events_lost, with the count) and the ranks'
+// stale open state is dropped: no anomaly, no restart, the job ends like a clean one.
+TEST_F(DrillTest, AnAgentThatStalledAndLostEventsRaisesNoFalseHang) {
+  const std::string config = dir_ + "/small-rings.yaml";
+  std::ofstream(config) << "ring_events: 64\n";
+  const std::string log = dir_ + "/stall.events.jsonl";
+  const std::string out = dir_ + "/stall.out";
+  const std::string cmd = std::string("exec ") + LIFELINE_AGENT_BIN + " run --nproc 2 --hang-timeout 2 --config " +
+                          config + " --events-log " + log + " -- " + LIFELINE_DRILL_BIN + " --dir " + dir_ +
+                          "/stall.ckpt --steps 4000 --ckpt-every 1000 --compute-ms 2 > " + out + " 2>&1";
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  // Once the ranks are stepping, the agent stops reading for 5 s: far more than 64 events each.
+  for (int i = 0; i < 400; ++i) {
+    std::ifstream o(out);
+    std::string text((std::istreambuf_iterator<char>(o)), std::istreambuf_iterator<char>());
+    if (text.find("checkpoint step=1000") != std::string::npos) break;
+    usleep(25000);
+  }
+  ASSERT_EQ(kill(pid, SIGSTOP), 0);
+  sleep(5);
+  ASSERT_EQ(kill(pid, SIGCONT), 0);
+  int wstatus = 0;
+  ASSERT_EQ(waitpid(pid, &wstatus, 0), pid);
+  std::ifstream o(out);
+  const std::string output((std::istreambuf_iterator<char>(o)), std::istreambuf_iterator<char>());
+  ASSERT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) << output;
+  std::ifstream in(log);
+  int lost = 0;
+  for (std::string line; std::getline(in, line);) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    EXPECT_NE(j.value("kind", ""), "hang") << line;
+    EXPECT_NE(j.value("action", ""), "restart") << line;
+    if (j.value("action", "") == "events_lost") {
+      ++lost;
+      EXPECT_GT(j["dropped"].get<uint64_t>(), 0u) << line;
+    }
+  }
+  EXPECT_GE(lost, 1) << "the lost events were not said";
+}
+
 TEST_F(DrillTest, ControlSocketAndConfigFileDriveARunningAgent) {
   const std::string run_dir = dir_ + "/run";
   const std::string config = dir_ + "/agent.yaml";

@@ -154,7 +154,7 @@ class MultiNodeTest : public ::testing::Test {
   // Lets job `name` train past a checkpoint, then loses node 1 (agent `agent`, its 2 ranks) as a
   // machine would be lost: SIGKILL to all. *lost: node 0's node_lost anomaly, which must come
   // within the 3-second lease and a few polls.
-  void LoseNode(const std::string& name, pid_t agent, std::optional<nlohmann::json>* lost) {
+  void LoseNode(const std::string& name, pid_t agent, std::optional<nlohmann::json>* lost, int within_seconds = 10) {
     std::vector<int> ranks;
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
     while (std::chrono::steady_clock::now() < deadline) {
@@ -183,7 +183,7 @@ class MultiNodeTest : public ::testing::Test {
     }
     ASSERT_TRUE(lost->has_value()) << "no node_lost within 30 s";
     EXPECT_EQ((**lost)["ranks"], nlohmann::json::array({2, 3})) << (*lost)->dump();
-    EXPECT_LT(std::chrono::steady_clock::now() - lost_at, std::chrono::seconds(10)) << "lease 3 s";
+    EXPECT_LT(std::chrono::steady_clock::now() - lost_at, std::chrono::seconds(within_seconds)) << "the lease's time";
   }
 
   // Starts nodes 0 and 1 of job `name` with a 3 s lease, so that a lost node is noticed quickly;
@@ -209,6 +209,23 @@ class MultiNodeTest : public ::testing::Test {
     Read(name, 2, replacement_run);
     ASSERT_EQ(survivor_run->exit_code, 0) << survivor_run->output;
     ASSERT_EQ(replacement_run->exit_code, 0) << replacement_run->output;
+  }
+
+  // Makes the disk copies of steps from `from_step` on look never finished to node `node`'s memory
+  // tier, as the tests that delete those steps from the disk mean it: a rank marks its snapshot
+  // once its disk copy is published (and a tier snapshot whose disk copy was then deleted is not
+  // offered again), so the marks of writes that "never finished" go too.
+  void ForgetDiskCopies(const std::string& name, int node, uint64_t from_step) {
+    const std::string tier = dir_ + "/" + name + ".tier." + std::to_string(node);
+    std::vector<std::filesystem::path> marks;
+    for (const auto& e : std::filesystem::recursive_directory_iterator(tier)) {
+      const std::string file = e.path().filename().string();
+      const std::string step = e.path().parent_path().filename().string();
+      if (file.size() > 8 && file.compare(file.size() - 8, 8, ".on-disk") == 0 && step.rfind("step-", 0) == 0 &&
+          std::stoull(step.substr(5)) >= from_step)
+        marks.push_back(e.path());
+    }
+    for (const auto& m : marks) std::filesystem::remove(m);
   }
 
   testing::EtcdTestServer etcd_;
@@ -479,6 +496,31 @@ TEST_F(MultiNodeTest, ALostNodeIsNamedWithItsRanksAndAReplacementResumesTheJob) 
   EXPECT_TRUE(JobKeys("lost").empty());
 }
 
+// Issue 32, item 10: with the default 10 s lease, the survivor's ranks are left waiting in their
+// collective (the drill's wait to be stopped; gloo's raise, for a Python rank, is held as an echo:
+// HoldFailureEchoes) and the leader blamed them ("every member joined") before node 1's lease ran
+// out: node 1 had gone before its first summary arrived, so its ranks were not even members. They
+// are, and the verdict waits for the lease: node_lost names the culprit, alone.
+TEST_F(MultiNodeTest, WithTheDefaultLeaseALostNodeIsTheCulpritNotTheSurvivorsRank) {
+  const std::string steps = "--steps 1500 --ckpt-every 50 --compute-ms 2";
+  const auto single = SingleNodeFinals(steps);
+  const std::string config = dir_ + "/default-lease.yaml";
+  std::ofstream(config) << "rendezvous:\n  join_timeout_seconds: 120\n";  // lease: the default
+  const std::string flags = "--max-restarts 2 --config " + config;
+  const pid_t survivor = Spawn(AgentCommand("lease", 0, "lease", flags + " --node-rank 0", steps), Out("lease", 0));
+  const pid_t victim = Spawn(AgentCommand("lease", 1, "lease", flags + " --node-rank 1", steps), Out("lease", 1));
+  std::optional<nlohmann::json> lost;
+  ASSERT_NO_FATAL_FAILURE(LoseNode("lease", victim, &lost, /*within_seconds=*/20));  // 10 s lease
+  NodeRun a, b;
+  ASSERT_NO_FATAL_FAILURE(RunReplacement("lease", flags, steps, survivor, &a, &b));
+  ASSERT_EQ(a.anomalies.size(), 1u) << Dump(a.anomalies);
+  EXPECT_EQ(a.anomalies[0]["kind"], "node_lost") << a.anomalies[0].dump();
+  EXPECT_EQ(a.anomalies[0]["ranks"], nlohmann::json::array({2, 3})) << a.anomalies[0].dump();
+  std::map<int, std::string> finals = a.finals;
+  finals.insert(b.finals.begin(), b.finals.end());
+  EXPECT_EQ(finals, single);
+}
+
 // The lost node's snapshots live on in its peer's memory: node 1's ranks replicate step S to node 0;
 // node 1 (agent and ranks) is SIGKILLed and the disk loses every step from S on (as if those
 // writes never finished). The replacement, whose memory is empty, receives step S from node 0
@@ -523,6 +565,7 @@ TEST_F(MultiNodeTest, AReplacementResumesFromTheLostNodesReplicaInItsPeersMemory
     const std::string name = e.path().filename().string();
     if (name.rfind("step-", 0) == 0 && std::stoll(name.substr(5)) >= replicated) std::filesystem::remove_all(e.path());
   }
+  ForgetDiskCopies("peer", 0, static_cast<uint64_t>(replicated));
   NodeRun a, b;
   ASSERT_NO_FATAL_FAILURE(RunReplacement("peer", flags, steps, survivor, &a, &b));
   const std::string resumed = "resumed from step " + std::to_string(replicated) + " (memory tier)";
@@ -608,6 +651,7 @@ TEST_F(MultiNodeTest, AReplicaDamagedInTransitIsRefusedAndTheJobFallsBackToDiskS
     else kept = std::max<uint64_t>(kept, std::stoull(name.substr(5)));
   }
   ASSERT_EQ(kept, 50u);
+  ForgetDiskCopies("damaged", 0, 100);
   NodeRun a, b;
   ASSERT_NO_FATAL_FAILURE(RunReplacement("damaged", flags, steps, survivor, &a, &b));
   int fallbacks = 0;
@@ -702,6 +746,78 @@ TEST_F(MultiNodeTest, AnEtcdRestartDuringTheJobIsSurvived) {
   }
   EXPECT_EQ(finals, single);
   EXPECT_TRUE(JobKeys("etcd").empty());
+}
+
+// Issue 32, item 7: etcd away while a node restarts the job ended that node ("cannot open the next
+// round in etcd"): its retry lasted one lease. Here rank 1 hangs at step 201; etcd goes away as step
+// 200 is saved and stays away 14 s, so the hang (named after 5 s) is acted on while etcd is gone,
+// for longer than the 10 s lease. The restart waits for etcd and the job ends like one node.
+TEST_F(MultiNodeTest, AnEtcdRestartDuringARestartIsSurvived) {
+  const std::string steps = "--steps 400 --ckpt-every 100 --compute-ms 2";
+  const auto single = SingleNodeFinals(steps);
+  std::vector<pid_t> pids;
+  for (int node = 0; node < 2; ++node)
+    pids.push_back(Spawn(AgentCommand("blip", node, "blip", "--max-restarts 2", steps + " --fault hang@1:201"),
+                         Out("blip", node)));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  for (bool saved = false; !saved && std::chrono::steady_clock::now() < deadline;) {
+    NodeRun so_far;
+    Read("blip", 0, &so_far);
+    saved = so_far.output.find("checkpoint step=200") != std::string::npos;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  etcd_.Stop();
+  std::this_thread::sleep_for(std::chrono::seconds(14));
+  etcd_.Start();
+  ASSERT_TRUE(etcd_.ok()) << etcd_.error();
+  std::map<int, std::string> finals;
+  for (int node = 0; node < 2; ++node) {
+    NodeRun r;
+    r.exit_code = WaitFor(pids[node], 120);
+    Read("blip", node, &r);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(Count(r.actions, "action", "give_up"), 0) << Dump(r.actions);
+    finals.insert(r.finals.begin(), r.finals.end());
+  }
+  EXPECT_EQ(finals, single);
+  EXPECT_TRUE(JobKeys("blip").empty());
+}
+
+// Issue 32, item 14: ranks whose LIFELINE_MEMORY_TIER_DIR differs from their agent's were never
+// replicated, and nothing said so. The agent now says it, naming both tiers.
+TEST_F(MultiNodeTest, RanksKeepingTheirTierWhereTheAgentDoesNotLookAreSaid) {
+  tell_checkpoint_dir_ = false;  // replication starts from what the ranks report
+  const std::string steps = "--steps 60 --ckpt-every 20 --compute-ms 10";
+  std::vector<pid_t> pids;
+  for (int node = 0; node < 2; ++node) {
+    std::string cmd = AgentCommand("blind", node, "blind", "", steps);
+    const size_t drill = cmd.find(LIFELINE_DRILL_BIN);
+    cmd.insert(drill, "env LIFELINE_MEMORY_TIER_DIR=" + dir_ + "/elsewhere." + std::to_string(node) + " ");
+    pids.push_back(Spawn(cmd, Out("blind", node)));
+  }
+  for (int node = 0; node < 2; ++node) {
+    NodeRun r;
+    r.exit_code = WaitFor(pids[node], 120);
+    Read("blind", node, &r);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    ASSERT_EQ(Count(r.actions, "action", "replication_blind"), 1) << Dump(r.actions);
+    for (const auto& a : r.actions)
+      if (a.value("action", "") == "replication_blind")
+        EXPECT_NE(a["ranks_tier"].get<std::string>().find("/elsewhere."), std::string::npos) << a.dump();
+    EXPECT_NE(r.output.find("LIFELINE_MEMORY_TIER_DIR differs between the agent and its ranks"), std::string::npos);
+  }
+}
+
+// Issue 32, item 10: an agent whose round lacks nodes waited up to the join timeout without a word.
+TEST_F(MultiNodeTest, AnAgentWaitingForNodesSaysSo) {
+  const std::string config = dir_ + "/short-join.yaml";
+  std::ofstream(config) << "rendezvous:\n  join_timeout_seconds: 6\n";
+  const int rc = WaitFor(Spawn(AgentCommand("alone", 0, "alone", "--config " + config, "--steps 10"), Out("alone", 0)), 60);
+  NodeRun r;
+  Read("alone", 0, &r);
+  EXPECT_NE(rc, 0) << r.output;
+  EXPECT_GE(Count(r.actions, "action", "waiting_for_nodes"), 1) << Dump(r.actions);
+  EXPECT_NE(r.output.find("waiting for nodes: 1 of at least 2 nodes joined round 0"), std::string::npos) << r.output;
 }
 
 TEST_F(MultiNodeTest, AnUnreachableEtcdIsAClearErrorNamingTheEndpoint) {

@@ -33,10 +33,14 @@ launches="$(grep -c '"action":"launch"' "$events")"
 grep -q 'failed before its first step the same way' "$events" || fail "no reason given: $(cat "$events")"
 grep -q 'No module named torchvisionx' "$events" || fail "the reason does not quote the rank's last line"
 
-port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
-python3 -c "import socket,time; s=socket.socket(); s.bind(('127.0.0.1',$port)); s.listen(); time.sleep(60)" &
+# The port comes from the kernel, to the process that holds it: no window for another test to take it.
+portfile="$(mktemp)"
+python3 -c "import socket,time; s=socket.socket(); s.bind(('127.0.0.1',0)); s.listen(); print(s.getsockname()[1], flush=True); time.sleep(60)" >"$portfile" &
 holder=$!
-sleep 0.3
+for _ in $(seq 1 100); do [ -s "$portfile" ] && break; sleep 0.05; done
+port="$(cat "$portfile")"
+rm -f "$portfile"
+[ -n "$port" ] || fail "the port holder did not start"
 set +e
 out="$("$agent" run --nproc 1 --metrics-addr "127.0.0.1:$port" -- true 2>&1)"
 rc=$?

@@ -9,6 +9,7 @@ report a hang naming rank 1 in that all-reduce, restart both ranks, and see them
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -80,6 +81,19 @@ class AgentSupervisesPython(unittest.TestCase):
         self.assertFalse([e for e in lines if e.get("kind") not in (None, "hang")], lines)
         # Sum over steps 1..30 of 2*step, whatever the interruption.
         self.assertIn("[rank 0] final 930.0", r.stdout)
+        # Before killing it, the agent asked the hung rank for its last events and its Python
+        # stack; both are kept after the agent ends (issue 32, item 14).
+        kept = re.search(r"dumps \(ring events, Python stacks\) are kept in (\S+)", r.stderr)
+        self.assertIsNotNone(kept, r.stderr)
+        self.addCleanup(shutil.rmtree, kept.group(1), True)
+        names = os.listdir(kept.group(1))
+        stacks = [n for n in names if n.startswith("stack.1.")]
+        self.assertEqual(len(stacks), 1, names)
+        with open(os.path.join(kept.group(1), stacks[0])) as f:
+            stack = f.read()
+        self.assertIn("rank.py", stack)
+        self.assertIn("line 17", stack)  # time.sleep(3600), where rank 1 hung
+        self.assertTrue([n for n in names if n.startswith("dump.1.")], names)
 
 
 HOLDER_SCRIPT = textwrap.dedent("""
@@ -168,6 +182,64 @@ class TwoJobsInOneDirectory(unittest.TestCase):
                            timeout=60)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         self.assertFalse(os.path.isdir(os.path.join(self.ckpt, "step-00000000000000000009")))
+
+
+RESUMING_SCRIPT = textwrap.dedent("""
+    import os, sys, torch, lifeline
+    c = lifeline.Checkpointer(sys.argv[1], memory_tier=True)
+    w = {"w": torch.zeros(8)}
+    start = c.load(w) or 0
+    for step in range(start + 1, 8):
+        with lifeline.trace.step(step):
+            if step == 7 and os.environ.get("LIFELINE_RESTART") == "0" and sys.argv[2] == "crash":
+                os._exit(1)  # a crash: the memory tier keeps step 5
+            w["w"] += 1
+            if step % 5 == 0:
+                c.save(step, w).wait()
+    c.close()
+""")
+
+
+class ResumeIsSaidTruly(unittest.TestCase):
+    """Issue 32, item 14: the events log said "source": "disk" for ranks that loaded from memory, and
+    a script whose checkpoint path was mistyped started from scratch without a word."""
+
+    def setUp(self):
+        base = os.environ.get("LIFELINE_TEST_TMPDIR", "/var/tmp")
+        self.dir = tempfile.mkdtemp(prefix="lifeline-resume-words-", dir=base)
+        self.script = os.path.join(self.dir, "job.py")
+        with open(self.script, "w") as f:
+            f.write(RESUMING_SCRIPT)
+        self.env = dict(os.environ, LIFELINE_MEMORY_TIER_DIR=os.path.join(self.dir, "shm"))
+
+    def tearDown(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def run_agent(self, name, script_dir, mode):
+        events = os.path.join(self.dir, name + ".jsonl")
+        r = subprocess.run([os.path.join(os.environ["LIFELINE_BIN"], "lifeline-agent"), "run", "--nproc", "1",
+                            "--master-port", "0", "--max-restarts", "1", "--checkpoint-dir",
+                            os.path.join(self.dir, "ckpt"), "--events-log", events, "--", sys.executable, self.script,
+                            script_dir, mode], capture_output=True, text=True, timeout=240, env=self.env)
+        with open(events) as f:
+            return r, [json.loads(l) for l in f if l.strip()]
+
+    def test_the_source_is_where_the_ranks_loaded_from_and_a_wrong_path_is_said(self):
+        r, lines = self.run_agent("crash", os.path.join(self.dir, "ckpt"), "crash")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        resumed = [e for e in lines if e.get("action") == "resumed"]
+        self.assertEqual(len(resumed), 1, lines)
+        self.assertEqual(resumed[0]["resumed_from_checkpoint"], 5)
+        # Disk and memory both hold step 5; the Checkpointer reads memory first, and the log says so.
+        self.assertEqual(resumed[0]["source"], "memory", resumed[0])
+
+        r, lines = self.run_agent("typo", os.path.join(self.dir, "ckpt-typo"), "clean")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        said = [e for e in lines if e.get("action") == "resume_mismatch"]
+        self.assertEqual(len(said), 1, lines)
+        self.assertEqual(said[0]["expected_step"], 5, said[0])
+        self.assertIn("ckpt-typo", said[0]["opened_directory"])
+        self.assertIn("is the script's checkpoint path right?", r.stderr)
 
 
 if __name__ == "__main__":

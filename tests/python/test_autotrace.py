@@ -394,6 +394,33 @@ class AutoTrace(unittest.TestCase):
                 evs = [json.loads(l) for l in f if l.strip()]
             self.assertEqual([e["step"] for e in evs if e["type"] == "step_end"], [first, first + 1], evs)
 
+    # Issue 32, item 14: a script counting steps from 1 (as torchtitan does) saw hangs named one
+    # step less than its own. Its first save tells the clock its numbering.
+    def test_a_script_counting_from_one_gets_its_own_step_numbers_after_its_first_save(self):
+        script = self.script("""
+            import os, sys, torch, torch.distributed as dist
+            import lifeline
+            rank = int(os.environ["RANK"])
+            dist.init_process_group("gloo")
+            model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            ckpt = lifeline.Checkpointer(sys.argv[1] + "/ckpt", rank=rank, world_size=2)
+            for step in range(1, 5):
+                opt.zero_grad()
+                model(torch.ones(3, 4)).sum().backward()
+                opt.step()
+                if step % 2 == 0:
+                    ckpt.save(step, {"w": lifeline.Shard(model.module.weight.detach().clone(), replica=(rank, 2))})
+            ckpt.close()
+            lifeline.trace.dump(sys.argv[1] + f"/events.{rank}.jsonl")
+            dist.destroy_process_group()
+        """)
+        rc, out, _, _ = self.agent([PYTHON, script, self.dir])
+        self.assertEqual(rc, 0, out)
+        with open(os.path.join(self.dir, "events.0.jsonl")) as f:
+            evs = [json.loads(l) for l in f if l.strip()]
+        self.assertEqual([e["step"] for e in evs if e["type"] == "step_end"], [0, 1, 3, 4], evs)
+
     def test_user_sitecustomize_still_runs_and_plain_python_pays_nothing(self):
         user = os.path.join(self.dir, "user_site")
         os.makedirs(user)

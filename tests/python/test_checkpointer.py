@@ -229,6 +229,24 @@ class Failures(unittest.TestCase):
     def tearDown(self):
         shutil.rmtree(self.dir, ignore_errors=True)
 
+    def test_names_and_paths_that_are_not_utf8(self):
+        # Issue 32, item 14: such a name got pybind11's "incompatible function arguments".
+        odd = os.fsdecode(b"run-\xff")  # undecodable bytes, as os.listdir gives them back
+        c = lifeline.Checkpointer(os.path.join(self.dir, odd), rank=0, world_size=1)
+        with self.assertRaises(ValueError) as e:
+            c.save(1, {"w": torch.ones(4), odd: torch.zeros(2)})
+        self.assertIn("is not valid UTF-8", str(e.exception))
+        self.assertIn("run-", str(e.exception))
+        # The directory itself is fine: a path is bytes to the OS.
+        c.save(2, {"w": torch.ones(4)}).wait()
+        c.close()
+        self.assertTrue(os.path.isdir(os.path.join(os.fsencode(self.dir), b"run-\xff", b"step-00000000000000000002")))
+        back = {"w": torch.zeros(4)}
+        c = lifeline.Checkpointer(os.path.join(os.fsencode(self.dir), b"run-\xff"), rank=0, world_size=1)
+        self.assertEqual(c.load(back), 2)
+        self.assertTrue(torch.equal(back["w"], torch.ones(4)))
+        c.close()
+
     def test_directory_that_cannot_be_created(self):
         blocker = os.path.join(self.dir, "file")
         open(blocker, "w").close()
@@ -394,10 +412,32 @@ class MemoryTierHygiene(unittest.TestCase):
         dry = self.tier("gc", "--dry-run")
         self.assertEqual(len(dry["removed_roots"]), 1)
         self.assertEqual(len(self.tier("ls")["roots"]), 1)
-        freed = self.tier("gc")
+        freed = self.tier("gc")  # (see below for what is left)
         self.assertEqual([x["root"] for x in freed["removed_roots"]], [roots[0]["root"]])
         self.assertGreater(freed["bytes_freed"], 4096 * 4)
         self.assertEqual(self.tier("ls")["roots"], [])
+
+    def test_a_memory_tier_too_small_for_the_snapshot_is_said(self):
+        # A container's /dev/shm is 64 MB: the tier then held nothing, and nobody said so.
+        shm = os.path.join(self.base, "small-shm")
+        os.makedirs(shm)
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", shm], capture_output=True, text=True)
+        if r.returncode != 0:
+            self.skipTest("cannot mount a small tmpfs: " + r.stderr.strip())
+        try:
+            env = dict(self.env, LIFELINE_MEMORY_TIER_DIR=shm)
+            r = subprocess.run([sys.executable, "-c", "import torch, lifeline\n"
+                                f"c = lifeline.Checkpointer({self.dir!r}, memory_tier=True)\n"
+                                "c.save(1, {'w': torch.ones(1024, 1024)}).wait()\n"
+                                "c.save(2, {'w': torch.ones(1024, 1024)}).wait()\n"
+                                "c.close()\n"], capture_output=True, text=True, env=env, timeout=120)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertEqual(r.stderr.count("is not in the memory tier"), 1, r.stderr)
+            self.assertIn("step 1 is not in the memory tier: cannot stage the snapshot in shared memory", r.stderr)
+            self.assertIn("shared memory is full", r.stderr)
+        finally:
+            subprocess.run(["umount", shm])
+
 
 if __name__ == "__main__":
     unittest.main()

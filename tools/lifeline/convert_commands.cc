@@ -432,6 +432,29 @@ struct TensorDiff {
   int64_t first_index = -1; // row-major index of the first differing element
 };
 
+// "" when the two metadata texts are the same JSON document (or the same text); else where they
+// first differ: "key 'lr': A 0.1, B 0.2", "key 'x' only in A", or both texts when not JSON.
+std::string DescribeJsonDifference(const std::string& a, const std::string& b) {
+  if (a == b) return "";
+  const nlohmann::json ja = nlohmann::json::parse(a.empty() ? "null" : a, nullptr, false);
+  const nlohmann::json jb = nlohmann::json::parse(b.empty() ? "null" : b, nullptr, false);
+  auto shorten = [](std::string v) { return v.size() > 80 ? v.substr(0, 77) + "..." : v; };
+  if (ja.is_discarded() || jb.is_discarded())
+    return "A is '" + shorten(a) + "', B is '" + shorten(b) + "'";
+  if (ja == jb) return "";
+  const nlohmann::json patch = nlohmann::json::diff(ja, jb);
+  if (patch.empty()) return "";
+  const nlohmann::json& first = patch[0];
+  const std::string path = first.value("path", "");
+  const std::string where = path.empty() ? "the document" : "'" + path + "'";
+  const std::string op = first.value("op", "");
+  if (op == "add") return where + " only in B";
+  if (op == "remove") return where + " only in A";
+  const nlohmann::json::json_pointer pointer(path);
+  return where + ": A " + shorten(ja.at(pointer).dump()) + ", B " + shorten(jb.at(pointer).dump()) +
+         (patch.size() > 1 ? " (and " + std::to_string(patch.size() - 1) + " more)" : "");
+}
+
 int RunDiff(const DiffArgs& d) {
   constexpr const char* kCommand = "diff";
   Result<uint64_t> budget = OptionalByteSize(d.memory_budget, "--memory-budget");
@@ -535,7 +558,9 @@ int RunDiff(const DiffArgs& d) {
   for (const SourceObject& o : B.objects())
     if (!obj_seen.count({o.rank, o.name}))
       objects_differing.push_back("rank " + std::to_string(o.rank) + " '" + o.name + "' missing in A");
-  const bool metadata_differs = A.metadata_json() != B.metadata_json();
+  // Metadata is JSON: the same document written with other spacing or key order is the same.
+  const std::string metadata_difference = DescribeJsonDifference(A.metadata_json(), B.metadata_json());
+  const bool metadata_differs = !metadata_difference.empty();
 
   const bool same = missing_in_a.empty() && missing_in_b.empty() && mismatched.empty() && differing.empty() &&
                     objects_differing.empty() && !metadata_differs;
@@ -549,7 +574,7 @@ int RunDiff(const DiffArgs& d) {
                {"identical", same}, {"tensors_compared", pairs.size()}, {"tensors_identical", identical},
                {"bytes_compared", total}, {"differing", diffs}, {"missing_in_a", missing_in_a},
                {"missing_in_b", missing_in_b}, {"mismatched", mismatched}, {"objects_differing", objects_differing},
-               {"metadata_differs", metadata_differs}});
+               {"metadata_differs", metadata_differs}, {"metadata_difference", metadata_difference}});
   } else {
     for (const std::string& n : missing_in_b) std::cout << "only in A: '" << n << "'\n";
     for (const std::string& n : missing_in_a) std::cout << "only in B: '" << n << "'\n";
@@ -564,11 +589,12 @@ int RunDiff(const DiffArgs& d) {
       std::cout << ", first at index " << td.first_index << "\n";
     }
     for (const std::string& o : objects_differing) std::cout << "object " << o << "\n";
-    if (metadata_differs) std::cout << "metadata differs\n";
+    if (metadata_differs) std::cout << "metadata differs: " << metadata_difference << "\n";
     std::cout << (same ? "identical" : "different") << ": " << identical << " of " << pairs.size()
               << " common tensors identical (" << FormatByteSize(total) << " compared), " << missing_in_b.size()
               << " only in A, " << missing_in_a.size() << " only in B, " << mismatched.size()
-              << " with another dtype or shape\n";
+              << " with another dtype or shape, " << objects_differing.size() << " per-rank object(s) differing, "
+              << (metadata_differs ? "metadata differing" : "metadata identical") << "\n";
   }
   return same ? kExitOk : kExitFailed;
 }

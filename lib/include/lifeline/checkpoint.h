@@ -323,6 +323,10 @@ struct LIFELINE_EXPORT SaveProgress {
   double persist_seconds = 0;       // from Save to this rank's index being durable
   bool staged = true;               // false: too large for the arena, streamed straight to disk
   bool memory_tier = false;         // published to the memory tier
+  // With the memory tier on, why this save is not in it ("" when it is, or is still being
+  // copied): shared memory too small for its staging slot (a container's 64 MB /dev/shm), a
+  // snapshot larger than a slot, a failed publication. A restart then reads the disk.
+  std::string memory_tier_note;
 };
 
 namespace internal {

@@ -35,7 +35,7 @@ namespace lifeline::trace {
 
 enum class EventType : uint16_t {
   kNone = 0,
-  kProcessStart = 1,     // step: the step resumed from (kNoStep when none); aux: pid
+  kProcessStart = 1,     // step: the step resumed from (kNoStep when none); aux: pid; seq: ResumeSource
   kStepBegin = 2,
   kStepEnd = 3,
   kCollectiveBegin = 4,  // comm, seq, op, bytes: this rank entered the collective
@@ -102,7 +102,9 @@ LIFELINE_EXPORT void CollectiveEnd(uint64_t seq, uint32_t comm = 0);
 LIFELINE_EXPORT void Heartbeat();
 // The process resumed from `step` (kNoStep: started fresh). Drills and integrations call it once
 // after loading, so the agent can time a restart until training resumed.
-LIFELINE_EXPORT void ProcessStart(uint64_t resumed_step);
+// Where a process resumed from, as its load found it (kProcessStart's seq).
+enum class ResumeSource : uint64_t { kUnknown = 0, kDisk = 1, kMemoryTier = 2 };
+LIFELINE_EXPORT void ProcessStart(uint64_t resumed_step, ResumeSource source = ResumeSource::kUnknown);
 // An orderly end: the agent tells it apart from a crash that happens to exit 0.
 LIFELINE_EXPORT void ProcessExit();
 // Records `event` as given (time_ns filled in when 0, step when kNoStep: the step the process is
@@ -117,6 +119,12 @@ inline constexpr char kCheckpointDirFile[] = "checkpoint-dir";
 // Reports `directory` (made absolute) to the agent; the first report of a job wins. Does nothing
 // without an agent. Checkpointer::Open calls it.
 LIFELINE_EXPORT void ReportCheckpointDirectory(const std::string& directory);
+// The file, in the agent's directory, where a rank reports its memory tier's root (the first rank
+// to report wins): the agent replicates from the tier it finds itself, and says so when its ranks
+// keep theirs elsewhere (LIFELINE_MEMORY_TIER_DIR set differently for them). Checkpointer::Open
+// calls it when the tier is on.
+inline constexpr char kMemoryTierFile[] = "memory-tier";
+LIFELINE_EXPORT void ReportMemoryTier(const std::string& root);
 
 // Writes the ring's newest `max_events` events to `path`, one JSON object per line, oldest
 // first. FailedPrecondition when tracing is inactive.

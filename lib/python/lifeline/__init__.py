@@ -46,6 +46,14 @@ class Ticket:
     def __init__(self, impl, names):
         self._impl = impl
         self._names = names  # tensor path -> index in the request
+        self.raised = False  # a wait raised this save's error to the caller (close() does not again)
+
+    def _waiting(self, wait, *args):
+        try:
+            return wait(*args)
+        except Error:
+            self.raised = True
+            raise
 
     @property
     def step(self):
@@ -55,7 +63,7 @@ class Ticket:
         """Blocks until this rank's state is copied; then the tensors may be mutated.
 
         Raises lifeline.Error if the save failed or was skipped (the tensors are not read any more)."""
-        self._impl.wait_snapshot()
+        self._waiting(self._impl.wait_snapshot)
 
     def wait_tensor(self, path):
         """Blocks until the tensor at `path` ("optim.3.exp_avg") is copied, so it alone may be mutated."""
@@ -78,11 +86,11 @@ class Ticket:
 
     def wait_persisted(self):
         """Blocks until this rank's data and index are durable."""
-        self._impl.wait_persisted()
+        self._waiting(self._impl.wait_persisted)
 
     def wait_committed(self, timeout=600.0):
         """Blocks until every rank's part is durable and the checkpoint is visible."""
-        self._impl.wait_committed(float(timeout))
+        self._waiting(self._impl.wait_committed, float(timeout))
 
     def wait(self, timeout=600.0):
         """Persisted and committed; raises lifeline.Error on failure (naming the file, rank or step)."""
@@ -158,19 +166,21 @@ class Checkpointer:
             rank = _env_int("RANK") or 0
         if world_size is None:
             world_size = _env_int("WORLD_SIZE") or 1
-        self.directory = str(directory)
+        self.directory = _os.fsdecode(directory)  # str, bytes or a path-like object
         self.rank = int(rank)
         self.world_size = int(world_size)
         self._dist = _process_group(self.world_size)
         if "run_id" not in options and not _os.environ.get("LIFELINE_LAUNCH_ID") and self._dist is not None:
             options["run_id"] = _agreed_launch_id(self._dist)
-        self._impl = _lifeline.Checkpointer(self.directory, self.rank, self.world_size, options)
+        # A path is bytes to the OS: one that is not UTF-8 (os.fsdecode's surrogates) goes as its bytes.
+        self._impl = _lifeline.Checkpointer(_os.fsencode(self.directory), self.rank, self.world_size, options)
         # Load(latest) agrees on the step collectively unless the agent fixed it for the launch.
         self._pinned = bool(self._impl.resume_step)
         self._pending = []        # (ticket, device_only) whose snapshot may still read the caller's tensors
         self._fenced = []         # device-only tickets a stream was fenced on, kept until copied
         self._last = None
         self._final_reported = False  # close() raised for a failed last save once already
+        self._tier_warned = False     # a save missing from the memory tier was said
         self._announced = False   # process_start sent to the agent
         self.last_load = None
 
@@ -190,6 +200,18 @@ class Checkpointer:
                 keep.append(buffer)
         return specs, keep, objects, names
 
+    def _say_memory_tier_problems(self):
+        # A memory tier that silently holds nothing (a container's 64 MB /dev/shm) would make every
+        # restart read the disk: said once per Checkpointer, with the reason.
+        last = self._last
+        if last is None or self._tier_warned:
+            return
+        note = last.progress().get("memory_tier_note")
+        if note:
+            self._tier_warned = True
+            _warnings.warn(f"lifeline: step {last.step} is not in the memory tier: {note}", RuntimeWarning,
+                           stacklevel=3)
+
     def save(self, step, state, metadata=None):
         """Starts saving `state` as step `step` and returns a Ticket at once.
 
@@ -197,13 +219,18 @@ class Checkpointer:
         (or use guard_optimizer). Errors (a bad request, I/O failures, a step already committed)
         are raised by the ticket's waits; earlier checkpoints are never harmed by a failed save."""
         self._prune()
+        self._say_memory_tier_problems()
         specs, keep, objects, names = self._request(state)
         meta = _json.dumps(metadata) if metadata is not None else ""
         impl = self._impl.save(int(step), specs, objects, meta, keep)
         # A save of CUDA tensors only: the optimizer may be ordered after its copies on the GPU.
         device_only = bool(specs) and all(spec[10] >= 0 for spec in specs)
         self._pending.append((impl, device_only))
+        autotrace = _sys.modules.get("lifeline._autotrace")  # loaded only under lifeline-agent
+        if autotrace is not None:
+            autotrace.saved_at(step)
         self._last = Ticket(impl, names)
+        self._say_memory_tier_problems()
         return self._last
 
     def prepare_staging(self, state):
@@ -287,7 +314,7 @@ class Checkpointer:
             "missing_objects": missing_objects,
             "skipped": result["skipped"],
         }
-        self._announce(result["step"])
+        self._announce(result["step"], "memory" if result["from_memory_tier"] else "disk")
         autotrace = _sys.modules.get("lifeline._autotrace")  # loaded only under lifeline-agent
         if autotrace is not None:
             autotrace.resumed_at(result["step"])
@@ -334,11 +361,12 @@ class Checkpointer:
                         + skipped[0]["reason"])
         return None
 
-    def _announce(self, step):
-        # Tells lifeline-agent (if any) that this process has resumed, once: it times restarts by it.
+    def _announce(self, step, source=None):
+        # Tells lifeline-agent (if any) that this process has resumed, and from where, once: it times
+        # restarts by it and checks the step against the one the launch was to resume from.
         if not self._announced:
             self._announced = True
-            trace.process_start(step)
+            trace.process_start(step, source)
 
     # ---- housekeeping ----
 
@@ -376,18 +404,19 @@ class Checkpointer:
         """Waits for every save to be persisted, then releases the staging memory. Idempotent.
         An orderly close removes this rank's memory-tier snapshots that are on disk (unless
         memory_tier_cleanup_on_close=False); keep_memory_tier=True leaves them, as a crash would.
-        Raises lifeline.Error when the newest save failed (after closing): the final state is not
-        saved, and a script ending on it must not exit 0.
+        Raises lifeline.Error when the newest save failed (after closing) and no wait on its ticket
+        raised that already: the final state is not saved, and a script ending on it must not exit 0.
         A Checkpointer that is never closed (a process ending on an exception) keeps them too, so
         that its relaunch resumes from memory."""
         if not self._impl.closed:
             self._impl.close(bool(keep_memory_tier))
+            self._say_memory_tier_problems()
         self._pending = []
         self._fenced = []
         # The newest save is the job's final state: a script must not end "successfully" without it
         # (a second job holding the directory, a full disk). Once per failure; not over another error.
         last = self._last
-        if last is not None and not keep_memory_tier and not self._final_reported:
+        if last is not None and not keep_memory_tier and not self._final_reported and not last.raised:
             self._final_reported = True
             error = last.error()
             if error is not None and last.phase != "skipped":

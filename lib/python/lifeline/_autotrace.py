@@ -19,7 +19,9 @@ this module). What is recorded, through lifeline.trace's ring API:
   optimizer.step() returns; it began at the first training forward of DDP or collective issued with
   autograd enabled after step k-1 ended, else at the optimizer.step() call. Step 0 is the first
   optimizer.step() call itself (before it, nothing tells training from set-up). Steps count from 0,
-  or from the step after the checkpoint that lifeline loaded (so a relaunch goes on numbering).
+  or from the step after the checkpoint that lifeline loaded (so a relaunch goes on numbering); a
+  script that saves step k+1 right after the clock's step k counts from 1, and the clock takes
+  its numbers from then on.
   Time outside steps (evaluation under torch.no_grad(), set-up, shut-down) is never a step, so a
   long evaluation is not taken for a hang; collectives are traced throughout. Only the first
   optimizer that steps is the clock. A script that marks its own steps with lifeline.trace.step
@@ -118,6 +120,14 @@ class _StepClock:
         else:
             self.next = step + 1
 
+    def saved(self, step):
+        """The script saved a checkpoint it calls `step` between two steps. Scripts that count steps
+        from 1 (torchtitan, Megatron, the Hugging Face Trainer) name the step just finished one more
+        than the clock, which counts from 0: from then on the clock uses the script's numbers, so
+        that a hang names the step the script would. Any other difference is left alone."""
+        if self.enabled and self.training and not self.open and step == self.next:
+            self.next = step + 1
+
     def user_marks_steps(self):
         if self.enabled:
             if self.open:
@@ -136,6 +146,12 @@ _torch = None  # the torch module, once install() saw it
 
 def _grad_enabled():
     return _torch is not None and _torch.is_grad_enabled()
+
+
+def saved_at(step):
+    """Called by lifeline's saves (see _StepClock.saved)."""
+    if step is not None and not _failed:
+        _clock.saved(int(step))
 
 
 def resumed_at(step):

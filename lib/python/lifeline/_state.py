@@ -207,6 +207,12 @@ def _has_tensor(x):
 def _join(prefix, key):
     if isinstance(key, bool) or not isinstance(key, (str, int)):
         raise TypeError(f"state[{prefix!r}]: key {key!r} is a {type(key).__name__}; keys must be str or int")
+    if isinstance(key, str):
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError as e:  # a lone surrogate, as os.fsdecode makes of undecodable bytes
+            raise ValueError(f"state[{prefix!r}]: key {key!r} is not valid UTF-8 (character {e.start}): names in a "
+                             f"checkpoint are UTF-8") from None
     return f"{prefix}.{key}" if prefix else str(key)
 
 

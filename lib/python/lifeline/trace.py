@@ -70,9 +70,10 @@ def heartbeat():
     _lifeline.trace_heartbeat()
 
 
-def process_start(resumed_step=None):
-    """This process resumed from `resumed_step` (None: started fresh). Checkpointer.load calls it."""
-    _lifeline.trace_process_start(None if resumed_step is None else int(resumed_step))
+def process_start(resumed_step=None, source=None):
+    """This process resumed from `resumed_step` (None: started fresh), read from `source` ("memory"
+    for the memory tier, "disk", or None: not said). Checkpointer.load calls it."""
+    _lifeline.trace_process_start(None if resumed_step is None else int(resumed_step), source or "")
 
 
 def process_exit():

@@ -85,9 +85,42 @@ def _import_autotrace(root):
     return importlib.import_module("lifeline._autotrace")
 
 
+_stack_file = None  # kept open for faulthandler
+
+
+def _stacks_on_dump_signal():
+    """On the agent's dump signal (before it kills a hung rank), Python's faulthandler writes every
+    thread's stack to stack.RANK.PID.txt in the agent's directory; the library's ring dump runs
+    first and then calls it."""
+    global _stack_file
+    import faulthandler
+    import signal
+    sig = int(os.environ.get("LIFELINE_DUMP_SIGNAL") or signal.SIGUSR2)
+    if sig <= 0 or signal.getsignal(sig) not in (signal.SIG_DFL, None):
+        return  # the script's own
+    path = os.path.join(os.environ["LIFELINE_AGENT"], f"stack.{os.environ.get('RANK', 'x')}.{os.getpid()}.txt")
+    _stack_file = open(path, "w")
+    faulthandler.register(sig, file=_stack_file, all_threads=True, chain=False)
+
+    def _remove_if_unused(f=_stack_file, path=path, pid=os.getpid()):
+        try:  # a process that was never asked leaves no empty file behind (a forked worker none)
+            if os.getpid() == pid and f.tell() == 0 and os.fstat(f.fileno()).st_size == 0:
+                os.unlink(path)
+        except OSError:
+            pass
+    import atexit
+    atexit.register(_remove_if_unused)
+
+
 def _install(here):
+    if not os.environ.get("LIFELINE_AGENT"):
+        return
+    try:
+        _stacks_on_dump_signal()
+    except Exception as err:
+        _say("registering the stack dump", err)
     tracing = os.environ.get("LIFELINE_PYTHON_TRACING", "1").strip().lower()
-    if not os.environ.get("LIFELINE_AGENT") or tracing in ("0", "false", "no", "off"):
+    if tracing in ("0", "false", "no", "off"):
         return
     try:
         sys.meta_path.insert(0, _AfterImport(os.path.dirname(here)))

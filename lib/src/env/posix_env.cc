@@ -508,8 +508,16 @@ class PosixEnv final : public Env {
       // replaced by another process): a lock on a file no longer at the path excludes nobody.
       struct stat held, named;
       if (::fstat(fd, &held) == 0 && ::lstat(path.c_str(), &named) == 0 && held.st_dev == named.st_dev &&
-          held.st_ino == named.st_ino)
+          held.st_ino == named.st_ino) {
+        // The previous holder's text goes at once: until SetHolder, readers find none rather
+        // than a holder that is gone.
+        if (::ftruncate(fd, 0) != 0) {
+          const int err = errno;
+          ::close(fd);
+          return Status::FromErrno(err, path);
+        }
         return std::unique_ptr<FileLock>(new PosixFileLock(path, fd));
+      }
       ::close(fd);
     }
     return Status::Unavailable(path, "keeps being replaced; cannot lock it");
