@@ -822,6 +822,30 @@ TEST_F(MultiNodeTest, RanksKeepingTheirTierWhereTheAgentDoesNotLookAreSaid) {
   }
 }
 
+// Issue 32, item 11: with node 1's clock 2 s behind (the agent's test hook), the leader replayed
+// node 1's collectives 2 s off and named a false straggler "2.0 s late". A clean job stays clean.
+TEST_F(MultiNodeTest, ANodeWhoseClockIsTwoSecondsBehindRaisesNothing) {
+  const std::string steps = "--steps 300 --ckpt-every 100 --compute-ms 5";
+  const auto single = SingleNodeFinals(steps, 2);
+  std::vector<pid_t> pids;
+  for (int node = 0; node < 2; ++node) {  // one rank a node: rank 1 is judged against rank 0 alone
+    std::string cmd = AgentCommand("skew", node, "skew", "--node-rank " + std::to_string(node), steps);
+    cmd.replace(cmd.find("--nproc-per-node 2"), 18, "--nproc-per-node 1");
+    if (node == 1) cmd.replace(0, 4, "env LIFELINE_TEST_CLOCK_OFFSET_MS=-2000 ");  // after the leading "env "
+    pids.push_back(Spawn(cmd, Out("skew", node)));
+  }
+  std::map<int, std::string> finals;
+  for (int node = 0; node < 2; ++node) {
+    NodeRun r;
+    r.exit_code = WaitFor(pids[node], 120);
+    Read("skew", node, &r);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_TRUE(r.anomalies.empty()) << Dump(r.anomalies);
+    finals.insert(r.finals.begin(), r.finals.end());
+  }
+  EXPECT_EQ(finals, single);
+}
+
 // Issue 32, item 10: an agent whose round lacks nodes waited up to the join timeout without a word.
 TEST_F(MultiNodeTest, AnAgentWaitingForNodesSaysSo) {
   const std::string config = dir_ + "/short-join.yaml";
