@@ -72,6 +72,10 @@ Result<std::optional<SaveLockHolder>> FindSaveLockHolder(Env* env, const std::st
 }
 
 Status DirectoryInUse(const std::string& dir, const SaveLockHolder& holder) {
+  if (holder.pid == static_cast<int64_t>(::getpid()) && holder.host == ThisHost())
+    return Status::FailedPrecondition(
+        dir, "is being saved into by another Checkpointer of this process, " + holder.Describe() +
+                 ", of another launch: close it first, or give both the same run_id");
   const std::string who = holder.run_id.empty() ? std::string("another process (it has not said which launch yet)")
                                                 : "another job, " + holder.Describe();
   return Status::FailedPrecondition(

@@ -475,7 +475,7 @@ TEST_F(SafetyTest, ASecondJobInTheDirectoryIsRefusedNamingTheFirstUntilItEnds) {
     ASSERT_TRUE(second.ok()) << second.status().ToString();
     Status s = (*second)->Save(2, RequestOf(two[rank], rank, 1)).WaitPersisted();
     EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
-    EXPECT_THAT(s.ToString(), HasSubstr("is being saved into by another job, launch 'job-a'"));
+    EXPECT_THAT(s.ToString(), HasSubstr("is being saved into by another Checkpointer of this process, launch 'job-a'"));
     EXPECT_THAT(s.ToString(), HasSubstr("rank " + std::to_string(rank)));
   }
   // Another Checkpointer of the same launch is not another job.
