@@ -372,6 +372,10 @@ Status Agent::Launch() {
 
 void Agent::CheckRanksMemoryTier() {
   if (replication_ == nullptr || tier_checked_) return;
+  // Two small reads, once a second at most, not at every poll: the ranks may never report a tier.
+  const uint64_t now = trace::MonotonicNanos();
+  if (now - tier_looked_ns_ < 1'000'000'000ull) return;
+  tier_looked_ns_ = now;
   const std::string dir = ReportedCheckpointDir(ring_dir_);
   Result<std::string> reported = ReadFileToString(Env::Default(), JoinPath(ring_dir_, trace::kMemoryTierFile), 64 << 10);
   if (dir.empty() || !reported.ok()) return;  // not yet (or the tier is off)

@@ -118,6 +118,7 @@ class Agent {
   std::string resume_dir_;               // ...in this directory
   bool mismatch_said_ = false;           // a rank starting fresh against it was reported
   bool tier_checked_ = false;            // the ranks' memory tier was compared with the agent's
+  uint64_t tier_looked_ns_ = 0;          // when the ranks' report was last looked for
   bool finished_ = false;          // every local rank ended normally
   std::unique_ptr<JobView> job_view_;  // judged while this node leads its round
   uint64_t progress_published_ns_ = 0;
