@@ -9,9 +9,10 @@
 // initialised from --seed. Steps are numbered 1..S (--steps S). Step k on every rank:
 //   StepBegin(k)
 //   crash@RANK:k     the rank kills itself with SIGKILL here
-//   compute          a gradient that depends only on (params, rank, k), computed over and over
-//                    until --compute-ms (+ jitter, + slow@ faults) has passed: real work on the
-//                    state, while the result stays reproducible
+//   compute          a gradient that depends only on (params, rank, k): real work on the state,
+//                    while the result stays reproducible; then, until --compute-ms (+ jitter,
+//                    + slow@ faults) has passed, asleep as a GPU job's host thread waits for its
+//                    device, or with --busy-compute computing it over and over as a CPU job would
 //   hang@RANK:k      the rank stops here forever, before entering the collective
 //   allreduce        CollectiveBegin; slowcomm@ delay; post the gradient; CollectivePosted;
 //                    wait for the others and sum in rank order 0..N-1; CollectiveEnd
@@ -276,19 +277,27 @@ void GradientBlock(const float* p, uint32_t rank, uint64_t step, uint64_t seed, 
   }
 }
 
-// Computes the gradient, then recomputes it block by block until `busy_seconds` have passed since
-// `start`: the result is the same however often a block is computed, so the time spent varies and
-// the values do not. The clock read between blocks keeps the compiler from dropping the repeats.
+// Computes the gradient, then spends the rest of `compute_seconds` since `start` as `busy` says:
+// recomputing it block by block (a CPU training job: the result is the same however often a block
+// is computed, so the time spent varies and the values do not; the clock read between blocks keeps
+// the compiler from dropping the repeats), or asleep (the host thread of a GPU job, waiting for its
+// device: the default, which leaves the cores to the rest of the machine).
 void ComputeGradient(const Model& m, uint32_t rank, uint64_t step, uint64_t seed, double start,
-                     double busy_seconds, std::vector<float>* grad) {
+                     double compute_seconds, bool busy, std::vector<float>* grad) {
   const size_t n = m.params.size();
   const size_t blocks = (n + kBlock - 1) / kBlock;
-  const double deadline = start + busy_seconds;
+  const double deadline = start + compute_seconds;
   size_t done = 0;
   for (size_t b = 0;; b = (b + 1 == blocks) ? 0 : b + 1) {
     GradientBlock(m.params.data(), rank, step, seed, grad->data(), b * kBlock, std::min(n, (b + 1) * kBlock));
     if (done < blocks) ++done;
-    if (done == blocks && Now() >= deadline) return;
+    if (done < blocks) continue;
+    const double left = deadline - Now();
+    if (left <= 0) return;
+    if (!busy) {
+      std::this_thread::sleep_for(std::chrono::duration<double>(left));
+      return;
+    }
   }
 }
 
@@ -323,6 +332,7 @@ struct Flags {
   uint64_t ckpt_every = 20;
   uint64_t params = 65536;
   double compute_ms = 5;
+  bool busy_compute = false;
   double jitter_ms = 1;
   std::vector<std::string> faults;
   bool no_memory_tier = false;
@@ -571,8 +581,8 @@ int Run(const Flags& flags, const Launch& l) {
                    rank, plan.ExtraMs(FaultKind::kSlow, k), k);
     // Jitter varies the timing only; it is drawn from (rank, step) so that a rerun times alike.
     const double jitter_ms = flags.jitter_ms * (SignedUnit(Mix(flags.seed ^ 0x6a6974746572ull, rank, k)) + 1) / 2;
-    const double busy_ms = flags.compute_ms + jitter_ms + static_cast<double>(plan.ExtraMs(FaultKind::kSlow, k));
-    ComputeGradient(model, rank, k, flags.seed, start, busy_ms / 1e3, &grad);
+    const double compute_ms = flags.compute_ms + jitter_ms + static_cast<double>(plan.ExtraMs(FaultKind::kSlow, k));
+    ComputeGradient(model, rank, k, flags.seed, start, compute_ms / 1e3, flags.busy_compute, &grad);
 
     if (plan.Hang(k)) {
       std::fprintf(stderr, "lifeline-drill: rank %u: fault: hanging at step %" PRIu64 " before the allreduce\n", rank, k);
@@ -645,7 +655,10 @@ int main(int argc, char** argv) {
   app.add_option("--ckpt-every", flags.ckpt_every, "Checkpoint after every K-th step (0: never)");
   app.add_option("--params", flags.params, "Floats of model state per rank")
       ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 30));
-  app.add_option("--compute-ms", flags.compute_ms, "Busy compute per step, in ms")->check(CLI::NonNegativeNumber);
+  app.add_option("--compute-ms", flags.compute_ms, "Compute per step, in ms")->check(CLI::NonNegativeNumber);
+  app.add_flag("--busy-compute", flags.busy_compute,
+               "Spend the compute time recomputing the gradient (a CPU job), not asleep after computing it once "
+               "(a GPU job's host thread)");
   app.add_option("--jitter-ms", flags.jitter_ms, "Up to this much extra compute per step, drawn from (rank, step)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--fault", flags.faults,
