@@ -801,7 +801,8 @@ void Agent::RequestDumps(const std::string& reason) {
 
 void Agent::ScreenHostNoise(std::vector<Anomaly>* anomalies, uint64_t now) {
   bool maybe_noise = false;
-  for (const Anomaly& a : *anomalies) maybe_noise |= a.kind == "straggler" || a.kind == "slow_collective";
+  for (const Anomaly& a : *anomalies)
+    maybe_noise |= a.kind == "straggler" || a.kind == "slow_collective" || a.kind == "checkpoint";
   if (!maybe_noise) return;
   const HostCpu host = SampleHostCpu();
   for (const Anomaly& a : TakeHostNoise(host, anomalies))

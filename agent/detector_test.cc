@@ -79,7 +79,22 @@ TEST(DetectorsTest, ASaturatedHostIsNotPagedForButARealStragglerStillIs) {
   Anomaly hang;
   hang.kind = "hang";
   hang.ranks = {1};
-  std::vector<Anomaly> all = {straggler(1, 0.019, 0.001), straggler(2, 0.060, 0.001), comm_slow, link_slow, hang};
+  // Persistence behind the saves' pace (the checkpoint detector's evidence, per rank).
+  auto lag = [](int rank, std::vector<double> persist, double interval) {
+    Anomaly a;
+    a.kind = "checkpoint";
+    a.ranks = {rank};
+    a.evidence = {{"persist_seconds", persist}, {"interval_seconds", interval}, {"lag_factor", 1.0}};
+    a.evidence["per_rank"][std::to_string(rank)] = a.evidence;
+    return a;
+  };
+  Anomaly failed_save;
+  failed_save.kind = "checkpoint";
+  failed_save.ranks = {0};
+  failed_save.evidence["status"] = "IOError";
+  std::vector<Anomaly> all = {straggler(1, 0.019, 0.001), straggler(2, 0.060, 0.001), comm_slow, link_slow, hang,
+                              lag(0, {0.079, 0.101, 0.069}, 0.0695), lag(2, {0.079, 0.150, 0.069}, 0.0695),
+                              failed_save};
 
   std::vector<Anomaly> kept = all;
   EXPECT_TRUE(TakeHostNoise(idle, &kept).empty());
@@ -87,13 +102,17 @@ TEST(DetectorsTest, ASaturatedHostIsNotPagedForButARealStragglerStillIs) {
 
   kept = all;
   const std::vector<Anomaly> taken = TakeHostNoise(busy, &kept);
-  ASSERT_EQ(taken.size(), 2u);
+  ASSERT_EQ(taken.size(), 3u);
   EXPECT_EQ(taken[0].ranks, std::vector<int>{1});  // 18 ms behind: the host
   EXPECT_EQ(taken[1].kind, "slow_collective");
-  ASSERT_EQ(kept.size(), 3u);
+  EXPECT_EQ(taken[2].kind, "checkpoint");  // saves 1.0-1.5x their interval: the host
+  EXPECT_EQ(taken[2].ranks, std::vector<int>{0});
+  ASSERT_EQ(kept.size(), 5u);
   EXPECT_EQ(kept[0].ranks, std::vector<int>{2});  // 59 ms behind: paged
   EXPECT_EQ(kept[1].ranks, std::vector<int>{3});  // a slow link names its rank
   EXPECT_EQ(kept[2].kind, "hang");
+  EXPECT_EQ(kept[3].ranks, std::vector<int>{2});  // a save 2.2x its interval: paged
+  EXPECT_EQ(kept[4].evidence["status"], "IOError");  // a failed save always is
 }
 
 }  // namespace

@@ -52,6 +52,24 @@ HostCpu SampleHostCpu() {
                       static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
 }
 
+namespace {
+
+// Whether every lagging rank's saves persisted within kHostNoiseLagFactor x the interval between
+// saves (the checkpoint detector's per-rank evidence).
+bool PersistenceWithinHostNoise(const nlohmann::json& per_rank) {
+  if (!per_rank.is_object() || per_rank.empty()) return false;
+  for (const auto& [rank, e] : per_rank.items()) {
+    const double interval = e.value("interval_seconds", 0.0);
+    const nlohmann::json persist = e.value("persist_seconds", nlohmann::json::array());
+    if (!(interval > 0) || !persist.is_array() || persist.empty()) return false;
+    for (const nlohmann::json& p : persist)
+      if (!p.is_number() || p.get<double>() >= kHostNoiseLagFactor * interval) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 std::vector<Anomaly> TakeHostNoise(const HostCpu& host, std::vector<Anomaly>* anomalies) {
   std::vector<Anomaly> taken;
   if (!host.saturated) return taken;
@@ -67,6 +85,8 @@ std::vector<Anomaly> TakeHostNoise(const HostCpu& host, std::vector<Anomaly>* an
         const std::string key = std::to_string(r);
         if (!per_rank.contains(key) || StragglerExcess(per_rank[key]) >= kHostNoiseSeconds) noise = false;
       }
+    } else if (a.kind == "checkpoint" && a.evidence.contains("lag_factor") && a.evidence.contains("per_rank")) {
+      noise = PersistenceWithinHostNoise(a.evidence["per_rank"]) && !a.ranks.empty();
     }
     (noise ? taken : kept).push_back(std::move(a));
   }

@@ -35,10 +35,16 @@ HostCpu ParseHostCpu(const std::string& pressure, const std::string& loadavg, in
 // saturated host (the CFS scheduler's latency target is 24 ms with many tasks).
 inline constexpr double kHostNoiseSeconds = 0.025;
 
+// Persistence lagging the saves by less than this factor of the interval between them: on a
+// saturated host the persist threads wait for cores as the ranks do.
+inline constexpr double kHostNoiseLagFactor = 2.0;
+
 // Of `anomalies`, takes out those a saturated host explains: a straggler whose every culprit is
-// less than kHostNoiseSeconds behind its peers, and a slow_collective that names no rank (the
-// whole communicator slower, the host's CPUs being what all its members share). They are returned,
-// to be logged but not raised. Nothing is taken when the host is not saturated.
+// less than kHostNoiseSeconds behind its peers, a slow_collective that names no rank (the whole
+// communicator slower, the host's CPUs being what all its members share), and a checkpoint lag
+// whose every save persisted within kHostNoiseLagFactor x the interval between saves (never a
+// failed save). They are returned, to be logged but not raised. Nothing is taken when the host is
+// not saturated.
 std::vector<Anomaly> TakeHostNoise(const HostCpu& host, std::vector<Anomaly>* anomalies);
 
 }  // namespace lifeline::agent
