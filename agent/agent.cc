@@ -807,7 +807,7 @@ void Agent::ScreenHostNoise(std::vector<Anomaly>* anomalies, uint64_t now) {
   const HostCpu host = SampleHostCpu();
   for (const Anomaly& a : TakeHostNoise(host, anomalies))
     Log({{"action", "not_paged"},
-         {"kind", a.kind},
+         {"anomaly", a.kind},  // not "kind": a line with "kind" is an anomaly raised
          {"ranks", a.ranks},
          {"message", a.message},
          {"evidence", a.evidence},
@@ -826,7 +826,7 @@ std::optional<Anomaly> Agent::Act(std::vector<Anomaly>& anomalies, uint64_t now)
     const bool folded = a.kind == "checkpoint" && !a.ranks.empty() &&
                         std::all_of(a.ranks.begin(), a.ranks.end(), [this](int r) { return named_.count(r) > 0; });
     if (folded) {
-      Log({{"action", "folded"}, {"kind", a.kind}, {"ranks", a.ranks}, {"message", a.message},
+      Log({{"action", "folded"}, {"anomaly", a.kind}, {"ranks", a.ranks}, {"message", a.message},
            {"reason", "these ranks were already named hung or dead in this launch"}});
       continue;
     }

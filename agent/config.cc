@@ -274,6 +274,7 @@ Status ReadDocument(const YamlReader& r, const YAML::Node& root, AgentConfig* c)
         const std::string key = name + "." + f;
         if (f == "lag_factor") return r.Double(fk, fv, key, &cp.lag_factor);
         if (f == "lag_count") return r.U32(fk, fv, key, &cp.lag_count);
+        if (f == "lag_min_seconds") return r.Double(fk, fv, key, &cp.lag_min_seconds);
         if (f == "cooldown_seconds") return r.Double(fk, fv, key, &cp.cooldown_seconds);
         return r.UnknownKey(fk, key);
       });
@@ -436,7 +437,7 @@ Status LoadAgentConfig(const std::string& path, AgentConfig* config) {
 //                              cooldown >= 0
 //   slow_collective            baseline_window >= 1, recent_window >= 1, factor >= 1,
 //                              min_excess >= 0, cooldown >= 0
-//   checkpoint                 lag_factor > 0, lag_count >= 1, cooldown >= 0
+//   checkpoint                 lag_factor > 0, lag_count >= 1, lag_min >= 0, cooldown >= 0
 //   restart                    grace >= 0, backoff_initial >= 0, backoff_multiplier >= 1,
 //                              backoff_max >= backoff_initial
 //   policy                     an action for every known kind and no other kind
@@ -577,6 +578,7 @@ Status ValidateAgentConfig(const AgentConfig& c) {
     return Bad("checkpoint.lag_factor", "> 0", FormatDouble(cp.lag_factor));
   }
   LL_RETURN_IF_ERROR(CheckCountAtLeast("checkpoint.lag_count", cp.lag_count, 1));
+  LL_RETURN_IF_ERROR(CheckSeconds("checkpoint.lag_min_seconds", cp.lag_min_seconds, true));
   LL_RETURN_IF_ERROR(CheckSeconds("checkpoint.cooldown_seconds", cp.cooldown_seconds, true));
 
   const RestartConfig& r = c.restart;

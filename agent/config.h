@@ -47,6 +47,8 @@ struct SlowCollectiveConfig {
 struct CheckpointConfig {
   double lag_factor = 1.0;        // Save-to-persisted longer than lag_factor x the interval between saves
   uint32_t lag_count = 3;         // ...for this many checkpoints in a row
+  double lag_min_seconds = 0.25;  // ...each longer than the interval by at least this much: saves
+                                  // a few ms behind a cadence of ms are queued, not at risk
   double cooldown_seconds = 300;
 };
 

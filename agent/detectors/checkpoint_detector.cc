@@ -92,7 +92,8 @@ void CheckpointDetector::CheckLag(const Timeline& t, uint64_t now, std::vector<A
     size_t pending = 0;
     for (auto it = r.saves.rbegin(); it != r.saves.rend() && run.size() < need; ++it) {
       if (it->interval_ns == 0) break;  // the first save seen: no cadence to compare with
-      const double limit = config_.lag_factor * Seconds(it->interval_ns);
+      const double limit = std::max(config_.lag_factor * Seconds(it->interval_ns),
+                                    Seconds(it->interval_ns) + config_.lag_min_seconds);
       const uint64_t end = it->persisted_ns != 0 ? it->persisted_ns : now;
       const bool late = SecondsBetween(it->begin_ns, end) > limit;
       if (late) {
@@ -115,6 +116,7 @@ void CheckpointDetector::CheckLag(const Timeline& t, uint64_t now, std::vector<A
     e["persist_seconds"] = persist;
     e["interval_seconds"] = Median(intervals);
     e["lag_factor"] = config_.lag_factor;
+    e["lag_min_seconds"] = config_.lag_min_seconds;
     e["unpersisted"] = pending;
     if (lagging.empty()) {
       first = e;

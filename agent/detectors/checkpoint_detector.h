@@ -2,8 +2,10 @@
 // step in one poll share one anomaly), a load that fell back past a damaged checkpoint
 // (kCheckpointFallback, one anomaly per skipped step), and persist lag: a rank whose last
 // lag_count saves each took longer from Save (kCheckpointBegin) to durable (kCheckpointPersisted)
-// than lag_factor x the interval since the save before, so persistence cannot keep up with the
-// checkpoint cadence. A save still not persisted that long after it began counts as lagging too.
+// than lag_factor x the interval since the save before, and than that interval + lag_min_seconds,
+// so persistence cannot keep up with the checkpoint cadence (saves milliseconds behind a cadence of
+// milliseconds are queued, not at risk). A save still not persisted that long after it began counts
+// as lagging too.
 // The saves are the timeline's (a streamed save, persisted without a recorded begin, is placed at
 // its Persisted time minus its duration). Lag reports have a per-rank cooldown.
 //
