@@ -370,11 +370,12 @@ Status Agent::Launch() {
   return Status::OK();
 }
 
-void Agent::CheckRanksMemoryTier() {
+void Agent::CheckRanksMemoryTier(bool last_look) {
   if (replication_ == nullptr || tier_checked_) return;
   // Two small reads, once a second at most, not at every poll: the ranks may never report a tier.
+  // And once more when the ranks have exited, so that a job shorter than that is told too.
   const uint64_t now = trace::MonotonicNanos();
-  if (now - tier_looked_ns_ < 1'000'000'000ull) return;
+  if (!last_look && now - tier_looked_ns_ < 1'000'000'000ull) return;
   tier_looked_ns_ = now;
   const std::string dir = ReportedCheckpointDir(ring_dir_);
   Result<std::string> reported = ReadFileToString(Env::Default(), JoinPath(ring_dir_, trace::kMemoryTierFile), 64 << 10);
@@ -1095,6 +1096,7 @@ int Agent::Run() {
       // Output still in the pipes comes first.
       for (int fd : launcher_->OutputFds()) launcher_->PumpOutput(fd);
       DrainRings(trace::MonotonicNanos());
+      CheckRanksMemoryTier(/*last_look=*/true);
       std::vector<int> failed;
       for (const RankProcess& p : launcher_->ranks())
         if (!(WIFEXITED(p.wait_status) && WEXITSTATUS(p.wait_status) == 0)) failed.push_back(p.rank);

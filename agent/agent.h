@@ -57,7 +57,7 @@ class Agent {
   // Says once per launch when ranks start fresh although the launch resumes from a step.
   void CheckResumeStep();
   // Says once per launch when the ranks' memory tier is not the one this agent replicates.
-  void CheckRanksMemoryTier();
+  void CheckRanksMemoryTier(bool last_look = false);
   void DrainRings(uint64_t now);
   // Decides what to do about `anomalies`; returns the anomaly that asks for a restart, if any.
   std::optional<Anomaly> Act(std::vector<Anomaly>& anomalies, uint64_t now);
