@@ -158,6 +158,14 @@ def campaign(args, rng, memory_tier, kills, reference):
         if len(launches) != done + 1:
             time.sleep(0.02)
             continue
+        # Not before every rank of this launch said where it resumed from: a kill during start-up
+        # tests the launcher, not the checkpoint, and on a loaded machine start-up alone can outlast
+        # the random delay below (a rank killed before its resume line also spoils the count of
+        # resumed launches checked at the end).
+        started = resumes(run.output())
+        if len(started) != done + 1 or len(started[-1]) != args.nproc:
+            time.sleep(0.02)
+            continue
         # Let the relaunched job train into its first saves, then kill at a random moment.
         time.sleep(rng.uniform(0.25, 0.9))
         pids = [p for p in launches[-1]["pids"] if alive(p)]
