@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 #include <string>
 
 #include "agent/detectors/slow_collective_detector.h"
@@ -29,9 +30,12 @@ void JobView::Reset(int world) {
   for (auto& d : detectors_) d->Reset(world);
   hang_.Reset(world);
   replayed_.clear();
+  measured_offsets_.clear();  // the nodes of a new round are numbered afresh
+  unmeasured_updates_.clear();
+  clock_reference_ = -1;
 }
 
-std::map<int, double> EstimateClockOffsets(const std::vector<RankProgress>& ranks) {
+std::map<int, double> EstimateClockOffsets(const std::vector<RankProgress>& ranks, int* reference_out) {
   // The end of a collective is one instant for all its members (the last contribution arrives and
   // every member completes within the network's latency), so on a sound clock every member's
   // end_ago of the same (comm, seq) agrees. The reference is the node whose summary is its own
@@ -60,9 +64,9 @@ std::map<int, double> EstimateClockOffsets(const std::vector<RankProgress>& rank
   for (auto& [node, d] : diffs) {
     if (d.size() < 3) continue;  // too few shared collectives to tell
     std::nth_element(d.begin(), d.begin() + d.size() / 2, d.end());
-    const double median = d[d.size() / 2];
-    if (std::abs(median) >= kMinClockOffsetSeconds) offsets[node] = median;
+    offsets[node] = d[d.size() / 2];
   }
+  *reference_out = reference;
   return offsets;
 }
 
@@ -72,7 +76,14 @@ void JobView::Update(const std::vector<RankProgress>& raw, uint64_t now_ns, std:
   // time of its ranks shifted by as much (a false straggler "2.0 s late", a false silence). The
   // shared collectives measure the shift; it is taken out before anything is judged.
   std::vector<RankProgress> ranks = raw;
-  clock_offsets_ = EstimateClockOffsets(ranks);
+  int reference = -1;
+  const std::map<int, double> measured = EstimateClockOffsets(ranks, &reference);
+  if (reference != clock_reference_) measured_offsets_.clear();  // measures against another node
+  clock_reference_ = reference;
+  for (const auto& [node, d] : measured) measured_offsets_[node] = d;
+  clock_offsets_.clear();
+  for (const auto& [node, d] : measured_offsets_)
+    if (std::abs(d) >= kMinClockOffsetSeconds) clock_offsets_[node] = d;
   for (RankProgress& p : ranks) {
     auto it = clock_offsets_.find(p.node);
     if (it == clock_offsets_.end()) continue;
@@ -87,8 +98,19 @@ void JobView::Update(const std::vector<RankProgress>& raw, uint64_t now_ns, std:
       if (s.posted_ago >= 0) s.posted_ago -= d;
     }
   }
+  // A node not measured yet is not replayed for a few Updates: its first summaries may share no
+  // collective with the reference's (read at another moment of a fast job), and replayed uncorrected
+  // a skewed clock reads as a straggler at once. One that never shares any (other communicators) is
+  // replayed as it is after kUnmeasuredUpdates.
+  constexpr int kUnmeasuredUpdates = 5;
+  std::set<int> held;
+  for (const RankProgress& p : ranks) {
+    if (p.node == reference || measured_offsets_.count(p.node) || p.recent.empty()) continue;
+    if (++unmeasured_updates_[p.node] <= kUnmeasuredUpdates) held.insert(p.node);
+  }
   for (const RankProgress& p : ranks) {
     if (p.rank < 0 || p.rank >= timeline_.world()) continue;  // not of this round
+    if (held.count(p.node)) continue;
     for (const CollectiveSample& s : p.recent) {
       uint64_t& done = replayed_[{s.comm, p.rank}];
       if (s.seq <= done) continue;

@@ -40,8 +40,10 @@ class JobView {
   void Update(const std::vector<RankProgress>& ranks, uint64_t now_ns, std::vector<Anomaly>* out);
 
   const Timeline& timeline() const { return timeline_; }
-  // Per node, how far its clock was found off the reference's at the last Update (seconds; only
-  // nodes off by at least kMinClockOffsetSeconds).
+  // Per node, how far its clock is off the reference's (seconds; only nodes off by at least
+  // kMinClockOffsetSeconds), as last measured: a node whose summary shares too few collectives with
+  // the reference's in one Update (a fast job, a summary a second older than another) keeps its
+  // last measure.
   const std::map<int, double>& clock_offsets() const { return clock_offsets_; }
 
  private:
@@ -49,6 +51,9 @@ class JobView {
   std::vector<std::unique_ptr<Detector>> detectors_;
   JobHangDetector hang_;
   std::map<std::pair<uint32_t, int>, uint64_t> replayed_;  // (comm, rank) -> the newest seq replayed
+  std::map<int, double> measured_offsets_;  // every node measured against clock_reference_
+  int clock_reference_ = -1;
+  std::map<int, int> unmeasured_updates_;  // per node: Updates with samples but no measure yet
   std::map<int, double> clock_offsets_;
 };
 
@@ -56,9 +61,10 @@ class JobView {
 // collectives' own spread and the summaries' rounding (1 us) allow.
 inline constexpr double kMinClockOffsetSeconds = 0.005;
 
-// Per node (group rank), how far its wall clock is off the reference node's, from the end times of
-// collectives both recorded (at least 3; the median): positive when its times read too old.
-std::map<int, double> EstimateClockOffsets(const std::vector<RankProgress>& ranks);
+// Per node (group rank), how far its wall clock is off the reference node's (set in `reference`),
+// from the end times of collectives both recorded (at least 3; the median): positive when its times
+// read too old. Nodes sharing fewer collectives with the reference are absent.
+std::map<int, double> EstimateClockOffsets(const std::vector<RankProgress>& ranks, int* reference);
 
 // Whether a node's own verdict is left to the job-wide view in a multi-node job.
 bool LeftToJobView(const Anomaly& local);

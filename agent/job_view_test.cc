@@ -110,6 +110,21 @@ TEST(JobViewTest, ANodeWhoseClockIsOffRaisesNoFalseStragglerAndARealOneIsStillNa
     }
     ASSERT_EQ(view.clock_offsets().size(), 1u);
     EXPECT_NEAR(view.clock_offsets().at(1), 2.0, 0.001);
+    // Summaries read a second apart share no collective in a fast job (a drill's 5 ms steps, seen
+    // under load: a false straggler 2.0 s late): node 1 keeps its measured offset.
+    {
+      const uint64_t now = 1000 * kMs + 70 * 100 * kMs + 200 * kMs;
+      std::vector<RankProgress> apart = skewed(now, 70, late, 40);
+      for (RankProgress& p : apart) {
+        std::vector<CollectiveSample> kept;
+        for (const CollectiveSample& s : p.recent)
+          if (p.node == 0 ? s.seq <= 60 : s.seq > 60) kept.push_back(s);
+        p.recent = kept;
+      }
+      view.Update(apart, now, &out);
+      ASSERT_EQ(view.clock_offsets().size(), 1u);
+      EXPECT_NEAR(view.clock_offsets().at(1), 2.0, 0.001);
+    }
     if (late < 0) {
       EXPECT_TRUE(out.empty()) << out[0].message;
     } else {
