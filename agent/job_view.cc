@@ -103,11 +103,12 @@ void JobView::Update(const std::vector<RankProgress>& raw, uint64_t now_ns, std:
   // a skewed clock reads as a straggler at once. One that never shares any (other communicators) is
   // replayed as it is after kUnmeasuredUpdates.
   constexpr int kUnmeasuredUpdates = 5;
+  std::set<int> unmeasured;  // once per node, however many ranks it runs
+  for (const RankProgress& p : ranks)
+    if (p.node != reference && !measured_offsets_.count(p.node) && !p.recent.empty()) unmeasured.insert(p.node);
   std::set<int> held;
-  for (const RankProgress& p : ranks) {
-    if (p.node == reference || measured_offsets_.count(p.node) || p.recent.empty()) continue;
-    if (++unmeasured_updates_[p.node] <= kUnmeasuredUpdates) held.insert(p.node);
-  }
+  for (int node : unmeasured)
+    if (++unmeasured_updates_[node] <= kUnmeasuredUpdates) held.insert(node);
   for (const RankProgress& p : ranks) {
     if (p.rank < 0 || p.rank >= timeline_.world()) continue;  // not of this round
     if (held.count(p.node)) continue;

@@ -263,11 +263,10 @@ constexpr char kOnDiskSuffix[] = ".on-disk";
 
 Status MemoryTier::MarkOnDisk(uint64_t step) {
   const std::string step_dir = JoinPath(root_, StepDirName(step));
-  if (!env_->IsDirectory(step_dir)) return Status::OK();  // not in the tier (withdrawn, or never published)
   const std::string name = IndexFileName(run_hash_, rank_, world_size_) + kOnDiskSuffix;
   Status s = WriteFileAtomically(env_, JoinPath(step_dir, name), "");
-  // Withdrawn meanwhile (a peer rank's retention of the tier, saves coming faster than persists):
-  // nothing is left to mark.
+  // Not in the tier (never published, or withdrawn, even meanwhile: a peer rank's retention of the
+  // tier when saves come faster than persists): nothing to mark.
   if (s.IsNotFound() && !env_->IsDirectory(step_dir)) return Status::OK();
   return s;
 }
