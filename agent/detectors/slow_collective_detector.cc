@@ -76,7 +76,11 @@ void SlowCollectiveDetector::Check(const Timeline& t, uint32_t comm, Op op, OpSt
                                    std::vector<Anomaly>* out) {
   const SlowCollectiveConfig& c = config_;
   if (st->recent.size() < std::max<uint32_t>(c.recent_window, 1)) return;
-  if (st->reported && now - std::min(now, st->reported_ns) < Nanos(c.cooldown_seconds)) return;
+  // One fault, one alarm: within the cooldown nothing fires again, except a first alarm naming a
+  // rank after one that named none (a communicator seen slow as a whole, amid host contention say,
+  // then the link at fault): that is news, and it must not wait out the cooldown of the vaguer one.
+  const bool cooling = st->reported && now - std::min(now, st->reported_ns) < Nanos(c.cooldown_seconds);
+  if (cooling && st->reported_ranks) return;
   const double base = Median(st->baseline);
   std::vector<double> durations;
   for (const Sample& s : st->recent) durations.push_back(s.duration);
@@ -130,6 +134,7 @@ void SlowCollectiveDetector::Check(const Timeline& t, uint32_t comm, Op op, OpSt
     if (comm_slow || (x.excess > (c.factor - 1) * base && (x.z > kLoneCulpritZ || x.clear_max)))
       culprit_delays.push_back(x);
   if (!comm_slow && culprit_delays.empty()) return;
+  if (cooling && culprit_delays.empty()) return;
 
   std::vector<int> culprits;
   for (const RankDelay& x : culprit_delays) culprits.push_back(x.rank);
@@ -191,6 +196,7 @@ void SlowCollectiveDetector::Check(const Timeline& t, uint32_t comm, Op op, OpSt
   out->push_back(std::move(a));
   st->reported = true;
   st->reported_ns = now;
+  st->reported_ranks = !culprits.empty();
 }
 
 void SlowCollectiveDetector::Poll(const Timeline& timeline, uint64_t now_ns, std::vector<Anomaly>* out) {

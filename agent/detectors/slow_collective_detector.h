@@ -17,7 +17,7 @@
 // after a typical one, so a typical rank posting its part late holds the collective back past that
 // entry by much less than it holds its part. Such an anomaly names that rank, with evidence
 // "trigger": "rank" (else "communicator").
-// Cooldown per (comm, op).
+// Cooldown per (comm, op); an alarm naming ranks still follows one that named none within it.
 //
 // Thread safety: none (see agent/detector.h).
 #ifndef LIFELINE_AGENT_DETECTORS_SLOW_COLLECTIVE_DETECTOR_H_
@@ -53,6 +53,7 @@ class SlowCollectiveDetector : public Detector {
     bool dirty = false;
     bool reported = false;
     uint64_t reported_ns = 0;
+    bool reported_ranks = false;  // the last alarm named ranks
   };
   void Check(const Timeline& t, uint32_t comm, trace::Op op, OpStats* st, uint64_t now, std::vector<Anomaly>* out);
 

@@ -52,6 +52,25 @@ TEST(SlowCollectiveDetectorTest, WholeCommunicatorSlowNamesNoRank) {
   EXPECT_NE(driver.all()[0].message.find("whole communicator"), std::string::npos) << driver.all()[0].message;
 }
 
+// The whole communicator slows first (on a saturated host, say: that alarm is not paged), then one
+// rank's link: the second alarm names the rank at once instead of waiting out the first's cooldown,
+// and the link slow from then on raises nothing more.
+TEST(SlowCollectiveDetectorTest, ARankNamedAfterAWholeCommunicatorAlarmIsNotHeldByItsCooldown) {
+  Sim sim;
+  sim.steps = 200;
+  sim.op_seconds = [](int k) { return k >= 60 ? 0.020 : 0.005; };
+  sim.extra_post = [](int r, int k) { return r == 1 && k >= 100 ? 0.060 : 0.0; };
+  SlowCollectiveDetector slow(SlowCollectiveConfig{});  // cooldown 60 s: longer than the run
+  SimDriver driver(sim, {&slow});
+  driver.RunPast(1 * kSec);
+  ASSERT_EQ(driver.all().size(), 2u) << Describe(driver.all());
+  EXPECT_TRUE(driver.all()[0].ranks.empty()) << Describe(driver.all());
+  EXPECT_EQ(driver.all()[1].ranks, std::vector<int>{1}) << Describe(driver.all());
+  ASSERT_TRUE(driver.all()[1].step.has_value());
+  EXPECT_GE(*driver.all()[1].step, 100u);
+  EXPECT_LE(*driver.all()[1].step, 110u);
+}
+
 TEST(SlowCollectiveDetectorTest, SmallSlowdownUnderTheFactorStaysSilent) {
   Sim sim;
   sim.steps = 200;

@@ -437,9 +437,13 @@ void ExpectNamedOnceByTheLeader(MultiNodeTest* t, const std::string& name, const
   std::vector<NodeRun> runs = t->RunJob(name, "--max-restarts 2", steps + " --fault " + fault);
   std::map<int, std::string> finals;
   int named = 0;
+  std::string seen;  // every node's anomalies and what it did not page, for a failure's message
   for (const NodeRun& r : runs) {
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_EQ(Count(r.actions, "action", "restart"), 0) << Dump(r.actions);
+    seen += Dump(r.anomalies);
+    for (const auto& x : r.actions)
+      if (x.value("action", "") == "not_paged") seen += x.dump() + "\n";
     for (const auto& a : r.anomalies) {
       for (const auto& x : a["ranks"]) EXPECT_EQ(x, rank) << a.dump();
       if (a["kind"] != kind) continue;
@@ -449,7 +453,7 @@ void ExpectNamedOnceByTheLeader(MultiNodeTest* t, const std::string& name, const
     }
     finals.insert(r.finals.begin(), r.finals.end());
   }
-  EXPECT_EQ(named, 1) << "one fault, one alarm (the detectors' cooldown outlasts the job)";
+  EXPECT_EQ(named, 1) << "one fault, one alarm (the detectors' cooldown outlasts the job)\n" << seen;
   EXPECT_EQ(finals, single);
 }
 
@@ -457,8 +461,12 @@ TEST_F(MultiNodeTest, AStragglerOnAnotherNodeIsNamedOnceByTheLeader) {
   ExpectNamedOnceByTheLeader(this, "straggler", "--steps 200 --ckpt-every 20", "slow@3:30:40", "straggler", 3);
 }
 
+// The slowdown must stand out of the host's own noise by the detector's factor (x2): on this
+// 2-core machine saturated by other tests the drill's allreduce takes 28 ms at its median (its
+// ranks wait for a core at every wake-up), so a link 30 ms slow was at the threshold and named in
+// some runs only. 100 ms is a slow link on any host that runs the test.
 TEST_F(MultiNodeTest, ASlowLinkIsNamedByTheLeader) {
-  ExpectNamedOnceByTheLeader(this, "slowlink", "--steps 500 --ckpt-every 50 --compute-ms 5", "slowcomm@1:200:30",
+  ExpectNamedOnceByTheLeader(this, "slowlink", "--steps 300 --ckpt-every 50 --compute-ms 5", "slowcomm@1:200:100",
                              "slow_collective", 1);
 }
 
