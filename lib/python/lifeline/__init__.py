@@ -29,14 +29,14 @@ from . import _state
 
 Error = _lifeline.Error
 
-__all__ = ["Checkpointer", "Ticket", "Shard", "Error", "trace", "guard_optimizer", "convert", "describe_source"]
+__all__ = ["Checkpointer", "Ticket", "Shard", "Error", "trace", "guard_optimizer", "convert", "describe_source", "dcp"]
 
 
 def __getattr__(name):
     # lifeline.torch is imported on first use: `import lifeline` does not need torch.
-    if name == "torch":
+    if name in ("torch", "dcp"):
         import importlib
-        return importlib.import_module(".torch", __name__)
+        return importlib.import_module("." + name, __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -218,9 +218,22 @@ class Checkpointer:
         The tensors are read in the background: do not mutate them before ticket.wait_snapshot()
         (or use guard_optimizer). Errors (a bad request, I/O failures, a step already committed)
         are raised by the ticket's waits; earlier checkpoints are never harmed by a failed save."""
+        return self._submit(step, *self._request(state), metadata)
+
+    def _save_pieces(self, step, pieces, objects, metadata=None):
+        """save() of explicit pieces: (path, tensor or Shard) pairs, several per path allowed, and
+        (path, bytes) objects as they are to be stored (lifeline.dcp saves DCP's items this way)."""
+        specs, keep, names = [], [], {}
+        for path, piece in pieces:
+            spec, buffer = _state.tensor_spec(path, piece)
+            names.setdefault(path, []).append(len(specs))
+            specs.append(spec)
+            keep.append(buffer)
+        return self._submit(step, specs, keep, list(objects), names, metadata)
+
+    def _submit(self, step, specs, keep, objects, names, metadata):
         self._prune()
         self._say_memory_tier_problems()
-        specs, keep, objects, names = self._request(state)
         meta = _json.dumps(metadata) if metadata is not None else ""
         impl = self._impl.save(int(step), specs, objects, meta, keep)
         # A save of CUDA tensors only: the optimizer may be ordered after its copies on the GPU.

@@ -6,11 +6,12 @@ A state is a tree of dicts, lists and tuples. Its leaves are:
     the path of the leaf ("model.layers.0.weight", "optim.3.exp_avg"), zero-copy;
   * everything else (numbers, strings, bytes, None, and containers holding no tensor): a per-rank
     object stored under its path, encoded as tagged JSON. Never pickle: loading a checkpoint must
-    not run code from it.
+    not run code from it (DCP's bytes items, torch.save bytes, are read with weights_only=True).
 Paths join dict keys (str or int) and list indices with ".".
 """
 
 import base64
+import io
 import json
 import math
 import sys
@@ -354,7 +355,26 @@ def encode_object(path, value):
     return json.dumps(_to_json(value, path), separators=(",", ":"), allow_nan=False).encode("utf-8")
 
 
+_TORCH_SAVE_MAGIC = b"PK\x03\x04"  # torch.save's zip archive; a JSON object never starts so
+
+
+def is_torch_save(data):
+    """Whether a stored object is torch.save bytes (DCP's bytes items) rather than Lifeline's JSON."""
+    return bytes(data[:4]) == _TORCH_SAVE_MAGIC
+
+
 def decode_object(path, data):
+    if is_torch_save(data):
+        torch = _module("torch") or __import__("torch")
+        try:  # weights_only: a checkpoint never runs code of its own (a BytesIO is only bytes)
+            safe = getattr(torch.serialization, "safe_globals", None)
+            if safe is None:
+                return torch.load(io.BytesIO(bytes(data)), weights_only=True)
+            with safe([io.BytesIO]):
+                return torch.load(io.BytesIO(bytes(data)), weights_only=True)
+        except Exception as e:
+            raise _lifeline.Error(f"Corruption: per-rank object {path!r} (torch.save bytes, as DCP writes them) "
+                                  f"cannot be loaded with weights_only=True: {type(e).__name__}: {e}") from None
     try:
         return _from_json(json.loads(data.decode("utf-8")))
     except (ValueError, UnicodeDecodeError) as e:
@@ -385,6 +405,11 @@ def restore(state, objects, missing):
                 else tuple(visit(v, _join(path, i)) for i, v in enumerate(x))
         if path in objects:
             return decode_object(path, objects[path])
+        if isinstance(x, dict) and x and any(name.startswith(path + ".") for name in objects):
+            # Saved through DCP, whose planner stores each leaf of a dict on its own.
+            for k in list(x.keys()):
+                x[k] = visit(x[k], _join(path, k))
+            return x
         missing.append(path)
         return x
     if isinstance(state, dict):

@@ -1,0 +1,444 @@
+"""Lifeline as a storage backend of torch.distributed.checkpoint (DCP).
+
+    import torch.distributed.checkpoint as dcp
+    import lifeline.dcp
+    writer = lifeline.dcp.StorageWriter("/ckpt/run7", keep_last=3)
+    dcp.save(state_dict, storage_writer=writer)                # durable and committed on return
+    response = dcp.async_save(state_dict, storage_writer=writer)
+    response.staging_completion.result()                      # the snapshot: the state may change now
+    response.upload_completion.result()                       # durable and committed
+    dcp.load(state_dict, storage_reader=lifeline.dcp.StorageReader("/ckpt/run7"))
+
+What the writer produces is a Lifeline checkpoint: one step of the directory, the ranks' pieces
+of every global tensor with per-chunk checksums, committed atomically, kept in the memory tier.
+`lifeline ls/verify/inspect/convert/reshard` and lifeline.Checkpointer(path).load work on it, and
+the reader loads any Lifeline checkpoint, however it was saved, into any mesh: DCP's planner asks
+for regions of global tensors and Lifeline reads any region of a stored tensor, whichever ranks'
+pieces hold it. The reader therefore presents every tensor as one chunk covering it.
+
+Steps. Each save is one step of the directory: `step=` (or `writer.step = N` before a save) names
+it; otherwise the first save of a writer continues after the newest step in the directory (rank 0's
+view, shared by a broadcast), and each later save takes the next one.
+
+The writer is DCP's AsyncStager. With async_save (thread mode), stage() starts Lifeline's save:
+the state's tensors are registered, not copied, and copied by Lifeline's threads while training
+goes on; stage() returns a Future that completes when the copy is done, so async_save returns at
+once with DCP's AsyncSaveResponse. Nothing may change the state before `staging_completion`
+(or writer.wait_snapshot(), which lifeline.guard_optimizer(optimizer, writer) calls before each
+optimizer step). `staging="copy"` makes async_save itself wait for the copy and return a plain
+Future, as DCP's default stager does. DCP's process mode (AsyncCheckpointerType.PROCESS) sends the
+writer to another process, which cannot hold this process's snapshot: it is refused, saying so.
+
+Objects (DCP's bytes items: the state's non-tensor leaves) are kept per rank as Lifeline stores
+them: JSON when the value is plain data (what lifeline.Checkpointer writes), else DCP's own
+torch.save bytes, which lifeline.Checkpointer.load reads with torch.load(weights_only=True).
+"""
+
+import collections as _collections
+import concurrent.futures as _futures
+import dataclasses as _dataclasses
+import io as _io
+import os as _os
+import threading as _threading
+
+import torch as _torch
+import torch.distributed as _dist
+from torch.distributed.checkpoint import metadata as _md
+from torch.distributed.checkpoint.planner import LoadItemType as _LoadItemType
+from torch.distributed.checkpoint.planner import WriteItemType as _WriteItemType
+from torch.distributed.checkpoint.storage import StorageReader as _StorageReader
+from torch.distributed.checkpoint.storage import StorageWriter as _StorageWriter
+from torch.distributed.checkpoint.storage import WriteResult as _WriteResult
+from torch.futures import Future as _TorchFuture
+
+from . import Checkpointer as _Checkpointer
+from . import Error
+from . import _state
+
+try:
+    from torch.distributed.checkpoint.staging import AsyncStager as _AsyncStager
+except ImportError:  # torch before 2.3: async_save stages with its own copy
+    _AsyncStager = object
+
+# Whether async_save takes a Future from stage() (torch 2.9 on: AsyncSaveResponse).
+try:
+    from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse as _AsyncSaveResponse  # noqa: F401
+    _FUTURE_STAGING = True
+except ImportError:
+    _FUTURE_STAGING = False
+
+__all__ = ["StorageWriter", "StorageReader"]
+
+
+def _path(checkpoint_id):
+    return _os.fsdecode(_os.fspath(checkpoint_id))
+
+
+def _is_local_path(checkpoint_id):
+    try:
+        return "://" not in _path(checkpoint_id)
+    except TypeError:
+        return False
+
+
+def _group():
+    """(rank, world size) of the default process group, (0, 1) without one."""
+    if _dist.is_available() and _dist.is_initialized():
+        return _dist.get_rank(), _dist.get_world_size()
+    return 0, 1
+
+
+def _encode(value):
+    """A DCP bytes item as Lifeline keeps it: JSON for plain data, else torch.save bytes."""
+    try:
+        return _state.encode_object("", value)
+    except TypeError:
+        buf = _io.BytesIO()
+        _torch.save(value, buf)
+        return buf.getvalue()
+
+
+def _pieces_as_dcp_names_them(state_dict):
+    """(pieces, objects) of a state dict under the names DCP's planner gives its items: dicts are
+    flattened (also those without tensors), lists only when they hold tensors, anything else is one
+    bytes item. A DTensor is the boxes of its global tensor that this rank holds; a plain tensor, in
+    a job of several ranks, one of as many identical copies (DCP's assumption too), written once."""
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+    from . import _dtensor
+    flat, _mappings = flatten_state_dict(state_dict)
+    rank, world = _group()
+    pieces, objects = [], []
+    for fqn, value in flat.items():
+        if _dtensor.is_dtensor(value):
+            pieces.extend((fqn, p) for p in _dtensor.pieces(value, fqn, world))
+        elif isinstance(value, _torch.Tensor):
+            pieces.append((fqn, _state.Shard(value, replica=(rank, world)) if world > 1 else value))
+        else:
+            objects.append((fqn, _encode(value)))
+    return pieces, objects
+
+
+class StorageWriter(_StorageWriter, _AsyncStager):
+    """DCP's StorageWriter (and AsyncStager) writing Lifeline checkpoints into `path`.
+
+    StorageWriter(path, step=None, staging="lazy", **options): `options` are those of
+    lifeline.Checkpointer (keep_last, memory_tier, codec, staging_budget_bytes, ...). A
+    `checkpoint_id` given to dcp.save names the directory instead of `path`."""
+
+    _synchronize_after_execute = False
+
+    def __init__(self, path, step=None, staging="lazy", **options):
+        if staging not in ("lazy", "copy"):
+            raise ValueError(f"lifeline.dcp.StorageWriter: staging={staging!r}: 'lazy' or 'copy'")
+        self.directory = _path(path)
+        self.step = None if step is None else int(step)
+        self._staging = staging
+        self._synchronize_after_execute = staging == "copy" or not _FUTURE_STAGING
+        self._options = dict(options)
+        self._ckpt = None
+        self._next = None            # the step after the last one this writer saved
+        self._staged = _collections.deque()  # (step, ticket) of saves stage() started, oldest first
+        self._lock = _threading.Lock()
+        # .saving: (step, ticket) of the DCP save this thread runs; .local_bytes: its rank's bytes
+        # items before DCP left each to one rank
+        self._call = _threading.local()
+        self._is_coordinator = False
+
+    # ---- the Lifeline side ----
+
+    @property
+    def checkpointer(self):
+        """The lifeline.Checkpointer that saves (made on first use, for the process group's rank)."""
+        if self._ckpt is None:
+            rank, world = _group()
+            self._ckpt = _Checkpointer(self.directory, rank=rank, world_size=world, **self._options)
+        return self._ckpt
+
+    def _take_step(self):
+        if self.step is not None:
+            step, self.step = self.step, None
+        else:
+            if self._next is None:
+                latest = self.checkpointer.latest_step()
+                tier = [c["step"] for c in self.checkpointer.list(True) if c["complete"]]
+                newest = max([s for s in [latest] + tier if s is not None], default=-1)
+                if _dist.is_available() and _dist.is_initialized() and _dist.get_world_size() > 1:
+                    box = [newest]
+                    _dist.broadcast_object_list(box, src=0)
+                    newest = box[0]
+                self._next = newest + 1
+            step = self._next
+        self._next = step + 1
+        return step
+
+    def wait_snapshot(self):
+        """Waits until no save reads the state's tensors any more (lifeline.guard_optimizer calls it)."""
+        if self._ckpt is not None:
+            self._ckpt.wait_snapshot()
+
+    def close(self):
+        """Waits for every save to be durable, then frees the staging memory."""
+        if self._ckpt is not None:
+            self._ckpt.close()
+
+    def __reduce__(self):
+        raise TypeError("lifeline.dcp.StorageWriter works in DCP's thread mode only "
+                        "(async_save(..., async_checkpointer_type=AsyncCheckpointerType.THREAD), the default): "
+                        "process mode sends the writer to another process, which cannot read the snapshot this "
+                        "process takes; Lifeline already persists from threads of its own, off the GIL")
+
+    # ---- AsyncStager ----
+
+    def stage(self, state_dict):
+        """Starts Lifeline's save of `state_dict` (its tensors copied in the background) and returns
+        a Future of the state dict that completes once the copy is done (staging="lazy", torch with
+        AsyncSaveResponse), else the state dict after synchronize_staging()."""
+        step = self._take_step()
+        pieces, objects = _pieces_as_dcp_names_them(state_dict)
+        ticket = self.checkpointer._save_pieces(step, pieces, objects, {"dcp": True})
+        with self._lock:
+            self._staged.append((step, ticket))
+        if self._synchronize_after_execute:
+            return state_dict
+        done = _futures.Future()
+
+        def wait():
+            try:
+                ticket.wait_snapshot()
+                done.set_result(state_dict)
+            except BaseException as e:  # noqa: B902 - handed to whoever waits on the future
+                done.set_exception(e)
+        _threading.Thread(target=wait, name="lifeline-dcp-stage", daemon=True).start()
+        return done
+
+    def synchronize_staging(self):
+        with self._lock:
+            staged = list(self._staged)
+        for _step, ticket in staged:
+            ticket.wait_snapshot()
+
+    # ---- StorageWriter ----
+
+    def reset(self, checkpoint_id=None):
+        if checkpoint_id is not None and _path(checkpoint_id) != self.directory:
+            if self._staged:
+                raise ValueError(f"lifeline.dcp.StorageWriter: async_save's checkpoint_id {_path(checkpoint_id)!r} "
+                                 f"differs from the writer's directory {self.directory!r}, where stage() has saved "
+                                 f"step {self._staged[0][0]} already: give the directory to the writer")
+            if self._ckpt is not None:
+                self._ckpt.close()
+                self._ckpt = None
+            self.directory = _path(checkpoint_id)
+            self._next = None
+
+    def set_up_storage_writer(self, is_coordinator, *args, **kwargs):
+        self._is_coordinator = bool(is_coordinator)
+
+    def storage_meta(self):
+        return _md.StorageMeta(checkpoint_id=self.directory)
+
+    def prepare_local_plan(self, plan):
+        # Every rank keeps its own objects (lifeline.Checkpointer.load gives each rank its own),
+        # also those DCP will leave to one rank.
+        self._call.local_bytes = [item.index.fqn for item in plan.items if item.type == _WriteItemType.BYTE_IO]
+        return plan
+
+    def prepare_global_plan(self, plans):
+        return plans
+
+    def write_data(self, plan, planner):
+        # async_save: the oldest save stage() started (DCP saves what stage() returned); dcp.save:
+        # the plan's items are the state.
+        with self._lock:
+            staged = self._staged.popleft() if self._staged else None
+        if staged is None:
+            step = self._take_step()
+            staged = (step, self._save_plan(step, plan, planner))
+        self._call.saving = staged
+        step, ticket = staged
+        ticket.wait_persisted()
+        results = []
+        for item in plan.items:
+            size = 0
+            if item.type != _WriteItemType.BYTE_IO:
+                chunk = item.tensor_data.chunk
+                size = _torch.Size(chunk.sizes if chunk is not None else item.tensor_data.size).numel()
+                size *= _torch.empty((), dtype=item.tensor_data.properties.dtype).element_size()
+            results.append(_WriteResult(index=item.index, size_in_bytes=size, storage_data={"step": step}))
+        fut = _TorchFuture()
+        fut.set_result(results)
+        return fut
+
+    def _save_plan(self, step, plan, planner):
+        """Starts the save of this rank's share of a DCP plan: its tensor items as pieces of their
+        global tensors, its bytes items (and those DCP left to another rank) as objects."""
+        pieces, objects, written = [], [], set()
+        lookup = getattr(planner, "lookup_object", None)  # DefaultSavePlanner's: the value itself
+        for item in plan.items:
+            fqn = item.index.fqn
+            if item.type == _WriteItemType.BYTE_IO:
+                written.add(fqn)
+                data = _encode(lookup(item.index)) if lookup is not None else planner.resolve_data(item).getvalue()
+                objects.append((fqn, data))
+                continue
+            tensor = planner.resolve_data(item).detach()
+            chunk = item.tensor_data.chunk
+            global_shape = tuple(item.tensor_data.size)
+            shape = tuple(chunk.sizes) if chunk is not None else global_shape
+            offsets = tuple(chunk.offsets) if chunk is not None else (0,) * len(global_shape)
+            pieces.append((fqn, _state.Shard(tensor.reshape(shape), global_shape=global_shape, offsets=offsets)))
+        if lookup is not None:
+            for fqn in getattr(self._call, "local_bytes", ()):
+                if fqn not in written:
+                    objects.append((fqn, _encode(lookup(_md.MetadataIndex(fqn)))))
+        return self.checkpointer._save_pieces(step, pieces, objects, {"dcp": True})
+
+    def finish(self, metadata, results):
+        saving = getattr(self._call, "saving", None)
+        self._call.saving = None
+        if saving is not None and self._is_coordinator:
+            saving[1].wait_committed()
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id):
+        return _is_local_path(checkpoint_id)
+
+
+class StorageReader(_StorageReader):
+    """DCP's StorageReader loading a Lifeline checkpoint of `path` (however it was saved) into any
+    mesh. StorageReader(path, step=None): the newest complete step, or `step`."""
+
+    def __init__(self, path, step=None, **options):
+        self.directory = _path(path)
+        self.step = None if step is None else int(step)
+        self._options = dict(options)
+        self._ckpt = None
+        self._read_step = None
+        self._metadata = None
+        self._is_coordinator = False
+
+    def _checkpointer(self):
+        if self._ckpt is None:
+            rank, world = _group()
+            options = dict(self._options)
+            options.setdefault("run_id", "dcp-reader")  # it never saves: no launch id to agree on
+            self._ckpt = _Checkpointer(self.directory, rank=rank, world_size=world, **options)
+        return self._ckpt
+
+    def reset(self, checkpoint_id=None):
+        if checkpoint_id is not None and _path(checkpoint_id) != self.directory:
+            self.directory = _path(checkpoint_id)
+            self._ckpt = None
+        self._read_step = None
+
+    def read_metadata(self, *args, **kwargs):
+        try:
+            described = _lifeline_describe(self.directory, self.step)
+        except Error as e:
+            raise Error(f"lifeline.dcp.StorageReader: {self.directory}: {e}") from None
+        if described.get("format") != "lifeline":
+            raise Error(f"lifeline.dcp.StorageReader: {self.directory} is not a Lifeline checkpoint directory")
+        dtypes = {name: dtype for dtype, name in _state._torch_dtype_names().items()}
+        state = {}
+        for t in described["tensors"]:
+            dtype = dtypes.get(t["dtype"])
+            if dtype is None:
+                raise Error(f"lifeline.dcp.StorageReader: tensor {t['name']!r} of {self.directory} is "
+                            f"{t['dtype']}, which this torch has no dtype for")
+            size = _torch.Size(t["shape"])
+            state[t["name"]] = _md.TensorStorageMetadata(
+                properties=_md.TensorProperties(dtype=dtype), size=size,
+                chunks=[_md.ChunkStorageMetadata(offsets=_torch.Size([0] * len(size)), sizes=size)])
+        holders = {}
+        for o in described["objects"]:
+            holders.setdefault(o["name"], []).append(int(o["rank"]))
+        for name in holders:
+            if name in state:
+                raise Error(f"lifeline.dcp.StorageReader: {name!r} is both a tensor and an object in {self.directory}")
+            state[name] = _md.BytesStorageMetadata()
+        return _md.Metadata(state_dict_metadata=state,
+                            storage_data={"step": described["step"], "objects": holders},
+                            storage_meta=_md.StorageMeta(checkpoint_id=self.directory))
+
+    def set_up_storage_reader(self, metadata, is_coordinator, *args, **kwargs):
+        self._metadata = metadata
+        self._is_coordinator = bool(is_coordinator)
+
+    def prepare_local_plan(self, plan):
+        return plan
+
+    def prepare_global_plan(self, plans):
+        # Every rank reads the coordinator's step, whatever another save made newest meanwhile.
+        step = self._metadata.storage_data["step"]
+        return [_dataclasses.replace(p, storage_data={"step": step}) for p in plans]
+
+    def read_data(self, plan, planner):
+        step = plan.storage_data["step"] if isinstance(plan.storage_data, dict) else \
+            self._metadata.storage_data["step"]
+        ckpt = self._checkpointer()
+        rank, _world = _group()
+        specs, fills, byte_items = [], [], []
+        for item in plan.items:
+            if item.type == _LoadItemType.BYTE_IO:
+                byte_items.append(item)
+                continue
+            fqn = item.storage_index.fqn
+            stored = self._metadata.state_dict_metadata[fqn]
+            target = planner.resolve_tensor(item).detach()
+            begin = [a + b for a, b in zip(item.storage_index.offset or [0] * len(item.lengths),
+                                           item.storage_offsets)]
+            lengths = [int(n) for n in item.lengths]
+            buffer = target
+            if target.dtype != stored.properties.dtype or target.device.type != "cpu" \
+                    or not target.is_contiguous() or tuple(target.shape) != tuple(lengths):
+                buffer = _torch.empty(lengths, dtype=stored.properties.dtype)
+            spec, _keep = _state.tensor_spec(fqn, _state.Shard(buffer, global_shape=tuple(stored.size), offsets=begin))
+            specs.append(spec)
+            fills.append((item, target, buffer))
+        objects = {}
+        if specs:
+            result = ckpt._impl.load(step, specs, rank)
+            if result is None:
+                raise Error(f"NotFound: step {step} of {self.directory} is gone")
+            objects.update(dict(result["objects"]))
+        for item, target, buffer in fills:
+            if buffer is not target:
+                target.copy_(buffer.reshape(target.shape))
+            planner.commit_tensor(item, target)
+        holders = self._metadata.storage_data.get("objects", {})
+        for item in byte_items:
+            fqn = item.storage_index.fqn
+            ranks = holders.get(fqn, [])
+            owner = rank if rank in ranks else min(ranks, default=rank)
+            data = objects.get(fqn) if owner == rank else None
+            if data is None:
+                result = ckpt._impl.load(step, [], owner)
+                if result is None:
+                    raise Error(f"NotFound: step {step} of {self.directory} is gone")
+                data = dict(result["objects"]).get(fqn)
+                if owner == rank:
+                    objects.update(dict(result["objects"]))
+            if data is None:
+                raise Error(f"NotFound: object {fqn!r} of rank {owner} is not in step {step} of {self.directory}")
+            planner.load_bytes(item, _io.BytesIO(_as_torch_save(fqn, data)))
+        fut = _TorchFuture()
+        fut.set_result(None)
+        return fut
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id):
+        return _is_local_path(checkpoint_id)
+
+
+def _lifeline_describe(directory, step):
+    from . import describe_source
+    return describe_source(directory, step)
+
+
+def _as_torch_save(name, data):
+    """An object as DCP's load_bytes wants it: torch.save bytes (a Lifeline JSON object re-encoded)."""
+    if _state.is_torch_save(data):
+        return data
+    buf = _io.BytesIO()
+    _torch.save(_state.decode_object(name, data), buf)
+    return buf.getvalue()
