@@ -147,8 +147,78 @@ def mixed_load(args):
     gloo_ranks.finish({"wrong": wrong})
 
 
+def process_mode(args):
+    """DCP's process mode cannot take Lifeline's snapshot: refused before anything is saved."""
+    from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+    init(args, 1)
+    writer = lifeline.dcp.StorageWriter(os.path.join(args.dir, "process"))
+    try:
+        dcp.async_save({"w": torch.ones(3)}, storage_writer=writer, async_checkpointer_type=AsyncCheckpointerType.PROCESS)
+        error = None
+    except ValueError as e:
+        error = str(e)
+    gloo_ranks.finish({"error": error, "steps": [c["step"] for c in writer.checkpointer.list()]})
+
+
+def copy_staging_and_steps(args):
+    """staging="copy": async_save returns DCP's plain Future once the state is copied. Steps: named
+    by step= or writer.step, else the next after the newest; an existing step is refused and the
+    checkpoint that holds it is left as it was."""
+    init(args, 1)
+    directory = os.path.join(args.dir, "steps")
+    writer = lifeline.dcp.StorageWriter(directory, step=10, staging="copy")
+    w = torch.arange(6.0)
+    future = dcp.async_save({"w": w}, storage_writer=writer)
+    returned_as = type(future).__name__
+    w.add_(100.0)  # after async_save returned: not in step 10
+    future.result()
+    dcp.save({"w": w}, storage_writer=writer)  # step 11
+    writer.step = 10
+    try:
+        dcp.save({"w": torch.zeros(6)}, storage_writer=writer)
+        refused = None
+    except BaseException as e:  # noqa: B902 - DCP's CheckpointException is a BaseException
+        refused = str(e)
+    writer.close()
+    loaded = {}
+    for step in (10, 11):
+        got = {"w": torch.zeros(6)}
+        dcp.load(got, storage_reader=lifeline.dcp.StorageReader(directory, step=step))
+        loaded[step] = got["w"].tolist()
+    gloo_ranks.finish({"returned_as": returned_as, "refused": refused, "loaded": loaded,
+                       "steps": [c["step"] for c in lifeline.Checkpointer(directory, run_id="t").list()]})
+
+
 def worker(args):
-    {"save": save, "load": load, "mixed_load": mixed_load}[args.role](args)
+    {"save": save, "load": load, "mixed_load": mixed_load, "process_mode": process_mode,
+     "copy_staging_and_steps": copy_staging_and_steps}[args.role](args)
+
+
+@unittest.skipIf(NO_FSDP2, NO_FSDP2)
+class DcpWriterOptions(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="lifeline-dcp-", dir=os.environ.get("LIFELINE_TEST_TMPDIR", "/var/tmp"))
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def one_rank(self, role):
+        results, output = gloo_ranks.run_ranks(__file__, 1, lambda r: ["--role", role, "--dir", self.tmp])
+        self.assertIsNotNone(results[0], output)
+        return results[0]
+
+    def test_process_mode_is_refused_before_anything_is_saved(self):
+        result = self.one_rank("process_mode")
+        self.assertIn("thread mode only", result["error"] or "")
+        self.assertEqual(result["steps"], [])
+
+    def test_copy_staging_and_named_steps(self):
+        result = self.one_rank("copy_staging_and_steps")
+        self.assertEqual(result["returned_as"], "Future")
+        self.assertEqual(result["loaded"], {"10": [0.0, 1.0, 2.0, 3.0, 4.0, 5.0],
+                                            "11": [100.0, 101.0, 102.0, 103.0, 104.0, 105.0]})
+        self.assertIn("step 10", result["refused"] or "")
+        self.assertEqual(result["steps"], [11, 10])
 
 
 @unittest.skipIf(NO_FSDP2, NO_FSDP2)

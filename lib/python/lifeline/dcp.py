@@ -39,6 +39,7 @@ import concurrent.futures as _futures
 import dataclasses as _dataclasses
 import io as _io
 import os as _os
+import sys as _sys
 import threading as _threading
 
 import torch as _torch
@@ -181,11 +182,29 @@ class StorageWriter(_StorageWriter, _AsyncStager):
         if self._ckpt is not None:
             self._ckpt.close()
 
+    _PROCESS_MODE = ("lifeline.dcp.StorageWriter works in DCP's thread mode only "
+                     "(async_save(..., async_checkpointer_type=AsyncCheckpointerType.THREAD), the default): "
+                     "process mode sends the writer to another process, which cannot read the snapshot this "
+                     "process takes; Lifeline already persists from threads of its own, off the GIL")
+
     def __reduce__(self):
-        raise TypeError("lifeline.dcp.StorageWriter works in DCP's thread mode only "
-                        "(async_save(..., async_checkpointer_type=AsyncCheckpointerType.THREAD), the default): "
-                        "process mode sends the writer to another process, which cannot read the snapshot this "
-                        "process takes; Lifeline already persists from threads of its own, off the GIL")
+        raise TypeError(self._PROCESS_MODE)
+
+    @classmethod
+    def _refuse_process_mode(cls):
+        """Raises before anything is saved when the async_save calling stage() is in process mode.
+        DCP does not tell a stager its mode, and in that mode the writer's pickling error is seen
+        only as "background process is dead": the caller's frame says it."""
+        frame = _sys._getframe(2)
+        for _ in range(8):
+            if frame is None:
+                return
+            if frame.f_code.co_name == "async_save" and "async_checkpointer_type" in frame.f_locals:
+                kind = frame.f_locals["async_checkpointer_type"]
+                if getattr(kind, "name", str(kind)).upper().endswith("PROCESS"):
+                    raise ValueError(cls._PROCESS_MODE)
+                return
+            frame = frame.f_back
 
     # ---- AsyncStager ----
 
@@ -193,6 +212,7 @@ class StorageWriter(_StorageWriter, _AsyncStager):
         """Starts Lifeline's save of `state_dict` (its tensors copied in the background) and returns
         a Future of the state dict that completes once the copy is done (staging="lazy", torch with
         AsyncSaveResponse), else the state dict after synchronize_staging()."""
+        self._refuse_process_mode()
         step = self._take_step()
         pieces, objects = _pieces_as_dcp_names_them(state_dict)
         ticket = self.checkpointer._save_pieces(step, pieces, objects, {"dcp": True})
