@@ -47,6 +47,19 @@ struct Checkpointer::Impl {
   std::unique_ptr<PersistPipeline> pipeline;
   // The newest job of each staging slot (caller's thread only): what the slot holds.
   std::vector<std::shared_ptr<internal::SaveJob>> slot_job;
+  // The last staged save's plan of its tensors (caller's thread only), reused by the next save of
+  // the same tensors: a training loop saves the same ones at the same addresses every time, and
+  // planning 8,192 chunks of a 2 GiB state again costs a millisecond of the loop's time.
+  struct TensorPlan {
+    std::vector<TensorShard> tensors;  // the request's (data addresses included; streams ignored)
+    RankSavePlan plan;
+    std::vector<uint64_t> fragment_offset;
+    uint64_t fragments_end = 0;
+    std::vector<format::FragmentInfo> fragments;
+    std::vector<format::ChunkInfo> chunks;  // checksums zero
+    std::shared_ptr<const std::vector<internal::CopyPiece>> pieces;  // the fragments'
+  };
+  std::optional<TensorPlan> tensor_plan;
   bool warned_streaming = false;
   // Device snapshots (caller's thread only): a copy stream per CUDA device, and the slot memory
   // page-locked for them (address and length per slot; null when not pinned).
@@ -117,8 +130,9 @@ Status QueueDeviceCopies(DeviceState m, internal::SaveJob& job, const SaveReques
   std::set<std::pair<int, void*>> waited;
   std::set<int> used;
   Status s;
-  for (size_t i = 0; i < job.pieces.size() && s.ok(); ++i) {
-    const internal::CopyPiece& p = job.pieces[i];
+  const size_t n = job.num_pieces();
+  for (size_t i = 0; i < n && s.ok(); ++i) {
+    const internal::CopyPiece& p = job.piece(i);
     if (!p.device) continue;
     const TensorShard& t = request.tensors[p.request_tensor];
     std::unique_ptr<cuda::CopyStream>& stream = m.copy_streams[t.device];
@@ -136,8 +150,8 @@ Status QueueDeviceCopies(DeviceState m, internal::SaveJob& job, const SaveReques
     // Adjacent pieces of one fragment are contiguous on both sides: one copy for the run.
     uint64_t length = p.length;
     size_t j = i + 1;
-    for (; j < job.pieces.size(); ++j) {
-      const internal::CopyPiece& q = job.pieces[j];
+    for (; j < n; ++j) {
+      const internal::CopyPiece& q = job.piece(j);
       if (!q.device || q.request_tensor != p.request_tensor || q.source != p.source + length ||
           q.image_offset != p.image_offset + length)
         break;
@@ -266,11 +280,36 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::Open(CheckpointerOptions opt
   return c;
 }
 
+namespace {
+
+// Whether two requests' tensors make the same plan: all that PlanRankSave and PlanPieces read.
+bool SameTensors(const std::vector<TensorShard>& a, const std::vector<TensorShard>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const TensorShard& x = a[i];
+    const TensorShard& y = b[i];
+    if (x.data != y.data || x.dtype != y.dtype || x.flat_begin != y.flat_begin || x.flat_end != y.flat_end ||
+        x.replica_index != y.replica_index || x.replica_count != y.replica_count || x.device != y.device ||
+        x.global_shape != y.global_shape || x.offsets != y.offsets || x.shape != y.shape || x.name != y.name)
+      return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 SaveTicket Checkpointer::Save(uint64_t step, const SaveRequest& request) {
-  const auto t0 = internal::SaveJob::Clock::now();
+  using Part = internal::SaveJob::StallPart;
+  auto last = internal::SaveJob::Clock::now();
   Impl& m = *impl_;
   const CheckpointerOptions& o = options_;
   auto job = std::make_shared<internal::SaveJob>(step, m.env, o.directory);
+  // The caller's time since the last lap, as `part` of the save's stall.
+  auto lap = [&job, &last](Part part) {
+    const auto now = internal::SaveJob::Clock::now();
+    job->AddStall(now - last, part);
+    last = now;
+  };
   const std::string where = "saving step " + std::to_string(step) + " on rank " + std::to_string(o.rank);
   auto refuse = [&](Status s, SavePhase phase) {
     job->InitCounters(request.tensors.size());
@@ -302,9 +341,15 @@ SaveTicket Checkpointer::Save(uint64_t step, const SaveRequest& request) {
                                                    "objects folded by a conversion to a smaller world"),
                     SavePhase::kFailed);
   }
-  Result<RankSavePlan> plan = PlanRankSave(request, o.replica_split_bytes, true, o.column_blocks);
-  if (!plan.ok()) return refuse(plan.status().Annotate(where), SavePhase::kFailed);
-  job->plan = std::move(*plan);
+  const Impl::TensorPlan* reuse =
+      m.tensor_plan && SameTensors(m.tensor_plan->tensors, request.tensors) ? &*m.tensor_plan : nullptr;
+  if (reuse != nullptr) {
+    job->plan = reuse->plan;
+  } else {
+    Result<RankSavePlan> plan = PlanRankSave(request, o.replica_split_bytes, true, o.column_blocks);
+    if (!plan.ok()) return refuse(plan.status().Annotate(where), SavePhase::kFailed);
+    job->plan = std::move(*plan);
+  }
   job->objects = request.objects;
   job->metadata_json = request.metadata_json;
   RankWriteOptions& w = job->write_options;
@@ -320,17 +365,25 @@ SaveTicket Checkpointer::Save(uint64_t step, const SaveRequest& request) {
   w.direct_io = o.direct_io;
   w.codec = internal::StoredCodec(o.codec);
   w.codec_level = o.codec_level;
-  job->layout = LayoutImage(job->plan, job->objects);
+  if (reuse != nullptr) {
+    job->layout.fragment_offset = reuse->fragment_offset;
+    job->layout.bytes = reuse->fragments_end;
+    LayoutObjects(job->objects, &job->layout);
+  } else {
+    job->layout = LayoutImage(job->plan, job->objects);
+  }
   job->bytes_total = job->layout.bytes - kDataHeaderBytes;
   job->block_bytes = o.write_block_bytes;
   const uint64_t padded = AlignUp(job->layout.bytes, kDirectIoAlignment);
 
+  lap(Part::kPlan);
+
   std::optional<unsigned> slot;
   if (padded <= m.arena->slot_limit()) {
     slot = m.arena->Acquire(o.busy_policy == BusyPolicy::kWait);
+    lap(Part::kSlot);
     if (!slot) {
       const std::optional<uint64_t> busy = m.arena->OldestBusyStep();
-      job->AddStall(internal::SaveJob::Clock::now() - t0);
       return refuse(Status::Unavailable(where, "skipped: step " + (busy ? std::to_string(*busy) : std::string("?")) +
                                                    " is still being persisted and all " +
                                                    std::to_string(o.staging_slots) + " staging slots are busy"),
@@ -369,8 +422,9 @@ SaveTicket Checkpointer::Save(uint64_t step, const SaveRequest& request) {
   }
   if (!slot) {
     job->InitCounters(request.tensors.size(), /*streamed=*/true);
+    lap(Part::kPlan);
     m.pipeline->Submit(job);
-    job->AddStall(internal::SaveJob::Clock::now() - t0);
+    lap(Part::kSubmit);
     return SaveTicket(job);
   }
 
@@ -386,8 +440,24 @@ SaveTicket Checkpointer::Save(uint64_t step, const SaveRequest& request) {
   job->image = m.arena->data(*slot);
   EncodeDataHeader(o.rank, o.world_size, step, m.run_hash, job->image);
   std::memset(job->image + job->layout.bytes, 0, padded - job->layout.bytes);
-  job->index = RawImageIndex(job->plan, job->objects, job->metadata_json, job->layout, w);
-  internal::PlanPieces(*job, request);
+  lap(Part::kStage);
+  if (reuse != nullptr) {
+    job->index = RawImageIndex(job->plan, reuse->fragments, reuse->chunks, job->objects, job->metadata_json,
+                               job->layout, w);
+    internal::PlanPieces(*job, request, reuse->pieces);
+  } else {
+    job->index = RawImageIndex(job->plan, job->objects, job->metadata_json, job->layout, w);
+    internal::PlanPieces(*job, request);
+    Impl::TensorPlan& t = m.tensor_plan.emplace();
+    t.tensors = request.tensors;
+    t.plan = job->plan;
+    t.fragment_offset = job->layout.fragment_offset;
+    t.fragments_end = job->layout.object_offset.empty() ? job->layout.bytes : job->layout.object_offset[0];
+    t.fragments = job->index.fragments;
+    t.chunks = job->index.chunks;
+    t.pieces = std::make_shared<const std::vector<internal::CopyPiece>>(
+        job->pieces.begin(), job->pieces.begin() + static_cast<ptrdiff_t>(job->index.chunks.size()));
+  }
   if (has_device) {
     Status s = QueueDeviceCopies(DeviceState{m.arena.get(), m.copy_streams, m.pinned, m.warned_unpinned}, *job,
                                  request, *slot);
@@ -414,10 +484,11 @@ SaveTicket Checkpointer::Save(uint64_t step, const SaveRequest& request) {
       }
     };
   }
+  lap(Part::kPlan);
   job->Trace(trace::EventType::kCheckpointBegin);
   m.copier->Submit(job);
   m.pipeline->Submit(job);
-  job->AddStall(internal::SaveJob::Clock::now() - t0);
+  lap(Part::kSubmit);
   return SaveTicket(job);
 }
 

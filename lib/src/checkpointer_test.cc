@@ -95,6 +95,52 @@ TEST_F(CheckpointerTest, ADamagedNewestCheckpointIsSkippedAndSaidSo) {
   EXPECT_TRUE((*c)->Load(2, load).status().IsCorruption());
 }
 
+// Save plans the chunks of its tensors once and reuses that plan while the next saves hold the
+// same tensors (as a training loop's do): what each save writes is still its own. The same
+// tensors with new values and new objects; then the same geometry at another address, a changed
+// shape and a renamed tensor (each planned anew); every step loads back exactly as it was saved.
+TEST_F(CheckpointerTest, ReusedPlansSaveEachStepsOwnValuesAddressesShapesAndObjects) {
+  CheckpointerOptions o = Options();
+  o.chunk_bytes = 64;  // many chunks per tensor
+  auto c = Checkpointer::Open(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  std::vector<float> a(300), b(300), small(120);
+  auto fill = [](std::vector<float>* v, float base) {
+    for (size_t i = 0; i < v->size(); ++i) (*v)[i] = base + static_cast<float>(i);
+  };
+  struct Saved {
+    std::string name;
+    std::vector<float> values;
+    std::string object;
+  };
+  std::vector<Saved> saved;
+  auto save = [&](uint64_t step, const std::string& name, std::vector<float>* w, float base) {
+    fill(w, base);
+    SaveRequest r;
+    r.tensors.push_back(TensorShard::Whole(name, DType::kF32, {static_cast<int64_t>(w->size())}, w->data()));
+    r.objects = {{"step", std::string(step, 'x')}};  // a different length every time
+    ASSERT_TRUE((*c)->Save(step, r).WaitPersisted().ok()) << step;
+    saved.push_back({name, *w, r.objects[0].second});
+  };
+  save(1, "w", &a, 0);
+  save(2, "w", &a, 1000);     // the same tensor: the plan is reused
+  save(3, "w", &b, 2000);     // another address
+  save(4, "w", &small, 3000); // another shape
+  save(5, "v", &small, 4000); // another name
+  save(6, "v", &small, 5000);
+  for (uint64_t step = 1; step <= saved.size(); ++step) {
+    const Saved& want = saved[step - 1];
+    std::vector<float> back(want.values.size(), -1.0f);
+    LoadRequest load;
+    load.tensors.push_back(TensorShard::Whole(want.name, DType::kF32, {static_cast<int64_t>(back.size())}, back.data()));
+    auto loaded = (*c)->Load(step, load);
+    ASSERT_TRUE(loaded.ok()) << step << ": " << loaded.status().ToString();
+    EXPECT_EQ(want.values, back) << "step " << step;
+    ASSERT_EQ(1u, loaded->objects.size()) << step;
+    EXPECT_EQ(want.object, loaded->objects[0].second) << "step " << step;
+  }
+}
+
 TEST_F(CheckpointerTest, RetentionKeepsTheNewestCheckpoints) {
   CheckpointerOptions o = Options();
   o.keep_last = 2;

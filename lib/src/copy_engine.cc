@@ -103,7 +103,7 @@ void CopyEngine::Run() {
       work_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
       if (jobs_.empty()) return;  // stopping, and nothing left
       job = jobs_.front();
-      if (job->pieces.empty()) {
+      if (job->num_pieces() == 0) {
         jobs_.pop_front();
         lock.unlock();
         job->CompleteEmptyCopy();
@@ -111,7 +111,7 @@ void CopyEngine::Run() {
       }
     }
     for (std::optional<size_t> i; (i = job->ClaimPiece());) {
-      const internal::CopyPiece& p = job->pieces[*i];
+      const internal::CopyPiece& p = job->piece(*i);
       uint64_t checksum = 0;
       if (p.device) {
         // The device's copy engine has written (or is writing) the bytes into the image: wait for

@@ -49,11 +49,13 @@ format::Codec StoredCodec(SaveCodec codec) {
   return format::Codec::kNone;
 }
 
-void PlanPieces(SaveJob& job, const SaveRequest& request) {
+void PlanPieces(SaveJob& job, const SaveRequest& request, std::shared_ptr<const std::vector<CopyPiece>> fragment_pieces) {
   const RankSavePlan& plan = job.plan;
   const uint64_t chunk = job.write_options.chunk_bytes;
-  job.pieces.reserve(job.index.chunks.size() + job.objects.size());
-  for (size_t i = 0; i < plan.fragments.size(); ++i) {
+  const bool reused = fragment_pieces != nullptr;
+  job.shared_pieces = std::move(fragment_pieces);
+  job.pieces.reserve((reused ? 0 : job.index.chunks.size()) + job.objects.size());
+  for (size_t i = 0; !reused && i < plan.fragments.size(); ++i) {
     const PlannedFragment& pf = plan.fragments[i];
     const format::FragmentInfo& f = job.index.fragments[i];
     for (uint64_t k = 0; k < f.num_chunks; ++k) {
@@ -108,24 +110,29 @@ void SaveJob::InitCounters(size_t request_tensors, bool streamed) {
   num_tensors_ = request_tensors;
   staged_.store(!streamed);
   tensor_pending_.reset(new std::atomic<uint32_t>[num_tensors_]);
-  for (size_t i = 0; i < num_tensors_; ++i) tensor_pending_[i].store(streamed ? 1 : 0, std::memory_order_relaxed);
   const uint64_t image_end = layout.bytes;
   num_blocks_ = block_bytes == 0 ? 0 : (image_end + block_bytes - 1) / block_bytes;
   block_pending_.reset(new std::atomic<int64_t>[num_blocks_ + 1]);
-  for (size_t b = 0; b <= num_blocks_; ++b) block_pending_[b].store(0, std::memory_order_relaxed);
-  for (const CopyPiece& p : pieces) {
-    if (!p.object) tensor_pending_[p.request_tensor].fetch_add(1, std::memory_order_relaxed);
+  // Counted in plain integers, then stored: nothing reads the counters before Submit.
+  std::vector<uint32_t> per_tensor(num_tensors_, 0);
+  std::vector<int64_t> per_block(num_blocks_ + 1, 0);
+  for (size_t i = 0, n = num_pieces(); i < n; ++i) {
+    const CopyPiece& p = piece(i);
+    if (!p.object) ++per_tensor[p.request_tensor];
     for (uint64_t at = p.image_offset, end = p.image_offset + p.length; at < end;) {
       const uint64_t b = at / block_bytes, stop = std::min(end, (b + 1) * block_bytes);
-      block_pending_[b].fetch_add(static_cast<int64_t>(stop - at), std::memory_order_relaxed);
+      per_block[b] += static_cast<int64_t>(stop - at);
       at = stop;
     }
   }
-  pieces_left_.store(pieces.size(), std::memory_order_release);
+  for (size_t i = 0; i < num_tensors_; ++i)
+    tensor_pending_[i].store((streamed ? 1 : 0) + per_tensor[i], std::memory_order_relaxed);
+  for (size_t b = 0; b <= num_blocks_; ++b) block_pending_[b].store(per_block[b], std::memory_order_relaxed);
+  pieces_left_.store(num_pieces(), std::memory_order_release);
 }
 
 void SaveJob::PieceDone(size_t i, uint64_t checksum) {
-  const CopyPiece& p = pieces[i];
+  const CopyPiece& p = piece(i);
   if (!cancelled()) {
     // Each slot is written by one thread only, before the release below publishes it.
     if (p.object) {
@@ -248,7 +255,7 @@ Status SaveJob::WaitSnapshot() {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return copied_; });
   lock.unlock();
-  AddStall(Clock::now() - t0);
+  AddStall(Clock::now() - t0, StallPart::kWait);
   return status();
 }
 
@@ -259,7 +266,7 @@ Status SaveJob::WaitTensor(size_t i) {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return copied_ || tensor_pending_[i].load(std::memory_order_acquire) == 0; });
   lock.unlock();
-  AddStall(Clock::now() - t0);
+  AddStall(Clock::now() - t0, StallPart::kWait);
   return status();
 }
 
@@ -309,6 +316,12 @@ SaveProgress SaveJob::Progress() const {
   p.bytes_total = bytes_total;
   p.bytes_copied = bytes_copied_.load(std::memory_order_relaxed);
   p.stall_seconds = static_cast<double>(stall_ns_.load()) * 1e-9;
+  auto part = [this](StallPart k) { return static_cast<double>(stall_part_ns_[static_cast<size_t>(k)].load()) * 1e-9; };
+  p.stall_breakdown.plan_seconds = part(StallPart::kPlan);
+  p.stall_breakdown.slot_seconds = part(StallPart::kSlot);
+  p.stall_breakdown.stage_seconds = part(StallPart::kStage);
+  p.stall_breakdown.submit_seconds = part(StallPart::kSubmit);
+  p.stall_breakdown.wait_seconds = part(StallPart::kWait);
   p.staged = staged_.load();
   p.memory_tier = memory_tier_.load();
   std::lock_guard<std::mutex> lock(mu_);

@@ -58,7 +58,10 @@ class SaveJob;
 // hashing and per-tensor readiness. An object with no bytes gets no piece: its checksum, that of
 // nothing, is written into the index here. REQUIRES: the job's plan, objects, layout, index and
 // write_options are set; `request` is the one they were planned from.
-void PlanPieces(SaveJob& job, const SaveRequest& request);
+// With `fragment_pieces`, the fragments' part is that of an earlier PlanPieces of the same plan,
+// layout and index fragments (the first index.chunks.size() pieces it made), shared, not copied.
+void PlanPieces(SaveJob& job, const SaveRequest& request,
+                std::shared_ptr<const std::vector<CopyPiece>> fragment_pieces = nullptr);
 
 class SaveJob {
  public:
@@ -77,7 +80,15 @@ class SaveJob {
   RankWriteOptions write_options;
   format::CheckpointIndex index;  // raw image index; chunk/object checksums filled by the copies
   ImageLayout layout;
+  // The pieces, in order: `shared_pieces` (the fragments' pieces of a plan the Checkpointer reuses
+  // from save to save, when it does), then `pieces`. Use num_pieces() and piece(i).
+  std::shared_ptr<const std::vector<CopyPiece>> shared_pieces;
   std::vector<CopyPiece> pieces;
+  size_t num_pieces() const { return (shared_pieces ? shared_pieces->size() : 0) + pieces.size(); }
+  const CopyPiece& piece(size_t i) const {
+    const size_t shared = shared_pieces ? shared_pieces->size() : 0;
+    return i < shared ? (*shared_pieces)[i] : pieces[i - shared];
+  }
   uint8_t* image = nullptr;        // slot memory; null when streamed
   std::optional<unsigned> slot;    // the staging slot it holds
   uint64_t block_bytes = 0;        // granularity of block readiness
@@ -100,7 +111,7 @@ class SaveJob {
   // Claims the next piece; nullopt when all are claimed.
   std::optional<size_t> ClaimPiece() {
     const size_t i = next_piece_.fetch_add(1, std::memory_order_relaxed);
-    return i < pieces.size() ? std::optional<size_t>(i) : std::nullopt;
+    return i < num_pieces() ? std::optional<size_t>(i) : std::nullopt;
   }
   bool cancelled() const { return cancelled_.load(std::memory_order_acquire); }
   // Records piece i as copied with `checksum` (or skipped, when cancelled).
@@ -139,7 +150,13 @@ class SaveJob {
   // Records a checkpoint lifecycle event for the node agent (a no-op without one): this job's
   // step and bytes, the time since Save in duration_ns, and `aux` (per type, see trace.h).
   void Trace(trace::EventType type, uint64_t aux = 0) const;
-  void AddStall(Clock::duration d) { stall_ns_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count()); }
+  // The parts of SaveStallBreakdown, in its order.
+  enum class StallPart { kPlan, kSlot, kStage, kSubmit, kWait, kCount };
+  void AddStall(Clock::duration d, StallPart part) {
+    const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
+    stall_ns_.fetch_add(ns);
+    stall_part_ns_[static_cast<size_t>(part)].fetch_add(ns);
+  }
 
  private:
   void CompleteCopy();
@@ -151,6 +168,7 @@ class SaveJob {
   std::atomic<bool> cancelled_{false};
   std::atomic<uint64_t> bytes_copied_{0};
   std::atomic<int64_t> stall_ns_{0};
+  std::atomic<int64_t> stall_part_ns_[static_cast<size_t>(StallPart::kCount)] = {};
   std::atomic<bool> memory_tier_{false};
   std::string memory_tier_note_;  // GUARDED_BY(mu_)
   std::atomic<bool> staged_{true};

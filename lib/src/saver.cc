@@ -309,12 +309,51 @@ ImageLayout LayoutImage(const RankSavePlan& plan, const std::vector<std::pair<st
     layout.fragment_offset.push_back(at);
     at += RawBytes(plan, pf);
   }
-  for (const auto& object : objects) {
-    layout.object_offset.push_back(at);
-    at += object.second.size();
-  }
   layout.bytes = at;
+  LayoutObjects(objects, &layout);
   return layout;
+}
+
+void LayoutObjects(const std::vector<std::pair<std::string, std::string>>& objects, ImageLayout* layout) {
+  layout->object_offset.clear();
+  layout->object_offset.reserve(objects.size());
+  for (const auto& object : objects) {
+    layout->object_offset.push_back(layout->bytes);
+    layout->bytes += object.second.size();
+  }
+}
+
+namespace {
+
+// RawImageIndex's part after the fragments: the objects and the data file.
+void AddRawObjects(const std::vector<std::pair<std::string, std::string>>& objects, const ImageLayout& layout,
+                   const RankWriteOptions& o, format::CheckpointIndex* index) {
+  index->objects.reserve(objects.size());
+  for (size_t i = 0; i < objects.size(); ++i) {
+    format::ObjectInfo obj;
+    obj.name = objects[i].first;
+    obj.rank = o.rank;
+    obj.file = 0;
+    obj.offset = layout.object_offset[i];
+    obj.length = objects[i].second.size();
+    index->objects.push_back(std::move(obj));
+  }
+  const std::string name = DataFileName(o.run_hash, o.rank, o.world_size);
+  index->files.push_back(format::FileInfo{name, o.rank, AlignUp(layout.bytes, kDirectIoAlignment)});
+}
+
+}  // namespace
+
+format::CheckpointIndex RawImageIndex(const RankSavePlan& plan, const std::vector<format::FragmentInfo>& fragments,
+                                      const std::vector<format::ChunkInfo>& chunks,
+                                      const std::vector<std::pair<std::string, std::string>>& objects,
+                                      const std::string& metadata_json, const ImageLayout& layout,
+                                      const RankWriteOptions& o) {
+  format::CheckpointIndex index = IndexSkeleton(plan, metadata_json, o);
+  index.fragments = fragments;
+  index.chunks = chunks;
+  AddRawObjects(objects, layout, o, &index);
+  return index;
 }
 
 format::CheckpointIndex RawImageIndex(const RankSavePlan& plan, const std::vector<std::pair<std::string, std::string>>& objects,
@@ -322,6 +361,9 @@ format::CheckpointIndex RawImageIndex(const RankSavePlan& plan, const std::vecto
                                       const RankWriteOptions& o) {
   format::CheckpointIndex index = IndexSkeleton(plan, metadata_json, o);
   index.fragments.reserve(plan.fragments.size());
+  uint64_t num_chunks = 0;
+  for (const PlannedFragment& pf : plan.fragments) num_chunks += (RawBytes(plan, pf) + o.chunk_bytes - 1) / o.chunk_bytes;
+  index.chunks.reserve(num_chunks);
   for (size_t i = 0; i < plan.fragments.size(); ++i) {
     const PlannedFragment& pf = plan.fragments[i];
     format::FragmentInfo f;
@@ -337,17 +379,7 @@ format::CheckpointIndex RawImageIndex(const RankSavePlan& plan, const std::vecto
     f.num_chunks = index.chunks.size() - f.first_chunk;
     index.fragments.push_back(std::move(f));
   }
-  for (size_t i = 0; i < objects.size(); ++i) {
-    format::ObjectInfo obj;
-    obj.name = objects[i].first;
-    obj.rank = o.rank;
-    obj.file = 0;
-    obj.offset = layout.object_offset[i];
-    obj.length = objects[i].second.size();
-    index.objects.push_back(std::move(obj));
-  }
-  const std::string name = DataFileName(o.run_hash, o.rank, o.world_size);
-  index.files.push_back(format::FileInfo{name, o.rank, AlignUp(layout.bytes, kDirectIoAlignment)});
+  AddRawObjects(objects, layout, o, &index);
   return index;
 }
 

@@ -100,10 +100,19 @@ struct ImageLayout {
   std::vector<uint64_t> object_offset;    // per object
 };
 ImageLayout LayoutImage(const RankSavePlan& plan, const std::vector<std::pair<std::string, std::string>>& objects);
+// The objects' part of LayoutImage, after fragments ending at layout->bytes.
+void LayoutObjects(const std::vector<std::pair<std::string, std::string>>& objects, ImageLayout* layout);
 
 // The rank index of a staged snapshot written raw (codec none) at the offsets of `layout`, with
 // chunk lengths set and checksums zero (the copy fills them in).
 format::CheckpointIndex RawImageIndex(const RankSavePlan& plan, const std::vector<std::pair<std::string, std::string>>& objects,
+                                      const std::string& metadata_json, const ImageLayout& layout,
+                                      const RankWriteOptions& options);
+// The same, with the fragments' part (fragments and chunks) taken from an earlier RawImageIndex of
+// the same plan, fragment layout and chunk size.
+format::CheckpointIndex RawImageIndex(const RankSavePlan& plan, const std::vector<format::FragmentInfo>& fragments,
+                                      const std::vector<format::ChunkInfo>& chunks,
+                                      const std::vector<std::pair<std::string, std::string>>& objects,
                                       const std::string& metadata_json, const ImageLayout& layout,
                                       const RankWriteOptions& options);
 

@@ -311,6 +311,16 @@ enum class SavePhase {
 LIFELINE_EXPORT const char* SavePhaseName(SavePhase phase);
 
 // What a save has done so far; a consistent copy, taken without blocking.
+// Where the caller's time in one save went (SaveProgress::stall_breakdown): the parts of Save(),
+// in order, and the waits for the snapshot. Their sum is stall_seconds.
+struct LIFELINE_EXPORT SaveStallBreakdown {
+  double plan_seconds = 0;    // checking the request; planning its fragments, layout, index and copy pieces
+  double slot_seconds = 0;    // waiting for a free staging slot (saves coming faster than the disk takes them)
+  double stage_seconds = 0;   // preparing the slot: its size, the memory tier's older step leaving it
+  double submit_seconds = 0;  // handing the save to the copy and persist threads
+  double wait_seconds = 0;    // WaitSnapshot and WaitTensor
+};
+
 struct LIFELINE_EXPORT SaveProgress {
   uint64_t step = 0;
   SavePhase phase = SavePhase::kCopying;
@@ -319,6 +329,7 @@ struct LIFELINE_EXPORT SaveProgress {
   uint64_t bytes_copied = 0;        // of bytes_total, copied into the arena so far
   uint64_t bytes_stored = 0;        // bytes of the data file on disk (after the codec), once persisted
   double stall_seconds = 0;         // time callers spent blocked in Save and WaitSnapshot/WaitTensor
+  SaveStallBreakdown stall_breakdown;  // stall_seconds, part by part
   double snapshot_seconds = 0;      // from Save to the end of the copy
   double persist_seconds = 0;       // from Save to this rank's index being durable
   bool staged = true;               // false: too large for the arena, streamed straight to disk

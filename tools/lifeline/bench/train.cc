@@ -29,8 +29,10 @@
 // update_ms_baseline and update_ms_with_checkpoints (mean update), baseline_seconds and seconds
 // (the loop without and with checkpoints), step_overhead_pct (100 * (seconds / baseline_seconds -
 // 1)), stall_ms_median, stall_ms_max, library_stall_ms_max (the tickets' stall_seconds),
+// stall_breakdown_ms_median (plan, slot, stage, submit, wait: SaveStallBreakdown of the rank that
+// stalled longest, medians over the checkpoints),
 // snapshot_ms_median and persist_ms_median (from Save), final_wait_ms (after the loop until the last
-// checkpoint is committed), per_checkpoint (step, stall_ms, save_return_ms (the part inside Save),
+// checkpoint is committed), per_checkpoint (step, stall_ms, stall_breakdown_ms, save_return_ms (the part inside Save),
 // library_stall_ms, snapshot_ms, persist_ms, staged), step_ms_baseline and
 // step_ms_with_checkpoints (every step), verified, verified_step, mismatches,
 // loaded_from_memory_tier, prepared, prepare_ms, codec, copy_threads, staging_slots, dir.
@@ -389,12 +391,21 @@ int RunTrain(const TrainOptions& o) {
   std::vector<double> stalls, snapshots, persists;
   double library_stall_max = 0;
   bool all_staged = true;
+  // The stall's parts (SaveStallBreakdown) of the rank that stalled longest, per checkpoint.
+  constexpr const char* kParts[] = {"plan", "slot", "stage", "submit", "wait"};
+  auto parts_of = [](const SaveStallBreakdown& b) {
+    return std::vector<double>{b.plan_seconds * 1e3, b.slot_seconds * 1e3, b.stage_seconds * 1e3,
+                               b.submit_seconds * 1e3, b.wait_seconds * 1e3};
+  };
+  std::vector<std::vector<double>> part_ms(std::size(kParts));
   for (size_t i = 0; i < n_ckpt; ++i) {
     double blocked = 0, in_save = 0, library_stall = 0, snapshot = 0, persist = 0;
+    std::vector<double> parts(std::size(kParts), 0.0);
     bool staged = true;
     for (const RankRecord& rec : records) {
       const RankCheckpoint& c = rec.checkpoints[i];
       const SaveProgress p = c.ticket.Progress();
+      if (c.blocked >= blocked) parts = parts_of(p.stall_breakdown);
       blocked = std::max(blocked, c.blocked);
       in_save = std::max(in_save, c.in_save);
       library_stall = std::max(library_stall, p.stall_seconds);
@@ -407,8 +418,14 @@ int RunTrain(const TrainOptions& o) {
     persists.push_back(persist * 1e3);
     library_stall_max = std::max(library_stall_max, library_stall * 1e3);
     all_staged = all_staged && staged;
+    nlohmann::json breakdown = nlohmann::json::object();
+    for (size_t k = 0; k < parts.size(); ++k) {
+      breakdown[kParts[k]] = parts[k];
+      part_ms[k].push_back(parts[k]);
+    }
     per_checkpoint.push_back({{"step", records[0].checkpoints[i].step},
                               {"stall_ms", blocked * 1e3},
+                              {"stall_breakdown_ms", breakdown},
                               {"save_return_ms", in_save * 1e3},
                               {"library_stall_ms", library_stall * 1e3},
                               {"snapshot_ms", snapshot * 1e3},
@@ -419,6 +436,12 @@ int RunTrain(const TrainOptions& o) {
   const bool verified = mismatches == 0;
   uint64_t total_bytes = uint64_t{world} * rows * kColumns * 4;
   const double stall_max = stalls.empty() ? 0 : *std::max_element(stalls.begin(), stalls.end());
+  nlohmann::json breakdown_median = nlohmann::json::object();
+  std::string breakdown_text;
+  for (size_t k = 0; k < part_ms.size(); ++k) {
+    breakdown_median[kParts[k]] = Median(part_ms[k]);
+    breakdown_text += std::string(k == 0 ? "" : ", ") + kParts[k] + " " + Fixed(Median(part_ms[k]), 3) + " ms";
+  }
 
   if (o.json) {
     nlohmann::json j = {{"ok", verified},
@@ -443,6 +466,7 @@ int RunTrain(const TrainOptions& o) {
                {"stall_ms_median", Median(stalls)},
                {"stall_ms_max", stall_max},
                {"library_stall_ms_max", library_stall_max},
+               {"stall_breakdown_ms_median", breakdown_median},
                {"snapshot_ms_median", Median(snapshots)},
                {"persist_ms_median", Median(persists)},
                {"staged", all_staged},
@@ -478,6 +502,7 @@ int RunTrain(const TrainOptions& o) {
               << "  stall per checkpoint   median " << Ms(Median(stalls) / 1e3) << ", max " << Ms(stall_max / 1e3)
               << " (snapshot " << Ms(Median(snapshots) / 1e3) << ", persisted " << Ms(Median(persists) / 1e3)
               << " after Save, medians)\n"
+              << "  the stall's parts      " << breakdown_text << " (medians, of the rank that stalled longest)\n"
               << "  after the loop         " << Ms(final_wait) << " until the last checkpoint was committed\n"
               << "  before the loop        "
               << (o.cold ? std::string("staging not prepared (--cold)")
