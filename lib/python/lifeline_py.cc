@@ -103,6 +103,14 @@ py::dict ProgressDict(const SaveProgress& p) {
   d["bytes_copied"] = p.bytes_copied;
   d["bytes_stored"] = p.bytes_stored;
   d["stall_seconds"] = p.stall_seconds;
+  const SaveStallBreakdown& b = p.stall_breakdown;
+  py::dict parts;
+  parts["plan"] = b.plan_seconds;
+  parts["slot"] = b.slot_seconds;
+  parts["stage"] = b.stage_seconds;
+  parts["submit"] = b.submit_seconds;
+  parts["wait"] = b.wait_seconds;
+  d["stall_breakdown_seconds"] = parts;
   d["snapshot_seconds"] = p.snapshot_seconds;
   d["persist_seconds"] = p.persist_seconds;
   d["staged"] = p.staged;

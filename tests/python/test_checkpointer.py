@@ -46,7 +46,14 @@ class RoundTrip(unittest.TestCase):
         model, opt = tiny_model(1)
         state = {"model": model.state_dict(), "optim": opt.state_dict(), "epoch": 3, "note": "warmup done"}
         with lifeline.Checkpointer(self.dir, rank=0, world_size=1) as ckpt:
-            ckpt.save(10, state).wait()
+            ticket = ckpt.save(10, state)
+            ticket.wait()
+            # The caller's time, part by part: the parts add up to the stall.
+            progress = ticket.progress()
+            parts = progress["stall_breakdown_seconds"]
+            self.assertEqual(sorted(parts), ["plan", "slot", "stage", "submit", "wait"])
+            self.assertGreater(parts["plan"], 0)
+            self.assertAlmostEqual(sum(parts.values()), progress["stall_seconds"], places=6)
 
         # A different model and optimizer, trained differently: the load must overwrite all of it.
         model2, opt2 = tiny_model(2)
