@@ -163,7 +163,7 @@ def process_mode(args):
 def copy_staging_and_steps(args):
     """staging="copy": async_save returns DCP's plain Future once the state is copied. Steps: named
     by step= or writer.step, else the next after the newest; an existing step is refused and the
-    checkpoint that holds it is left as it was."""
+    checkpoint that holds it is left as it was. A dcp.save during an async_save of one writer."""
     init(args, 1)
     directory = os.path.join(args.dir, "steps")
     writer = lifeline.dcp.StorageWriter(directory, step=10, staging="copy")
@@ -185,7 +185,20 @@ def copy_staging_and_steps(args):
         got = {"w": torch.zeros(6)}
         dcp.load(got, storage_reader=lifeline.dcp.StorageReader(directory, step=step))
         loaded[step] = got["w"].tolist()
-    gloo_ranks.finish({"returned_as": returned_as, "refused": refused, "loaded": loaded,
+    # A dcp.save while an async_save of the same writer is being uploaded saves its own state.
+    both = os.path.join(args.dir, "both")
+    writer = lifeline.dcp.StorageWriter(both)
+    response = dcp.async_save({"w": torch.full((4,), 1.0)}, storage_writer=writer)
+    response.staging_completion.result()
+    dcp.save({"w": torch.full((4,), 2.0)}, storage_writer=writer)
+    response.upload_completion.result()
+    writer.close()
+    interleaved = {}
+    for step in (0, 1):
+        got = {"w": torch.zeros(4)}
+        dcp.load(got, storage_reader=lifeline.dcp.StorageReader(both, step=step))
+        interleaved[step] = got["w"].tolist()
+    gloo_ranks.finish({"returned_as": returned_as, "refused": refused, "loaded": loaded, "interleaved": interleaved,
                        "steps": [c["step"] for c in lifeline.Checkpointer(directory, run_id="t").list()]})
 
 
@@ -219,6 +232,7 @@ class DcpWriterOptions(unittest.TestCase):
                                             "11": [100.0, 101.0, 102.0, 103.0, 104.0, 105.0]})
         self.assertIn("step 10", result["refused"] or "")
         self.assertEqual(result["steps"], [11, 10])
+        self.assertEqual(result["interleaved"], {"0": [1.0] * 4, "1": [2.0] * 4})
 
 
 @unittest.skipIf(NO_FSDP2, NO_FSDP2)

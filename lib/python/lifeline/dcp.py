@@ -217,7 +217,7 @@ class StorageWriter(_StorageWriter, _AsyncStager):
         pieces, objects = _pieces_as_dcp_names_them(state_dict)
         ticket = self.checkpointer._save_pieces(step, pieces, objects, {"dcp": True})
         with self._lock:
-            self._staged.append((step, ticket))
+            self._staged.append((step, ticket, _threading.get_ident()))
         if self._synchronize_after_execute:
             return state_dict
         done = _futures.Future()
@@ -234,7 +234,7 @@ class StorageWriter(_StorageWriter, _AsyncStager):
     def synchronize_staging(self):
         with self._lock:
             staged = list(self._staged)
-        for _step, ticket in staged:
+        for _step, ticket, _thread in staged:
             ticket.wait_snapshot()
 
     # ---- StorageWriter ----
@@ -267,10 +267,12 @@ class StorageWriter(_StorageWriter, _AsyncStager):
         return plans
 
     def write_data(self, plan, planner):
-        # async_save: the oldest save stage() started (DCP saves what stage() returned); dcp.save:
-        # the plan's items are the state.
+        # async_save: the oldest save stage() started, written by DCP's upload thread (never the
+        # thread that staged it); dcp.save: the plan's items are the state, even while an
+        # async_save of this writer is still being uploaded.
         with self._lock:
-            staged = self._staged.popleft() if self._staged else None
+            mine = self._staged and self._staged[0][2] != _threading.get_ident()
+            staged = self._staged.popleft()[:2] if mine else None
         if staged is None:
             step = self._take_step()
             staged = (step, self._save_plan(step, plan, planner))
