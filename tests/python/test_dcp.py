@@ -160,6 +160,16 @@ def process_mode(args):
     gloo_ranks.finish({"error": error, "steps": [c["step"] for c in writer.checkpointer.list()]})
 
 
+def steps_of(directory, steps, n):
+    """{step: its "w" (n floats) as dcp.load reads it}."""
+    out = {}
+    for step in steps:
+        got = {"w": torch.zeros(n)}
+        dcp.load(got, storage_reader=lifeline.dcp.StorageReader(directory, step=step))
+        out[step] = got["w"].tolist()
+    return out
+
+
 def copy_staging_and_steps(args):
     """staging="copy": async_save returns DCP's plain Future once the state is copied. Steps: named
     by step= or writer.step, else the next after the newest; an existing step is refused and the
@@ -180,11 +190,7 @@ def copy_staging_and_steps(args):
     except BaseException as e:  # noqa: B902 - DCP's CheckpointException is a BaseException
         refused = str(e)
     writer.close()
-    loaded = {}
-    for step in (10, 11):
-        got = {"w": torch.zeros(6)}
-        dcp.load(got, storage_reader=lifeline.dcp.StorageReader(directory, step=step))
-        loaded[step] = got["w"].tolist()
+    loaded = steps_of(directory, (10, 11), 6)
     # A dcp.save while an async_save of the same writer is being uploaded saves its own state.
     both = os.path.join(args.dir, "both")
     writer = lifeline.dcp.StorageWriter(both)
@@ -193,11 +199,7 @@ def copy_staging_and_steps(args):
     dcp.save({"w": torch.full((4,), 2.0)}, storage_writer=writer)
     response.upload_completion.result()
     writer.close()
-    interleaved = {}
-    for step in (0, 1):
-        got = {"w": torch.zeros(4)}
-        dcp.load(got, storage_reader=lifeline.dcp.StorageReader(both, step=step))
-        interleaved[step] = got["w"].tolist()
+    interleaved = steps_of(both, (0, 1), 4)
     gloo_ranks.finish({"returned_as": returned_as, "refused": refused, "loaded": loaded, "interleaved": interleaved,
                        "steps": [c["step"] for c in lifeline.Checkpointer(directory, run_id="t").list()]})
 
