@@ -133,12 +133,12 @@ class StorageWriter(_StorageWriter, _AsyncStager):
             raise ValueError(f"lifeline.dcp.StorageWriter: staging={staging!r}: 'lazy' or 'copy'")
         self.directory = _path(path)
         self.step = None if step is None else int(step)
-        self._staging = staging
         self._synchronize_after_execute = staging == "copy" or not _FUTURE_STAGING
         self._options = dict(options)
         self._ckpt = None
         self._next = None            # the step after the last one this writer saved
-        self._staged = _collections.deque()  # (step, ticket) of saves stage() started, oldest first
+        # (step, ticket, thread) of the saves stage() started, oldest first, until a DCP save takes one
+        self._staged = _collections.deque()
         self._lock = _threading.Lock()
         # .saving: (step, ticket) of the DCP save this thread runs; .local_bytes: its rank's bytes
         # items before DCP left each to one rank
@@ -216,8 +216,9 @@ class StorageWriter(_StorageWriter, _AsyncStager):
         step = self._take_step()
         pieces, objects = _pieces_as_dcp_names_them(state_dict)
         ticket = self.checkpointer._save_pieces(step, pieces, objects, {"dcp": True})
+        staged = (step, ticket, _threading.get_ident())
         with self._lock:
-            self._staged.append((step, ticket, _threading.get_ident()))
+            self._staged.append(staged)
         if self._synchronize_after_execute:
             return state_dict
         done = _futures.Future()
@@ -227,6 +228,10 @@ class StorageWriter(_StorageWriter, _AsyncStager):
                 ticket.wait_snapshot()
                 done.set_result(state_dict)
             except BaseException as e:  # noqa: B902 - handed to whoever waits on the future
+                # DCP will not save what failed to stage: no later save may take it for its own.
+                with self._lock:
+                    if staged in self._staged:
+                        self._staged.remove(staged)
                 done.set_exception(e)
         _threading.Thread(target=wait, name="lifeline-dcp-stage", daemon=True).start()
         return done
@@ -253,6 +258,12 @@ class StorageWriter(_StorageWriter, _AsyncStager):
 
     def set_up_storage_writer(self, is_coordinator, *args, **kwargs):
         self._is_coordinator = bool(is_coordinator)
+        # The first call of a DCP save, in the thread that runs it: async_save's takes the oldest
+        # save stage() started (its upload thread is never the thread that staged it), so a save that
+        # fails later leaves nothing a later save could take; dcp.save's, none.
+        with self._lock:
+            mine = self._staged and self._staged[0][2] != _threading.get_ident()
+            self._call.saving = self._staged.popleft()[:2] if mine else None
 
     def storage_meta(self):
         return _md.StorageMeta(checkpoint_id=self.directory)
@@ -267,12 +278,9 @@ class StorageWriter(_StorageWriter, _AsyncStager):
         return plans
 
     def write_data(self, plan, planner):
-        # async_save: the oldest save stage() started, written by DCP's upload thread (never the
-        # thread that staged it); dcp.save: the plan's items are the state, even while an
-        # async_save of this writer is still being uploaded.
-        with self._lock:
-            mine = self._staged and self._staged[0][2] != _threading.get_ident()
-            staged = self._staged.popleft()[:2] if mine else None
+        # async_save: the save stage() started (set_up_storage_writer took it); dcp.save: the plan's
+        # items are the state, even while an async_save of this writer is still being uploaded.
+        staged = getattr(self._call, "saving", None)
         if staged is None:
             step = self._take_step()
             staged = (step, self._save_plan(step, plan, planner))
