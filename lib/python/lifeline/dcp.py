@@ -44,12 +44,17 @@ import threading as _threading
 
 import torch as _torch
 import torch.distributed as _dist
-from torch.distributed.checkpoint import metadata as _md
-from torch.distributed.checkpoint.planner import LoadItemType as _LoadItemType
-from torch.distributed.checkpoint.planner import WriteItemType as _WriteItemType
-from torch.distributed.checkpoint.storage import StorageReader as _StorageReader
-from torch.distributed.checkpoint.storage import StorageWriter as _StorageWriter
-from torch.distributed.checkpoint.storage import WriteResult as _WriteResult
+
+try:
+    from torch.distributed.checkpoint import metadata as _md
+    from torch.distributed.checkpoint.planner import LoadItemType as _LoadItemType
+    from torch.distributed.checkpoint.planner import WriteItemType as _WriteItemType
+    from torch.distributed.checkpoint.storage import StorageReader as _StorageReader
+    from torch.distributed.checkpoint.storage import StorageWriter as _StorageWriter
+    from torch.distributed.checkpoint.storage import WriteResult as _WriteResult
+except ImportError as _e:
+    raise ImportError(f"lifeline.dcp needs torch.distributed.checkpoint's storage interfaces (torch 2.x; tested with "
+                      f"2.13), which torch {_torch.__version__} lacks: {_e}") from None
 from torch.futures import Future as _TorchFuture
 
 from . import Checkpointer as _Checkpointer
