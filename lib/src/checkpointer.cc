@@ -35,6 +35,21 @@ namespace lifeline {
 
 // Members are destroyed bottom-up: the pipeline first (it waits for every copy and feeds the
 // drainer), then the copy threads, the drainer, and the memory the saves used.
+namespace {
+
+// What Save plans from a request's tensors alone (Checkpointer::Impl::tensor_plan).
+struct TensorPlan {
+  std::vector<TensorShard> tensors;  // the request's (data addresses included; streams ignored)
+  RankSavePlan plan;
+  std::vector<uint64_t> fragment_offset;
+  uint64_t fragments_end = 0;
+  std::vector<format::FragmentInfo> fragments;
+  std::vector<format::ChunkInfo> chunks;  // checksums zero
+  std::shared_ptr<const std::vector<internal::CopyPiece>> pieces;  // the fragments'
+};
+
+}  // namespace
+
 struct Checkpointer::Impl {
   // First, so released last: after every save below has ended.
   std::unique_ptr<SaveLock> save_lock;  // taken (or checked) at the first save
@@ -50,15 +65,6 @@ struct Checkpointer::Impl {
   // The last staged save's plan of its tensors (caller's thread only), reused by the next save of
   // the same tensors: a training loop saves the same ones at the same addresses every time, and
   // planning 8,192 chunks of a 2 GiB state again costs a millisecond of the loop's time.
-  struct TensorPlan {
-    std::vector<TensorShard> tensors;  // the request's (data addresses included; streams ignored)
-    RankSavePlan plan;
-    std::vector<uint64_t> fragment_offset;
-    uint64_t fragments_end = 0;
-    std::vector<format::FragmentInfo> fragments;
-    std::vector<format::ChunkInfo> chunks;  // checksums zero
-    std::shared_ptr<const std::vector<internal::CopyPiece>> pieces;  // the fragments'
-  };
   std::optional<TensorPlan> tensor_plan;
   bool warned_streaming = false;
   // Device snapshots (caller's thread only): a copy stream per CUDA device, and the slot memory
@@ -341,7 +347,7 @@ SaveTicket Checkpointer::Save(uint64_t step, const SaveRequest& request) {
                                                    "objects folded by a conversion to a smaller world"),
                     SavePhase::kFailed);
   }
-  const Impl::TensorPlan* reuse =
+  const TensorPlan* reuse =
       m.tensor_plan && SameTensors(m.tensor_plan->tensors, request.tensors) ? &*m.tensor_plan : nullptr;
   if (reuse != nullptr) {
     job->plan = reuse->plan;
@@ -448,7 +454,7 @@ SaveTicket Checkpointer::Save(uint64_t step, const SaveRequest& request) {
   } else {
     job->index = RawImageIndex(job->plan, job->objects, job->metadata_json, job->layout, w);
     internal::PlanPieces(*job, request);
-    Impl::TensorPlan& t = m.tensor_plan.emplace();
+    TensorPlan& t = m.tensor_plan.emplace();
     t.tensors = request.tensors;
     t.plan = job->plan;
     t.fragment_offset = job->layout.fragment_offset;
