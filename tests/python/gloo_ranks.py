@@ -41,6 +41,15 @@ def run_ranks(script, world, args_of_rank):
     return results, "".join(outputs)
 
 
+def run_ranks_ok(test, script, world, args_of_rank):
+    """run_ranks, failing `test` (naming the rank, with everyone's output) unless every rank
+    reported a result; returns (results, output)."""
+    results, output = run_ranks(script, world, args_of_rank)
+    for r, result in enumerate(results):
+        test.assertIsNotNone(result, f"rank {r} failed:\n{output}")
+    return results, output
+
+
 def main(worker, add_arguments=lambda parser: None):
     """A test module's entry point: one rank, `worker(args)`, when run_ranks starts it (--worker,
     with the arguments above and those `add_arguments` declares); the module's tests otherwise."""

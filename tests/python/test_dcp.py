@@ -218,9 +218,7 @@ class DcpWriterOptions(unittest.TestCase):
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def one_rank(self, role):
-        results, output = gloo_ranks.run_ranks(__file__, 1, lambda r: ["--role", role, "--dir", self.tmp])
-        self.assertIsNotNone(results[0], output)
-        return results[0]
+        return gloo_ranks.run_ranks_ok(self, __file__, 1, lambda r: ["--role", role, "--dir", self.tmp])[0][0]
 
     def test_process_mode_is_refused_before_anything_is_saved(self):
         result = self.one_rank("process_mode")
@@ -249,10 +247,7 @@ class DcpBackend(unittest.TestCase):
         shutil.rmtree(cls.tmp, ignore_errors=True)
 
     def ranks(self, world, role):
-        results, output = gloo_ranks.run_ranks(__file__, world, lambda r: ["--role", role, "--dir", self.tmp])
-        for r, result in enumerate(results):
-            self.assertIsNotNone(result, f"rank {r} failed:\n{output}")
-        return results, output
+        return gloo_ranks.run_ranks_ok(self, __file__, world, lambda r: ["--role", role, "--dir", self.tmp])
 
     def test_async_save_returns_before_the_copy_and_every_step_is_a_lifeline_checkpoint(self):
         for r, result in enumerate(self.saved):

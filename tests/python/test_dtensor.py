@@ -259,9 +259,7 @@ class DTensorCheckpoints(unittest.TestCase):
         shutil.rmtree(cls.dir, ignore_errors=True)
 
     def ranks(self, world, *args):
-        results, output = gloo_ranks.run_ranks(__file__, world, lambda r: ["--dir", self.dir] + list(args))
-        self.assertTrue(all(r is not None for r in results), output)
-        return results
+        return gloo_ranks.run_ranks_ok(self, __file__, world, lambda r: ["--dir", self.dir] + list(args))[0]
 
     def test_fsdp2_tp_job_saved_with_strided_and_uneven_shards_and_replicas_once(self):
         self.assertTrue(all(r is not None for r in self.trained), self.output)
