@@ -239,9 +239,42 @@ CheckpointerOptions ParseOptions(const std::string& directory, uint32_t rank, ui
   return o;
 }
 
+// The `rename=` option: "PATTERN=REPLACEMENT", or a list of those or of (pattern, replacement)
+// pairs, in order (ParseRenameRule). A string that does not parse is a ValueError quoting it; a
+// pair's bad pattern is convert()'s InvalidArgument.
+std::vector<RenameRule> RenameOption(const py::handle& v) {
+  std::vector<py::handle> items;
+  if (py::isinstance<py::str>(v)) items.push_back(v);
+  else for (py::handle item : py::iter(v)) items.push_back(item);
+  std::vector<RenameRule> rules;
+  for (py::handle item : items) {
+    if (py::isinstance<py::str>(item)) {
+      Result<RenameRule> rule = ParseRenameRule(py::cast<std::string>(item));
+      if (!rule.ok()) throw py::value_error("rename=: " + rule.status().message());
+      rules.push_back(std::move(rule).value());
+    } else {
+      // Taken as given (the pattern may hold '='); convert() checks it with the others.
+      auto [pattern, replacement] = py::cast<std::pair<std::string, std::string>>(item);
+      rules.push_back(RenameRule{pattern, replacement});
+    }
+  }
+  return rules;
+}
+
+// The `dtype=` option: a dtype name ("bf16", "bfloat16") or a torch dtype (torch.bfloat16).
+DType DTypeOption(const py::handle& v) {
+  std::string name = py::cast<std::string>(py::str(v));
+  if (name.rfind("torch.", 0) == 0) name = name.substr(6);
+  std::optional<DType> t = ParseDType(name);
+  if (!t) throw py::value_error("dtype=" + name + ": expected 'bf16', 'f16', 'f32' or 'f64' (or a torch dtype)");
+  return *t;
+}
+
 // lifeline.convert(): the keyword options of lifeline/convert.h's ConvertOptions and SourceOptions,
 // as the CLI names them. An unknown name is a TypeError, a bad value a ValueError naming it.
+// rename_file's rules follow rename's, as the CLI orders --rename and --rename-file.
 void ParseConvertOptions(const py::dict& kwargs, SourceOptions* so, ConvertOptions* co) {
+  std::vector<RenameRule> file_rules;
   for (const auto& item : kwargs) {
     const std::string key = py::cast<std::string>(item.first);
     py::handle v = item.second;
@@ -261,6 +294,15 @@ void ParseConvertOptions(const py::dict& kwargs, SourceOptions* so, ConvertOptio
       else if (key == "codec_level") co->codec_level = py::cast<int>(v);
       else if (key == "direct_io") co->direct_io = py::cast<bool>(v);
       else if (key == "codec") co->codec = CodecOption(v);
+      else if (key == "rename") co->rename = RenameOption(v);
+      else if (key == "rename_file") {
+        const std::string path = py::cast<std::string>(py::module_::import("os").attr("fspath")(v));
+        Result<std::string> text = ReadFileToString(Env::Default(), path, 16ull << 20);
+        if (!text.ok()) Raise(text.status().Annotate("rename_file"));
+        Result<std::vector<RenameRule>> rules = ParseRenameRules(*text, path);
+        if (!rules.ok()) Raise(rules.status());
+        file_rules = std::move(rules).value();
+      } else if (key == "dtype") co->dtype = DTypeOption(v);
       else {
         throw py::type_error("convert() got an unknown option '" + key + "'");
       }
@@ -269,6 +311,21 @@ void ParseConvertOptions(const py::dict& kwargs, SourceOptions* so, ConvertOptio
                            py::cast<std::string>(py::str(py::type::of(v).attr("__name__"))) + ")");
     }
   }
+  co->rename.insert(co->rename.end(), file_rules.begin(), file_rules.end());
+}
+
+// What convert() reports of the tensors --rename and --dtype changed (ConvertReport).
+py::list ExportTensorList(const std::vector<ExportTensor>& tensors) {
+  py::list out;
+  for (const ExportTensor& e : tensors) {
+    py::dict d;
+    d["source_name"] = e.source_name;
+    d["name"] = e.name;
+    d["source_dtype"] = std::string(DTypeName(e.source_dtype));
+    d["dtype"] = std::string(DTypeName(e.dtype));
+    out.append(d);
+  }
+  return out;
 }
 
 std::unique_ptr<TensorSource> OpenSource(const std::string& path, const SourceOptions& options) {
@@ -553,6 +610,8 @@ PYBIND11_MODULE(_lifeline, m) {
     out["objects"] = report.objects;
     out["bytes"] = report.bytes;
     out["outputs"] = report.outputs;
+    out["renamed"] = ExportTensorList(report.renamed);
+    out["cast"] = ExportTensorList(report.cast);
     if (*format == ConvertFormat::kLifeline) {
       out["step"] = report.step;
       out["ranks"] = report.ranks;

@@ -410,6 +410,118 @@ class ConvertTest(unittest.TestCase):
         self.assertIn("AlreadyExists", p.stderr)
 
 
+class RenameAndCastTest(unittest.TestCase):
+    """--rename, --rename-file and --dtype: training names to Hugging Face's, floating tensors cast
+    as torch casts them, integers kept, and every mistake refused naming the tensors involved."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="lifeline-rename-", dir="/var/tmp")
+        self.src = os.path.join(self.dir, "in.safetensors")
+        torch.manual_seed(5)
+        w = torch.randn(8, 4)
+        # The edges of bf16's rounding: ties both ways, overflow, subnormals, infinities, NaN.
+        w.view(-1)[:10] = torch.tensor([1 + 2 ** -8, 1 + 3 * 2 ** -8, 3.4e38, -3.4e38, 1e-40, -0.0,
+                                        float("inf"), float("-inf"), float("nan"), 2 ** -133])
+        self.w = w
+        self.h = torch.randn(5).to(torch.float16)
+        tensors = {"layers.0.attention.wq.weight": ("F32", (8, 4), w.numpy().tobytes()),
+                   "layers.1.attention.wq.weight": ("F32", (8, 4), (w * 2).numpy().tobytes()),
+                   "norm.h": ("F16", (5,), self.h.numpy().tobytes()),
+                   "steps": ("I64", (3,), np.arange(3, dtype="<i8").tobytes())}
+        write_safetensors(self.src, tensors)
+        self.rules = os.path.join(self.dir, "rules")
+        with open(self.rules, "w") as f:
+            f.write("# training -> Hugging Face\n\n"
+                    "layers\\.(\\d+)\\.attention\\.wq\\.weight=model.layers.$1.self_attn.q_proj.weight\n"
+                    "  unused\\.name=nothing  \n")
+
+    def tearDown(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def test_renamed_and_cast_to_bf16_bit_for_bit_as_torch(self):
+        out = os.path.join(self.dir, "out.safetensors")
+        rc, j = run_json("convert", self.src, "--to", "safetensors", out, "--rename-file", self.rules,
+                         "--rename", "norm\\.(.*)=model.norm.$1", "--dtype", "bf16")
+        self.assertEqual(rc, 0, j)
+        self.assertEqual(j["rename_rules"], 3)
+        self.assertEqual(j["unused_rules"], ["unused\\.name=nothing"])
+        # (In the source's order: the writer here stores the tensors in reverse.)
+        self.assertEqual(j["renamed"], [
+            {"from": "norm.h", "to": "model.norm.h"},
+            {"from": "layers.1.attention.wq.weight", "to": "model.layers.1.self_attn.q_proj.weight"},
+            {"from": "layers.0.attention.wq.weight", "to": "model.layers.0.self_attn.q_proj.weight"}])
+        self.assertEqual(j["dtype"], "bf16")
+        self.assertEqual([(c["source_name"], c["name"], c["from"], c["to"]) for c in j["cast"]],
+                         [("norm.h", "model.norm.h", "f16", "bf16"),
+                          ("layers.1.attention.wq.weight", "model.layers.1.self_attn.q_proj.weight", "f32", "bf16"),
+                          ("layers.0.attention.wq.weight", "model.layers.0.self_attn.q_proj.weight", "f32", "bf16")])
+        self.assertEqual(j["not_cast"], ["steps"])
+        self.assertEqual(j["bytes"], 2 * 32 * 2 + 5 * 2 + 3 * 8)
+        tensors, _ = read_safetensors(out)
+        self.assertEqual(sorted(tensors), ["model.layers.0.self_attn.q_proj.weight",
+                                           "model.layers.1.self_attn.q_proj.weight", "model.norm.h", "steps"])
+        self.assertEqual(tensors["steps"], ("I64", (3,), np.arange(3, dtype="<i8").tobytes()))
+        for name, original in (("model.layers.0.self_attn.q_proj.weight", self.w),
+                               ("model.layers.1.self_attn.q_proj.weight", self.w * 2),
+                               ("model.norm.h", self.h)):
+            dtype, shape, raw = tensors[name]
+            self.assertEqual((dtype, shape), ("BF16", tuple(original.shape)))
+            got = np.frombuffer(raw, dtype="<u2")
+            want = original.to(torch.bfloat16).view(torch.int16).numpy().view("<u2").reshape(-1)
+            nan = torch.isnan(original.reshape(-1)).numpy()
+            np.testing.assert_array_equal(got[~nan], want[~nan], err_msg=name)
+            # NaN stays NaN (torch's own kernels disagree on its bits).
+            self.assertTrue(all((g & 0x7F80) == 0x7F80 and (g & 0x7F) for g in got[nan]), name)
+
+        # The text output says the same.
+        text = run("convert", self.src, "--to", "safetensors", os.path.join(self.dir, "t.safetensors"),
+                   "--rename-file", self.rules, "--dtype", "f16").stdout
+        self.assertIn("renamed 2 of 4 tensors by 2 rule(s): 'layers.1.attention.wq.weight' -> "
+                      "'model.layers.1.self_attn.q_proj.weight', 'layers.0.attention.wq.weight' -> "
+                      "'model.layers.0.self_attn.q_proj.weight'\n", text)
+        self.assertIn("rules that matched no tensor: 'unused\\.name=nothing'", text)
+        self.assertIn("cast 2 tensor(s) f32 -> f16: 'model.layers.1.self_attn.q_proj.weight', "
+                      "'model.layers.0.self_attn.q_proj.weight'\n", text)
+        self.assertIn("not cast (integers and bool keep their dtype): 'steps'", text)
+        self.assertNotIn("f16 -> f16", text)
+
+    def test_select_applies_to_the_source_names_and_a_checkpoint_gets_the_new_ones(self):
+        ckpt = os.path.join(self.dir, "ckpt")
+        rc, j = run_json("convert", self.src, "--to", "lifeline", ckpt, "--select", "layers.", "--rename-file",
+                         self.rules, "--dtype", "f32", "--ranks", 2, "--buffered-io")
+        self.assertEqual(rc, 0, j)
+        self.assertEqual(j["tensors"], 2)
+        self.assertEqual(j["cast"], [])  # already f32
+        rc, info = run_json("inspect", ckpt)
+        self.assertEqual(rc, 0, info)
+        self.assertIn("model.layers.1.self_attn.q_proj.weight", json.dumps(info))
+
+    def test_mistakes_are_refused_naming_the_tensors_and_write_nothing(self):
+        out = os.path.join(self.dir, "out")
+        for args, code, words in (
+                (("--rename", "layers\\.\\d+\\.attention\\.wq\\.weight=q"), "InvalidArgument",
+                 ["'layers.1.attention.wq.weight' and 'layers.0.attention.wq.weight'", "'q'"]),
+                (("--rename", "steps="), "InvalidArgument", ["'steps'", "empty name"]),
+                (("--rename", "no-equals-sign"), "InvalidArgument", ["no-equals-sign", "PATTERN=REPLACEMENT"]),
+                (("--rename", "(=x"), "InvalidArgument", ["'(=x'", "regular expression"]),
+                (("--dtype", "i32"), "InvalidArgument", ["'norm.h' (f16)", "i32"]),
+                (("--dtype", "f8e4m3"), "InvalidArgument", ["f8e4m3"]),
+                (("--dtype", "half-ish"), "InvalidArgument", ["half-ish"]),
+                (("--rename-file", os.path.join(self.dir, "missing")), "NotFound", ["--rename-file", "missing"])):
+            rc, j = run_json("convert", self.src, "--to", "safetensors", out, *args, check=False)
+            self.assertNotEqual(rc, 0, args)
+            self.assertEqual(j["code"], code, j)
+            for w in words:
+                self.assertIn(w, j["error"], args)
+            self.assertFalse(os.path.exists(out), args)
+        bad = os.path.join(self.dir, "bad.rules")
+        with open(bad, "w") as f:
+            f.write("# fine\na=b\nnot a rule\n")
+        rc, j = run_json("convert", self.src, "--to", "safetensors", out, "--rename-file", bad, check=False)
+        self.assertEqual(j["code"], "InvalidArgument")
+        self.assertIn(bad + ":3", j["error"])
+
+
 class HostileInputTest(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="lifeline-hostile-", dir="/var/tmp")

@@ -11,6 +11,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -45,6 +46,9 @@ struct ConvertArgs {
   std::string memory_budget = "256MiB";
   std::string max_shard_size;
   std::vector<std::string> select;
+  std::vector<std::string> rename;
+  std::string rename_file;
+  std::string dtype;
   int deflate = 0;
   std::string codec = "none";
   int codec_level = 0;
@@ -59,6 +63,22 @@ Result<ConvertOptions> MakeConvertOptions(const ConvertArgs& a) {
   if (o.memory_budget < (1ull << 20)) return Status::InvalidArgument("--memory-budget", "must be at least 1MiB");
   LL_ASSIGN_OR_RETURN(o.max_shard_bytes, OptionalByteSize(a.max_shard_size, "--max-shard-size"));
   o.select = a.select;
+  // --rename rules first, then the file's: the first rule that matches a name decides, so one
+  // given on the command line overrides the file's.
+  for (const std::string& text : a.rename) {
+    LL_ASSIGN_OR_RETURN(RenameRule rule, ParseRenameRule(text));
+    o.rename.push_back(std::move(rule));
+  }
+  if (!a.rename_file.empty()) {
+    Result<std::string> text = ReadFileToString(Env::Default(), a.rename_file, 16ull << 20);
+    if (!text.ok()) return text.status().Annotate("--rename-file");
+    LL_ASSIGN_OR_RETURN(std::vector<RenameRule> rules, ParseRenameRules(*text, a.rename_file));
+    o.rename.insert(o.rename.end(), rules.begin(), rules.end());
+  }
+  if (!a.dtype.empty()) {
+    o.dtype = ParseDType(a.dtype);
+    if (!o.dtype) return Status::InvalidArgument("--dtype", "'" + a.dtype + "' is not bf16, f16, f32 or f64");
+  }
   o.force = a.force;
   o.deflate_level = a.deflate;
   if (a.out_step >= 0) o.step = static_cast<uint64_t>(a.out_step);
@@ -68,6 +88,61 @@ Result<ConvertOptions> MakeConvertOptions(const ConvertArgs& a) {
   o.codec_level = a.codec_level;
   o.direct_io = !a.buffered_io;
   return o;
+}
+
+// With --dtype: the selected tensors it left as they were (integers and bool), by name.
+std::vector<std::string> NotCast(const std::vector<ExportTensor>& plan, std::optional<DType> dtype) {
+  std::vector<std::string> names;
+  if (dtype)
+    for (const ExportTensor& e : plan)
+      if (e.dtype != *dtype) names.push_back(e.name);
+  return names;
+}
+
+// The --rename rules no selected tensor matched (a typo, or a name the model does not have).
+std::vector<std::string> UnusedRules(const std::vector<ExportTensor>& plan, const ConvertOptions& o) {
+  std::vector<bool> used(o.rename.size(), false);
+  for (const ExportTensor& e : plan)
+    if (e.rule >= 0) used[static_cast<size_t>(e.rule)] = true;
+  std::vector<std::string> out;
+  for (size_t k = 0; k < used.size(); ++k)
+    if (!used[k]) out.push_back(o.rename[k].pattern + "=" + o.rename[k].replacement);
+  return out;
+}
+
+// `names` quoted, all of them when there are few, else the first three and how many more.
+std::string SomeNames(const std::vector<std::string>& names) {
+  constexpr size_t kAll = 8, kExamples = 3;
+  std::string out;
+  const size_t shown = names.size() <= kAll ? names.size() : kExamples;
+  for (size_t i = 0; i < shown; ++i) out += (i ? ", " : "") + names[i];
+  if (shown < names.size()) out += " and " + std::to_string(names.size() - shown) + " more (--json lists all)";
+  return out;
+}
+
+// The text output's account of --rename and --dtype: what was renamed, cast from what to what,
+// and what --dtype left alone.
+void PrintChanges(const ConvertReport& report, const std::vector<ExportTensor>& plan, const ConvertOptions& o) {
+  if (!o.rename.empty()) {
+    std::vector<std::string> pairs;
+    for (const ExportTensor& e : report.renamed) pairs.push_back("'" + e.source_name + "' -> '" + e.name + "'");
+    std::cout << "  renamed " << report.renamed.size() << " of " << plan.size() << " tensors by " << o.rename.size()
+              << " rule(s)" << (pairs.empty() ? "" : ": " + SomeNames(pairs)) << "\n";
+    std::vector<std::string> unused = UnusedRules(plan, o);
+    for (std::string& r : unused) r = "'" + r + "'";
+    if (!unused.empty()) std::cout << "  rules that matched no tensor: " << SomeNames(unused) << "\n";
+  }
+  if (!o.dtype) return;
+  const std::string target(DTypeName(*o.dtype));
+  std::map<std::string, std::vector<std::string>> by_source_dtype;
+  for (const ExportTensor& e : report.cast) by_source_dtype[std::string(DTypeName(e.source_dtype))].push_back("'" + e.name + "'");
+  if (by_source_dtype.empty()) std::cout << "  --dtype " << target << ": no tensor cast\n";
+  for (const auto& [from, names] : by_source_dtype)
+    std::cout << "  cast " << names.size() << " tensor(s) " << from << " -> " << target << ": " << SomeNames(names) << "\n";
+  std::vector<std::string> kept = NotCast(plan, o.dtype);
+  for (std::string& n : kept) n = "'" + n + "'";
+  if (!kept.empty())
+    std::cout << "  not cast (integers and bool keep their dtype): " << SomeNames(kept) << "\n";
 }
 
 int RunConvert(const ConvertArgs& a, const char* command, const std::string& format) {
@@ -86,11 +161,15 @@ int RunConvert(const ConvertArgs& a, const char* command, const std::string& for
   TensorSource& src = **source;
   if (a.step >= 0 && src.kind() != SourceKind::kCheckpoint)
     return ReportFailure(command, Status::InvalidArgument("--step", "applies to a checkpoint directory, not " + src.description()), a.json);
-  const std::vector<size_t> selected = SelectTensors(src, options->select);
-  if (!options->select.empty() && selected.empty())
+  // What will be written, checked before any output is opened (renames that collide, a --dtype
+  // that is no floating type).
+  Result<std::vector<ExportTensor>> plan = PlanExportTensors(src, *options);
+  if (!plan.ok()) return ReportFailure(command, plan.status(), a.json);
+  if (!options->select.empty() && plan->empty())
     return ReportFailure(command, Status::InvalidArgument("--select", "matches no tensor of " + src.description()), a.json);
   uint64_t total = 0;
-  for (size_t i : selected) total += src.tensors()[i].num_bytes();
+  for (const ExportTensor& e : *plan)
+    total += SourceTensor{e.name, e.dtype, e.shape}.num_bytes();
   Progress progress(std::string(command), total, a.json);
   options->progress = [&progress](const std::string& tensor, uint64_t bytes) {
     progress.SetDetail(tensor);
@@ -118,6 +197,17 @@ int RunConvert(const ConvertArgs& a, const char* command, const std::string& for
                         {"seconds", seconds},
                         {"gbps", gbps},
                         {"outputs", report->outputs}};
+    nlohmann::json renamed = nlohmann::json::array(), cast = nlohmann::json::array();
+    for (const ExportTensor& e : report->renamed) renamed.push_back({{"from", e.source_name}, {"to", e.name}});
+    for (const ExportTensor& e : report->cast)
+      cast.push_back({{"name", e.name}, {"source_name", e.source_name}, {"from", std::string(DTypeName(e.source_dtype))},
+                      {"to", std::string(DTypeName(e.dtype))}});
+    j["rename_rules"] = options->rename.size();
+    j["unused_rules"] = UnusedRules(*plan, *options);
+    j["renamed"] = renamed;
+    j["dtype"] = options->dtype ? nlohmann::json(std::string(DTypeName(*options->dtype))) : nlohmann::json();
+    j["cast"] = cast;
+    j["not_cast"] = NotCast(*plan, options->dtype);
     if (format == "lifeline") {
       j["step"] = report->step;
       j["ranks"] = report->ranks;
@@ -133,6 +223,7 @@ int RunConvert(const ConvertArgs& a, const char* command, const std::string& for
     if (format == "lifeline")
       std::cout << "  step " << report->step << " for " << report->ranks << " ranks (tp " << report->tp
                 << " x dp " << report->dp << ", " << report->placement << " placement)\n";
+    PrintChanges(*report, *plan, *options);
     for (const std::string& out : report->outputs) std::cout << "  wrote " << out << "\n";
   }
   return kExitOk;
@@ -612,6 +703,16 @@ void AddConvertCommands(CLI::App& root, std::vector<Command>* commands) {
   c->add_option("--deflate", conv->deflate, "hdf5: gzip level, 1 (fast) to 9 (small); 0, the default, stores uncompressed")->check(CLI::Range(0, 9));
   c->add_option("--max-shard-size", conv->max_shard_size,
                 "safetensors: split into files of at most this size, with model.safetensors.index.json");
+  c->add_option("--rename", conv->rename,
+                "PATTERN=REPLACEMENT: a tensor whose whole name matches the regular expression is written as "
+                "REPLACEMENT ($1.. its groups); repeatable, the first matching rule decides, unmatched names are kept; "
+                "applied after --select")
+      ->allow_extra_args(false);
+  c->add_option("--rename-file", conv->rename_file,
+                "A file of --rename rules, one a line, '#' comments; tried after the --rename options");
+  c->add_option("--dtype", conv->dtype,
+                "bf16 | f16 | f32 | f64: cast every floating tensor to it (round to nearest even); integers and bool "
+                "are kept");
   AddLifelineTargetOptions(c, conv.get());
   commands->push_back({c, [conv] { return RunConvert(*conv, "convert", conv->to); }});
 

@@ -6,7 +6,9 @@
 // model.safetensors.index.json). Nothing but metadata is loaded when it is opened: callers stream
 // regions within their memory budget. Convert() streams a source into HDF5, safetensors, or a
 // Lifeline checkpoint laid out for a parallel layout (ranks, tp, dp), one slab at a time: peak
-// memory is bounded by ConvertOptions::memory_budget, not by the model.
+// memory is bounded by ConvertOptions::memory_budget, not by the model. On the way, tensors may be
+// renamed by user rules (RenameRule: training names to Hugging Face's) and floating tensors cast
+// (ConvertOptions::dtype), slab by slab too.
 //
 // Outputs appear whole or not at all: files are written under temporary names (".tmp-" in the
 // name) and renamed at the end; a failed conversion removes its temporary files and reports the
@@ -133,9 +135,33 @@ enum class ConvertFormat { kHdf5, kSafetensors, kLifeline };
 LIFELINE_EXPORT std::string_view ConvertFormatName(ConvertFormat format);
 [[nodiscard]] LIFELINE_EXPORT Result<ConvertFormat> ParseConvertFormat(std::string_view name);
 
+// A rule of `lifeline convert --rename`: a tensor whose whole name matches `pattern` (an
+// ECMAScript regular expression, std::regex) is written as `replacement`, in which $1..$99 are
+// the pattern's groups, $& the whole name and $$ a '$'. Rules are tried in order and the first
+// that matches a name renames it; a name no rule matches is kept.
+struct LIFELINE_EXPORT RenameRule {
+  std::string pattern;
+  std::string replacement;
+};
+
+// "PATTERN=REPLACEMENT", split at the first '=' not preceded by a backslash (write \= for an '='
+// in the pattern; the replacement may hold any). InvalidArgument quoting `text` when there is no
+// such '=', the pattern is empty, or it is not a valid regular expression.
+[[nodiscard]] LIFELINE_EXPORT Result<RenameRule> ParseRenameRule(std::string_view text);
+// The rules of a rules file's text: one rule per line as ParseRenameRule reads it, surrounding
+// spaces and tabs trimmed; empty lines and lines whose first other character is '#' are skipped.
+// InvalidArgument naming `file_name` and the line otherwise.
+[[nodiscard]] LIFELINE_EXPORT Result<std::vector<RenameRule>> ParseRenameRules(std::string_view text,
+                                                                             std::string_view file_name);
+
 struct LIFELINE_EXPORT ConvertOptions {
   uint64_t memory_budget = 256ull << 20;  // bytes of slabs in memory at once (at least 1 MiB is used)
-  std::vector<std::string> select;        // tensor name prefixes to convert; empty: all
+  std::vector<std::string> select;        // prefixes of the source's tensor names to convert; empty: all
+  // Applied to the selected tensors, before any output is opened, whatever the output format:
+  std::vector<RenameRule> rename;         // output names (RenameRule); unmatched names are kept
+  std::optional<DType> dtype;             // cast every floating tensor (f64 f32 f16 bf16 fp8) of
+                                          // another dtype to this one (f64, f32, f16 or bf16),
+                                          // rounding to nearest even; integers and bool are kept
   bool force = false;                     // replace an existing output file (hdf5, safetensors)
   // hdf5
   int deflate_level = 0;                  // 0 off, 1..9
@@ -153,20 +179,46 @@ struct LIFELINE_EXPORT ConvertOptions {
   std::function<void(const std::string& tensor, uint64_t bytes)> progress;
 };
 
+// One selected tensor as Convert() writes it.
+struct LIFELINE_EXPORT ExportTensor {
+  size_t source_index = 0;            // into source.tensors()
+  std::string source_name;
+  std::string name;                   // after the rename rules
+  int rule = -1;                      // the index in options.rename of the rule that matched; -1: none
+  DType source_dtype = DType::kF32;
+  DType dtype = DType::kF32;          // after the cast
+  std::vector<int64_t> shape;
+
+  bool renamed() const { return name != source_name; }
+  bool cast() const { return dtype != source_dtype; }
+};
+
 struct LIFELINE_EXPORT ConvertReport {
   uint64_t tensors = 0;
-  uint64_t bytes = 0;                 // tensor bytes read from the source (replicas once)
+  uint64_t bytes = 0;                 // tensor bytes written, in the output's dtypes (replicas once)
   uint64_t objects = 0;
   std::vector<std::string> outputs;   // files or the step directory written
   // lifeline only:
   uint64_t step = 0;                  // the step written
   uint32_t ranks = 0, tp = 0, dp = 0; // the layout written
   std::string placement;              // "synthetic model" or "generic"
+  // The selected tensors that --rename or --dtype changed, in the source's order.
+  std::vector<ExportTensor> renamed;
+  std::vector<ExportTensor> cast;
 };
 
 // The tensors of `source` whose names start with one of `prefixes` (all when empty), as indexes
 // into source.tensors().
 LIFELINE_EXPORT std::vector<size_t> SelectTensors(const TensorSource& source, const std::vector<std::string>& prefixes);
+
+// The tensors Convert(source, ..., options) writes, in the source's order: those selected by
+// options.select (matched against the source's names), renamed by options.rename, cast to
+// options.dtype. InvalidArgument, before anything is written, when options.dtype is not f64, f32,
+// f16 or bf16 (naming a floating tensor it would have cast), when a rule makes a name empty (naming
+// the tensor and the rule), or when two tensors would get the same name (naming both). Pure: reads
+// only the source's list of tensors.
+[[nodiscard]] LIFELINE_EXPORT Result<std::vector<ExportTensor>> PlanExportTensors(const TensorSource& source,
+                                                                                 const ConvertOptions& options);
 
 // Converts `source` into `out`:
 //   kHdf5         `out` is the file written (layout in tensor_source.h).
@@ -179,7 +231,7 @@ LIFELINE_EXPORT std::vector<size_t> SelectTensors(const TensorSource& source, co
 //                 and the rest held whole by every rank.
 // AlreadyExists naming the output when it exists and !force; InvalidArgument for options that do
 // not apply (max_shard_bytes with a single .safetensors file, deflate outside 0..9, a layout that
-// does not resolve); otherwise the source's or the writer's error, annotated with the source and
+// does not resolve) and for renames and casts PlanExportTensors refuses; otherwise the source's or the writer's error, annotated with the source and
 // naming the file that failed. Nothing is published on failure.
 [[nodiscard]] LIFELINE_EXPORT Result<ConvertReport> Convert(TensorSource& source, ConvertFormat to, const std::string& out,
                                             const ConvertOptions& options = {});

@@ -481,9 +481,16 @@ def convert(src, dst, to, **options):
     `memory_budget`; the same conversion as `lifeline convert` (README, section "CLI").
 
     Options (None leaves the default): step (of a checkpoint source), memory_budget (bytes),
-    select (tensor name prefixes), force, deflate (hdf5, 0..9), max_shard_bytes (safetensors into a
-    directory), out_step, ranks, tp, dp, codec, codec_level, direct_io (lifeline).
-    Returns a dict: source, source_format, format, tensors, objects, bytes, outputs, and for
+    select (prefixes of the source's tensor names), rename ("PATTERN=REPLACEMENT" or a list of
+    those or of (pattern, replacement) pairs: a tensor whose whole name matches a pattern gets the
+    replacement, $1.. its groups; the first matching rule decides, unmatched names are kept),
+    rename_file (a file of such rules, one a line, '#' comments; its rules come after rename's),
+    dtype ("bf16", "f16", "f32", "f64" or a torch dtype: every floating tensor cast to it,
+    rounding to nearest even; integers and bool kept), force, deflate (hdf5, 0..9),
+    max_shard_bytes (safetensors into a directory), out_step, ranks, tp, dp, codec, codec_level,
+    direct_io (lifeline).
+    Returns a dict: source, source_format, format, tensors, objects, bytes (written, in the output's
+    dtypes), outputs, renamed and cast (lists of {source_name, name, source_dtype, dtype}), and for
     "lifeline" step, ranks, tp, dp, placement. Raises lifeline.Error; nothing is published then.
     """
     return _lifeline.convert(_os.fspath(src), _os.fspath(dst), to, options)

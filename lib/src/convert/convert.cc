@@ -26,6 +26,7 @@
 #include "lib/src/saver.h"
 #include "lifeline/env.h"
 #include "lib/src/convert/hdf5_file.h"
+#include "lib/src/convert/tensor_mapping.h"
 #include "lib/src/convert/tensor_source.h"
 
 namespace lifeline {
@@ -472,8 +473,10 @@ Result<ConvertFormat> ParseConvertFormat(std::string_view name) {
   return Status::InvalidArgument("--to", "'" + std::string(name) + "' is not hdf5, safetensors or lifeline");
 }
 
-Result<ConvertReport> Convert(TensorSource& source, ConvertFormat to, const std::string& out,
-                              const ConvertOptions& options) {
+namespace {
+
+Result<ConvertReport> ConvertSelected(TensorSource& source, ConvertFormat to, const std::string& out,
+                                      const ConvertOptions& options) {
   switch (to) {
     case ConvertFormat::kHdf5: return ExportHdf5(source, out, options);
     case ConvertFormat::kSafetensors: return ExportSafetensors(source, out, options);
@@ -484,6 +487,29 @@ Result<ConvertReport> Convert(TensorSource& source, ConvertFormat to, const std:
     }
   }
   return Status::InvalidArgument("convert", "unknown output format");
+}
+
+}  // namespace
+
+Result<ConvertReport> Convert(TensorSource& source, ConvertFormat to, const std::string& out,
+                              const ConvertOptions& options) {
+  LL_ASSIGN_OR_RETURN(std::vector<ExportTensor> plan, PlanExportTensors(source, options));
+  std::vector<ExportTensor> renamed, cast;
+  for (const ExportTensor& e : plan) {
+    if (e.renamed()) renamed.push_back(e);
+    if (e.cast()) cast.push_back(e);
+  }
+  if (renamed.empty() && cast.empty()) return ConvertSelected(source, to, out, options);
+  // The exporters read the planned tensors through the mapping; the selection is made already.
+  // A cast's piece in the source dtype is the only memory added: a quarter of the budget at most.
+  const uint64_t scratch = std::min<uint64_t>(std::max(options.memory_budget, kMinBudget) / 4, 16ull << 20);
+  MappedTensorSource mapped(source, std::move(plan), scratch);
+  ConvertOptions o = options;
+  o.select.clear();
+  LL_ASSIGN_OR_RETURN(ConvertReport report, ConvertSelected(mapped, to, out, o));
+  report.renamed = std::move(renamed);
+  report.cast = std::move(cast);
+  return report;
 }
 
 }  // namespace lifeline

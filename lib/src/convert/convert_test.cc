@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include "formats/safetensors.h"
 #include "lib/src/convert/test_sources.h"
 #include "lifeline/convert.h"
 #include "lifeline/env.h"
@@ -240,6 +241,98 @@ TEST_F(ConvertTest, Hdf5RoundTripOnDisk) {
   o.deflate_level = 10;
   r = Convert(*disk, ConvertFormat::kHdf5, dir.Sub("other.h5"), o);
   EXPECT_EQ(StatusCode::kInvalidArgument, r.status().code()) << r.status().ToString();
+}
+
+// --rename and --dtype on the way to sharded safetensors (what a Hugging Face upload is) and to a
+// checkpoint: new names in the files and the index, bf16 values rounded as CastElements does,
+// the index's total_size in the output's bytes, and the report listing every change.
+TEST_F(ConvertTest, RenamedAndCastToShardedSafetensorsAndToACheckpoint) {
+  const TestTensor steps{"steps", DType::kI64, {2}, std::string("\x07\0\0\0\0\0\0\0\x09\0\0\0\0\0\0\0", 16)};
+  WriteSafetensors(mem_.get(), "/in2/model.safetensors", {w_, b_, steps});
+  std::unique_ptr<TensorSource> source = Open("/in2/model.safetensors", mem_.get());
+  ASSERT_NE(nullptr, source);
+  ConvertOptions o = Options(mem_.get());
+  o.rename = {ParseRenameRule("w=model.weight").value(), ParseRenameRule("(b)=model.$1ias").value()};
+  o.dtype = DType::kBF16;
+  o.max_shard_bytes = 24;  // w alone (48 bytes as bf16), then b and steps
+  o.memory_budget = 1;     // the smallest slabs
+  Result<ConvertReport> r = Convert(*source, ConvertFormat::kSafetensors, "/hf", o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(2u, r->renamed.size());
+  EXPECT_EQ("w", r->renamed[0].source_name);
+  EXPECT_EQ("model.weight", r->renamed[0].name);
+  EXPECT_EQ("model.bias", r->renamed[1].name);
+  ASSERT_EQ(2u, r->cast.size());  // steps (i64) is not cast
+  EXPECT_EQ(DType::kF32, r->cast[0].source_dtype);
+  EXPECT_EQ(DType::kBF16, r->cast[0].dtype);
+  const uint64_t written = (24 + 3) * 2 + 16;
+  EXPECT_EQ(written, r->bytes);
+  EXPECT_EQ((std::vector<std::string>{"/hf/model-00001-of-00002.safetensors", "/hf/model-00002-of-00002.safetensors",
+                                      "/hf/model.safetensors.index.json"}),
+            r->outputs);
+  Result<std::string> index_text = ReadFileToString(mem_.get(), "/hf/model.safetensors.index.json", 1 << 20);
+  ASSERT_TRUE(index_text.ok());
+  Result<format::SafetensorsIndex> index = format::ParseSafetensorsIndex(*index_text, "index");
+  ASSERT_TRUE(index.ok()) << index.status().ToString();
+  EXPECT_EQ(written, index->total_size);
+  EXPECT_EQ((std::vector<std::pair<std::string, std::string>>{{"model.weight", "model-00001-of-00002.safetensors"},
+                                                              {"model.bias", "model-00002-of-00002.safetensors"},
+                                                              {"steps", "model-00002-of-00002.safetensors"}}),
+            index->weight_map);
+
+  std::unique_ptr<TensorSource> hf = Open("/hf", mem_.get());
+  ASSERT_NE(nullptr, hf);
+  ASSERT_EQ(3u, hf->tensors().size());
+  for (size_t i = 0; i < 3; ++i) {
+    const SourceTensor& t = hf->tensors()[i];
+    const TestTensor& original = t.name == "model.weight" ? w_ : t.name == "model.bias" ? b_ : steps;
+    if (t.name == "steps") {
+      EXPECT_EQ(DType::kI64, t.dtype);
+      EXPECT_EQ(steps.bytes, ReadWhole(*hf, i));
+      continue;
+    }
+    EXPECT_EQ(DType::kBF16, t.dtype) << t.name;
+    EXPECT_EQ(original.shape, t.shape) << t.name;
+    // The test values are small integers: exact in bf16, the upper halves of their f32 bits.
+    std::string expected;
+    for (size_t k = 0; k < original.bytes.size(); k += 4) expected += original.bytes.substr(k + 2, 2);
+    EXPECT_EQ(expected, ReadWhole(*hf, i)) << t.name;
+  }
+
+  // The same changes into a checkpoint of 2 ranks.
+  ConvertOptions to_ckpt = o;
+  to_ckpt.max_shard_bytes = 0;
+  to_ckpt.ranks = 2;
+  to_ckpt.tp = 2;
+  to_ckpt.memory_budget = 1 << 20;
+  r = Convert(*source, ConvertFormat::kLifeline, "/ckpt2", to_ckpt);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(2u, r->cast.size());
+  std::unique_ptr<TensorSource> ckpt = Open("/ckpt2", mem_.get());
+  ASSERT_NE(nullptr, ckpt);
+  ASSERT_EQ(3u, ckpt->tensors().size());
+  for (size_t i = 0; i < 3; ++i) {
+    const SourceTensor& t = ckpt->tensors()[i];
+    size_t same = 0;
+    while (hf->tensors()[same].name != t.name) ++same;
+    EXPECT_EQ(hf->tensors()[same].dtype, t.dtype) << t.name;
+    EXPECT_EQ(ReadWhole(*hf, same), ReadWhole(*ckpt, i)) << t.name;
+  }
+}
+
+TEST_F(ConvertTest, ARenameThatCollidesWritesNothing) {
+  ConvertOptions o = Options(mem_.get());
+  o.rename = {ParseRenameRule(".*=same").value()};
+  Result<ConvertReport> r = Convert(*source_, ConvertFormat::kSafetensors, "/collide", o);
+  EXPECT_EQ(StatusCode::kInvalidArgument, r.status().code());
+  EXPECT_TRUE(StatusMentions(r.status(), "'w' and 'b'")) << r.status().ToString();
+  EXPECT_FALSE(mem_->FileExists("/collide"));
+  o.rename.clear();
+  o.dtype = DType::kI32;
+  r = Convert(*source_, ConvertFormat::kLifeline, "/collide", o);
+  EXPECT_EQ(StatusCode::kInvalidArgument, r.status().code());
+  EXPECT_TRUE(StatusMentions(r.status(), "'w'")) << r.status().ToString();
+  EXPECT_FALSE(mem_->FileExists("/collide"));
 }
 
 TEST(TargetShardsTest, GenericPlacementSplitsRowsOverTensorParallelRanks) {

@@ -1,0 +1,229 @@
+"""torchtitan's trainer checkpointing through Lifeline (lifeline.torchtitan, issue 33), under
+lifeline-agent.
+
+torchtitan's llama3 debug model trains on CPU over gloo, run as `python -m torchtitan.train
+--module llama3 --config llama3_debugmodel ...` with torchtitan's own arguments, a tokenizer and a
+small text dataset made here (torchtitan's test assets are not in its wheel). torchtitan 0.3.0
+cannot train on CPU as it comes: tests/python/titan_train.py says what stops it, file and line,
+and makes the device choice "cpu" (and bridges three gaps between torchtitan 0.3.0 and torch
+2.13's CPU wheel over gloo), and
+tests/python/titan_cpu_attention.py, a torchtitan override, computes its FlexAttention eagerly
+(FlexAttention has no backward on CPU). The trainer, FSDP2, optimizer, lr scheduler, dataloader and
+checkpoint manager interface are torchtitan's own.
+
+Lifeline is picked by torchtitan's config: `--override.imports
+lifeline.torchtitan.checkpoint_with_lifeline` on the command line, or a config function's
+`checkpoint=LifelineCheckpointManager.Config(...)` (tests/python/titan_config.py).
+
+- 2 FSDP ranks, checkpoints every 2 steps, async: rank 1 is SIGKILLed in the forward of step 6,
+  once step 4 is durable; the agent relaunches both, they resume from step 4 (the step the agent fixed), and
+  step 5, run before the kill and again after it, gives the same loss and the same parameters
+  (model, optimizer, lr schedule and the dataloader's position all restored) on both ranks, bit
+  for bit. `lifeline verify` and `lifeline ls` accept the checkpoint folder, which holds no DCP
+  files, only Lifeline's.
+- 1 rank, synchronous saves, Lifeline options from the config: lifeline.Checkpointer.load reads the
+  last step's model state exactly as the trainer held it, and its train state.
+
+Needs torchtitan 0.3 (tools/requirements.txt, in .venv): under .venv its absence fails the test;
+under another Python (Debian's, torch 1.13 or 2.6, no torchtitan) the test skips, saying why.
+"""
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BIN = os.environ.get("LIFELINE_BIN", os.path.join(HERE, "..", "..", "build", "bin"))
+
+
+def _torchtitan_missing():
+    if importlib.util.find_spec("torchtitan") is None:
+        return "torchtitan is not installed"
+    version = importlib.metadata.version("torchtitan")
+    if not version.startswith("0.3."):
+        return f"torchtitan {version} is installed; lifeline.torchtitan is for 0.3"
+    return None
+
+
+NO_TORCHTITAN = _torchtitan_missing()
+# The repository's .venv (torch 2.13 with tools/requirements.txt) must have torchtitan.
+TORCHTITAN_REQUIRED = sys.prefix.rstrip("/").endswith(".venv") or \
+    tuple(int(x) for x in re.findall(r"\d+", torch.__version__)[:2]) >= (2, 13)
+
+STEPS = 8
+KILL_AT = 6
+INTERVAL = 2
+BOS, EOS = "<|begin_of_text|>", "<|end_of_text|>"
+
+
+def make_assets(root):
+    """A word-level tokenizer (tokenizer.json, tokenizer_config.json) under the debug model's
+    vocabulary of 2048, and a dataset of 200 documents of its words, as torchtitan's `c4_test`
+    dataset directory is laid out (JSON lines with a "text" field)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    words = [f"w{i}" for i in range(1000)]
+    vocab = {"<unk>": 0, BOS: 1, EOS: 2}
+    vocab.update({w: i + 3 for i, w in enumerate(words)})
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.add_special_tokens([BOS, EOS])
+    tok_dir = os.path.join(root, "tokenizer")
+    os.makedirs(tok_dir)
+    tokenizer.save(os.path.join(tok_dir, "tokenizer.json"))
+    with open(os.path.join(tok_dir, "tokenizer_config.json"), "w") as f:
+        json.dump({"bos_token": BOS, "eos_token": EOS}, f)
+    data_dir = os.path.join(root, "c4_test")
+    os.makedirs(data_dir)
+    rng = random.Random(33)
+    with open(os.path.join(data_dir, "c4_small.json"), "w") as f:
+        for _ in range(200):
+            # Zipf-like: some words far more frequent than others, so the loss falls.
+            text = " ".join(words[min(int(rng.paretovariate(1.2)) - 1, 999)] for _ in range(rng.randint(40, 160)))
+            f.write(json.dumps({"text": text}) + "\n")
+    return tok_dir, data_dir
+
+
+def run_under_agent(root, tok_dir, data_dir, config, extra_args=(), nproc=2, env=None):
+    """torchtitan's debug model trained for STEPS steps under lifeline-agent, with checkpoints in
+    the agent's checkpoint directory; returns (exit status, output, agent events, that directory)."""
+    dump = os.path.join(root, "outputs")
+    ckpt_dir = os.path.join(dump, "checkpoint")
+    events = os.path.join(root, "events.jsonl")
+    titan_args = [
+        "--module", config[0], "--config", config[1],
+        "--hf_assets_path", tok_dir, "--dump_folder", dump,
+        "--dataloader.dataset", "c4_test", "--dataloader.dataset_path", data_dir,
+        "--training.steps", str(STEPS), "--training.seq_len", "64", "--training.local_batch_size", "2",
+        "--debug.seed", "7", "--parallelism.spmd_backend", "partial_dtensor",
+    ] + list(extra_args)
+    cmd = [os.path.join(BIN, "lifeline-agent"), "run", "--nproc", str(nproc), "--checkpoint-dir", ckpt_dir,
+           "--events-log", events, "--max-restarts", "1", "--",
+           sys.executable, os.path.join(HERE, "titan_train.py")] + titan_args
+    env = dict(os.environ, HF_HOME=os.path.join(root, "hf"), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+               WANDB_MODE="disabled", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1", **(env or {}))
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    log = []
+    if os.path.exists(events):
+        with open(events) as f:
+            log = [json.loads(line) for line in f if line.strip()]
+    return p.returncode, p.stdout + p.stderr, log, ckpt_dir
+
+
+def steps_printed(out):
+    """{(rank, step): [(loss, parameter digest), ...]} in the order titan_train.py printed them."""
+    runs = {}
+    for rank, step, loss, params in re.findall(r"TITAN rank (\d) step (\d+) loss (\S+) params (\S+)", out):
+        runs.setdefault((int(rank), int(step)), []).append((loss, params))
+    return runs
+
+
+class TorchtitanUnderAgent(unittest.TestCase):
+    def setUp(self):
+        if NO_TORCHTITAN:
+            if TORCHTITAN_REQUIRED:
+                self.fail(f"{NO_TORCHTITAN} in {sys.prefix}: tools/requirements.txt pins it (tools/setup installs it)")
+            self.skipTest(f"{NO_TORCHTITAN} for {sys.executable} (torch {torch.__version__}): torchtitan 0.3 "
+                          f"is tested in .venv")
+        self.tmp = tempfile.mkdtemp(prefix="lifeline-titan-", dir=os.environ.get("LIFELINE_TEST_TMPDIR", "/var/tmp"))
+
+    def tearDown(self):
+        if hasattr(self, "tmp"):
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def test_killed_rank_resumes_from_lifeline_checkpoint_with_equal_state(self):
+        tok_dir, data_dir = make_assets(self.tmp)
+        rc, out, log, ckpt_dir = run_under_agent(
+            self.tmp, tok_dir, data_dir, ("llama3", "llama3_debugmodel"),
+            ["--checkpoint.enable", "--checkpoint.interval", str(INTERVAL), "--checkpoint.async_mode", "async",
+             "--checkpoint.keep_latest_k", "3",
+             "--override.imports", "lifeline.torchtitan.checkpoint_with_lifeline",
+             "titan_cpu_attention.eager_cpu_attention"],
+            env={"TITAN_KILL_AT": str(KILL_AT), "TITAN_KILL_RANK": "1", "TITAN_KILL_AFTER_SAVE": "1"})
+        self.assertEqual(rc, 0, out)
+        # torchtitan's config picked Lifeline's manager.
+        self.assertRegex(out, r"\[Override\] lifeline\.torchtitan\.checkpoint_with_lifeline: checkpoint "
+                              r"CheckpointManager\.Config -> LifelineCheckpointManager\.Config")
+        self.assertIn(f"TITAN rank 1 killed at step {KILL_AT}", out)
+
+        dead = [e for e in log if e.get("kind") == "dead"]
+        self.assertEqual(len(dead), 1, out)
+        self.assertEqual(dead[0]["ranks"], [1], out)
+        launches = [e for e in log if e.get("action") == "launch"]
+        self.assertEqual(len(launches), 2, out)
+        resume = KILL_AT - INTERVAL  # the newest checkpoint, made durable before the kill
+        self.assertEqual(launches[1]["resume"]["step"], resume, out)
+        self.assertEqual(len(re.findall(rf"Loaded step {resume} of Lifeline checkpoint", out)), 2, out)
+        self.assertEqual(len(re.findall(rf"Training starts at step {resume + 1}", out)), 2, out)
+
+        # Every step's loss and parameters, per rank, in the order printed: steps after the
+        # checkpoint and before the kill ran twice, and must not differ by a bit.
+        runs = steps_printed(out)
+        for rank in (0, 1):
+            self.assertEqual(sorted(s for r, s in runs if r == rank), list(range(1, STEPS + 1)), out)
+            for step in range(1, STEPS + 1):
+                seen = runs[(rank, step)]
+                self.assertEqual(len(seen), 2 if resume < step < KILL_AT else 1, (rank, step, seen))
+                self.assertNotEqual(seen[0][0], "None", out)
+                self.assertEqual(len(set(seen)), 1, f"rank {rank} step {step} differs after the resume: {seen}")
+        # Not a trivial equality: training moved the parameters and the loss.
+        self.assertNotEqual(runs[(0, 1)][0][1], runs[(0, STEPS)][0][1])
+        self.assertLess(float.fromhex(runs[(0, STEPS)][0][0]), float.fromhex(runs[(0, 1)][0][0]))
+
+        # The folder is a Lifeline checkpoint directory (no DCP files), readable by the CLI.
+        for _dirpath, _dirs, files in os.walk(ckpt_dir):
+            self.assertNotIn(".metadata", files)
+        ls = subprocess.run([os.path.join(BIN, "lifeline"), "ls", ckpt_dir], capture_output=True, text=True)
+        self.assertEqual(ls.returncode, 0, ls.stdout + ls.stderr)
+        for step in (4, 6, 8):  # keep_latest_k 3
+            self.assertRegex(ls.stdout, rf"(?m)^\s*{step}\b", ls.stdout)
+        self.assertNotRegex(ls.stdout, r"(?m)^\s*2\b", ls.stdout)
+        verify = subprocess.run([os.path.join(BIN, "lifeline"), "verify", ckpt_dir], capture_output=True, text=True)
+        self.assertEqual(verify.returncode, 0, verify.stdout + verify.stderr)
+
+    def test_config_function_picks_lifeline_and_checkpointer_reads_what_it_saved(self):
+        """One rank, synchronous saves, Lifeline chosen by a config function of the user's
+        (tests/python/titan_config.py); the last step read back with lifeline.Checkpointer."""
+        import lifeline
+        tok_dir, data_dir = make_assets(self.tmp)
+        rc, out, _log, ckpt_dir = run_under_agent(
+            self.tmp, tok_dir, data_dir, ("titan_config", "llama3_debugmodel_lifeline"),
+            ["--override.imports", "titan_cpu_attention.eager_cpu_attention"], nproc=1)
+        self.assertEqual(rc, 0, out)
+        self.assertIn(f"Lifeline checkpoints in {ckpt_dir} (sync saves)", out)
+        reader = lifeline.Checkpointer(ckpt_dir, rank=0, world_size=1, run_id="test-reader")
+        self.assertEqual(sorted(c["step"] for c in reader.list() if c["complete"]),
+                         list(range(INTERVAL, STEPS + 1, INTERVAL)))  # keep_latest_k 0 keeps every step
+        # The model's parameters of the last step, as torchtitan's trainer held them after it.
+        described = lifeline.describe_source(ckpt_dir)
+        self.assertEqual(described["step"], STEPS)
+        others = ("optimizer.", "lr_scheduler.", "dataloader.", "train_state.")
+        params = {t["name"]: torch.empty(t["shape"], dtype=torch.float32)
+                  for t in described["tensors"] if not t["name"].startswith(others)}
+        self.assertIn("tok_embeddings.weight", params)
+        self.assertTrue(any(t["name"].startswith("optimizer.state.") for t in described["tensors"]))
+        state = dict(params, train_state={"step": -1, "ntokens_seen": -1})
+        self.assertEqual(reader.load(state), STEPS)
+        self.assertEqual(state["train_state"]["step"], STEPS)
+        self.assertEqual(state["train_state"]["ntokens_seen"], STEPS * 2 * 64)
+        digest = hashlib.sha256()
+        for name in sorted(params):
+            digest.update(name.encode())
+            digest.update(params[name].contiguous().view(torch.uint8).numpy().tobytes())
+        printed = steps_printed(out)[(0, STEPS)]
+        self.assertEqual(len(printed), 1, out)
+        self.assertEqual(printed[0][1], digest.hexdigest()[:32], "the checkpoint's model state is not the trainer's")
+        reader.close()
+
+
+if __name__ == "__main__":
+    unittest.main()
