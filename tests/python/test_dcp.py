@@ -204,9 +204,48 @@ def copy_staging_and_steps(args):
                        "steps": [c["step"] for c in lifeline.Checkpointer(directory, run_id="t").list()]})
 
 
+def whole_without_a_state_dict(args):
+    """2 ranks save a DTensor sharded on a 1-D mesh, a nested dict with a list of tensors and a
+    bytes item through dcp.save (step 0) and dcp.async_save (step 1); then rank 0, alone, loads each
+    step as DCP's dcp_to_torch_save does, with no state dict to fill (_EmptyStateDictLoadPlanner):
+    the nested structure comes back from the checkpoint (DCP's planner_data), whole tensors included.
+    (A check of PyTorch's test_format_utils.py, made ours.)"""
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+    init(args, 2)
+    rank = args.rank
+    mesh = init_device_mesh("cpu", (2,))
+    directory = os.path.join(args.dir, "whole")
+
+    def state(k):
+        w = torch.arange(15.0).reshape(5, 3) + k
+        return {"model": {"w": distribute_tensor(w, mesh, placements_of("S0")), "b": torch.full((3,), 7.0 + k)},
+                "optim": {"lr": 0.5 + k, "moments": [torch.ones(2) * k, torch.zeros(4)]},
+                "blob": io.BytesIO(b"item %d" % k)}
+    writer = lifeline.dcp.StorageWriter(directory)
+    dcp.save(state(0), storage_writer=writer)
+    response = dcp.async_save(state(1), storage_writer=writer)
+    response.upload_completion.result()
+    writer.close()
+    torch.distributed.barrier()
+    got = {}
+    if rank == 0:
+        for step in (0, 1):
+            loaded = {}
+            _load_state_dict(loaded, storage_reader=lifeline.dcp.StorageReader(directory, step=step),
+                             planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+            blob = loaded.get("blob")
+            got[step] = {"keys": sorted(loaded), "model": sorted(loaded.get("model", {})),
+                         "w": loaded["model"]["w"].tolist(), "b": loaded["model"]["b"].tolist(),
+                         "lr": loaded["optim"]["lr"], "moments": [t.tolist() for t in loaded["optim"]["moments"]],
+                         "blob": blob.getvalue().decode() if isinstance(blob, io.BytesIO) else repr(blob)}
+    gloo_ranks.finish(got)
+
+
 def worker(args):
     {"save": save, "load": load, "mixed_load": mixed_load, "process_mode": process_mode,
-     "copy_staging_and_steps": copy_staging_and_steps}[args.role](args)
+     "copy_staging_and_steps": copy_staging_and_steps,
+     "whole_without_a_state_dict": whole_without_a_state_dict}[args.role](args)
 
 
 @unittest.skipIf(NO_FSDP2, NO_FSDP2)
@@ -233,6 +272,16 @@ class DcpWriterOptions(unittest.TestCase):
         self.assertIn("step 10", result["refused"] or "")
         self.assertEqual(result["steps"], [11, 10])
         self.assertEqual(result["interleaved"], {"0": [1.0] * 4, "1": [2.0] * 4})
+
+    def test_a_load_with_no_state_dict_gets_the_nested_state_back(self):
+        results = gloo_ranks.run_ranks_ok(self, __file__, 2,
+                                          lambda r: ["--role", "whole_without_a_state_dict", "--dir", self.tmp])
+        got = results[0][0]
+        for k in (0, 1):
+            self.assertEqual(got[str(k)], {
+                "keys": ["blob", "model", "optim"], "model": ["b", "w"],
+                "w": (torch.arange(15.0).reshape(5, 3) + k).tolist(), "b": [7.0 + k] * 3,
+                "lr": 0.5 + k, "moments": [[float(k)] * 2, [0.0] * 4], "blob": f"item {k}"}, f"step {k}")
 
 
 @unittest.skipIf(NO_FSDP2, NO_FSDP2)

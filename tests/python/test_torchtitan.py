@@ -164,6 +164,11 @@ class TorchtitanUnderAgent(unittest.TestCase):
         self.assertEqual(launches[1]["resume"]["step"], resume, out)
         self.assertEqual(len(re.findall(rf"Loaded step {resume} of Lifeline checkpoint", out)), 2, out)
         self.assertEqual(len(re.findall(rf"Training starts at step {resume + 1}", out)), 2, out)
+        # The agent saw the relaunch resume from that step, stepping on at the next (torchtitan's
+        # first save and its load make DCP step the optimizer once with lr 0: not a step).
+        resumed = [e for e in log if e.get("action") == "resumed"]
+        self.assertEqual(len(resumed), 1, out)
+        self.assertEqual((resumed[0]["resumed_from_checkpoint"], resumed[0]["step"]), (resume, resume + 1), out)
 
         # Every step's loss and parameters, per rank, in the order printed: steps after the
         # checkpoint and before the kill ran twice, and must not differ by a bit.

@@ -72,6 +72,22 @@ def report(what, err):
 
 # ---- steps ------------------------------------------------------------------------------------
 
+def _making_optimizer_state():
+    """Whether this optimizer.step() is one made to create an optimizer's state with zero gradients
+    and lr 0 (torch.distributed.checkpoint.state_dict._init_optim_state, as get_state_dict and
+    set_state_dict make for an optimizer that has not stepped; torchtitan's own init_optim_state
+    before its saves and loads): a relaunch's load would otherwise count as step 0. Looked for only
+    before training has begun."""
+    frame = sys._getframe(1)
+    for _ in range(16):
+        if frame is None:
+            return False
+        if frame.f_code.co_name in ("_init_optim_state", "init_optim_state"):
+            return True
+        frame = frame.f_back
+    return False
+
+
 class _StepClock:
     """Step boundaries from optimizer.step(). Thread-compatible: used from the training thread."""
 
@@ -100,6 +116,8 @@ class _StepClock:
         return owner is optimizer
 
     def before_step(self, optimizer):
+        if self.enabled and not self.training and _making_optimizer_state():
+            return  # not training: DCP making the optimizer's state before a load or a first save
         if self.enabled and self._is_owner(optimizer):
             self.training = True
             self.begin()

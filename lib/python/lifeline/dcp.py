@@ -38,6 +38,7 @@ import collections as _collections
 import concurrent.futures as _futures
 import dataclasses as _dataclasses
 import io as _io
+import json as _json
 import os as _os
 import sys as _sys
 import threading as _threading
@@ -105,13 +106,14 @@ def _encode(value):
 
 
 def _pieces_as_dcp_names_them(state_dict):
-    """(pieces, objects) of a state dict under the names DCP's planner gives its items: dicts are
-    flattened (also those without tensors), lists only when they hold tensors, anything else is one
-    bytes item. A DTensor is the boxes of its global tensor that this rank holds; a plain tensor, in
-    a job of several ranks, one of as many identical copies (DCP's assumption too), written once."""
+    """(pieces, objects, mappings) of a state dict under the names DCP's planner gives its items:
+    dicts are flattened (also those without tensors), lists only when they hold tensors, anything
+    else is one bytes item. A DTensor is the boxes of its global tensor that this rank holds; a
+    plain tensor, in a job of several ranks, one of as many identical copies (DCP's assumption too),
+    written once. mappings: DCP's, from the flattened names back to the paths in the state dict."""
     from torch.distributed.checkpoint._nested_dict import flatten_state_dict
     from . import _dtensor
-    flat, _mappings = flatten_state_dict(state_dict)
+    flat, mappings = flatten_state_dict(state_dict)
     rank, world = _group()
     pieces, objects = [], []
     for fqn, value in flat.items():
@@ -121,7 +123,18 @@ def _pieces_as_dcp_names_them(state_dict):
             pieces.append((fqn, _state.Shard(value, replica=(rank, world)) if world > 1 else value))
         else:
             objects.append((fqn, _encode(value)))
-    return pieces, objects
+    return pieces, objects, mappings
+
+
+def _metadata(mappings):
+    """The checkpoint's metadata for a save through DCP, with DCP's map from the flattened names
+    back to the nested state dict's paths (DefaultSavePlanner's mappings), which DCP keeps as its
+    metadata's planner_data for loads that build the state dict from the checkpoint alone
+    (dcp_to_torch_save, _EmptyStateDictLoadPlanner): StorageReader gives it back."""
+    metadata = {"dcp": True}
+    if mappings:
+        metadata["dcp_planner_data"] = {fqn: list(path) for fqn, path in mappings.items()}
+    return metadata
 
 
 class StorageWriter(_StorageWriter, _AsyncStager):
@@ -219,8 +232,8 @@ class StorageWriter(_StorageWriter, _AsyncStager):
         AsyncSaveResponse), else the state dict after synchronize_staging()."""
         self._refuse_process_mode()
         step = self._take_step()
-        pieces, objects = _pieces_as_dcp_names_them(state_dict)
-        ticket = self.checkpointer._save_pieces(step, pieces, objects, {"dcp": True})
+        pieces, objects, mappings = _pieces_as_dcp_names_them(state_dict)
+        ticket = self.checkpointer._save_pieces(step, pieces, objects, _metadata(mappings))
         staged = (step, ticket, _threading.get_ident())
         with self._lock:
             self._staged.append(staged)
@@ -326,7 +339,7 @@ class StorageWriter(_StorageWriter, _AsyncStager):
             for fqn in getattr(self._call, "local_bytes", ()):
                 if fqn not in written:
                     objects.append((fqn, _encode(lookup(_md.MetadataIndex(fqn)))))
-        return self.checkpointer._save_pieces(step, pieces, objects, {"dcp": True})
+        return self.checkpointer._save_pieces(step, pieces, objects, _metadata(getattr(planner, "mappings", None)))
 
     def finish(self, metadata, results):
         saving = getattr(self._call, "saving", None)
@@ -391,7 +404,17 @@ class StorageReader(_StorageReader):
             if name in state:
                 raise Error(f"lifeline.dcp.StorageReader: {name!r} is both a tensor and an object in {self.directory}")
             state[name] = _md.BytesStorageMetadata()
-        return _md.Metadata(state_dict_metadata=state,
+        try:
+            saved = _json.loads(described.get("metadata") or "{}")
+        except ValueError:
+            saved = {}
+        planner_data = saved.get("dcp_planner_data") if isinstance(saved, dict) else None
+        if isinstance(planner_data, dict):
+            planner_data = {fqn: tuple(path) for fqn, path in planner_data.items()
+                            if isinstance(path, list) and all(isinstance(k, (str, int)) for k in path)}
+        else:
+            planner_data = None
+        return _md.Metadata(state_dict_metadata=state, planner_data=planner_data,
                             storage_data={"step": described["step"], "objects": holders},
                             storage_meta=_md.StorageMeta(checkpoint_id=self.directory))
 
