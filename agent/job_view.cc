@@ -11,8 +11,11 @@
 namespace lifeline::agent {
 namespace {
 
+// The time `seconds_ago` before now_ns. An age below zero (a node's clock offset subtracted from a
+// fresh sample) or not a number is now: converting a negative double to an integer is undefined.
 uint64_t Before(uint64_t now_ns, double seconds_ago) {
   const double ns = seconds_ago * 1e9;
+  if (!(ns > 0)) return now_ns;
   return ns >= static_cast<double>(now_ns) ? 1 : now_ns - static_cast<uint64_t>(ns);
 }
 

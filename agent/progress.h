@@ -59,7 +59,7 @@ std::vector<RankProgress> SummarizeProgress(const Timeline& timeline, int node, 
 // Compact JSON stamped with the wall-clock time `unix_ms`, and back: the ages in a summary read
 // at `now_unix_ms` grow by the time it spent in transit (clocks of the nodes assumed in step, as
 // NTP keeps them to milliseconds; never negative). Corruption naming `what` for text that is not
-// a summary.
+// a summary or holds a value outside the bounds of formats/SPEC.md §17 (the format, field by field).
 std::string EncodeProgress(const std::vector<RankProgress>& ranks, int64_t unix_ms);
 Result<std::vector<RankProgress>> DecodeProgress(std::string_view text, const std::string& what, int64_t now_unix_ms);
 

@@ -1,5 +1,6 @@
-// The progress summary a node publishes for the job-wide view: what it says of a timeline, and
-// that it survives its own encoding and refuses what is not one.
+// The progress summary a node publishes for the job-wide view: what it says of a timeline, that it
+// survives its own encoding, and that it refuses what is not one and every value the encoder
+// would not write (formats/SPEC.md §17).
 #include "agent/progress.h"
 
 #include <gtest/gtest.h>
@@ -72,6 +73,71 @@ TEST(ProgressTest, WhatIsNotASummaryIsCorruptionNamingIt) {
     EXPECT_TRUE(r.status().IsCorruption()) << r.status().ToString();
     EXPECT_NE(r.status().ToString().find("progress/n"), std::string::npos) << r.status().ToString();
   }
+}
+
+// Each was accepted once, read as something else: a time whose age overflowed int64 (or a fraction
+// converted to one out of range), a boolean or a fraction for an integer, a rank or communicator
+// id cut to its type, a negative node, a negative age (which the leader's view turns into a time in
+// nanoseconds), an op beyond trace::Op's 16 bits, a list where an object belongs.
+TEST(ProgressTest, ValuesTheEncoderWouldNotWriteAreCorruption) {
+  for (const char* bad : {
+           R"({"t":-9223372036854775807,"r":[]})",
+           R"({"t":1e300,"r":[]})",
+           R"({"t":1125899906842625,"r":[]})",
+           R"({"t":1,"r":[[0,0,true,-1,0,{}]]})",
+           R"({"t":1,"r":[[0,0,2,-1,0,{}]]})",
+           R"({"t":1,"r":[[4294967296,0,1,-1,0,{}]]})",
+           R"({"t":1,"r":[[0,-1,1,-1,0,{}]]})",
+           R"({"t":1,"r":[[0,0,1,-1,-5,{}]]})",
+           R"({"t":1,"r":[[0,0,1,-1,1.5,{}]]})",
+           R"({"t":1,"r":[[0,0,1,-1,0,{"4294967296":[1,-1,0,0,0]}]]})",
+           R"({"t":1,"r":[[0,0,1,-1,0,{"-1":[1,-1,0,0,0]}]]})",
+           R"({"t":1,"r":[[0,0,1,-1,0,{"07":[1,-1,0,0,0]}]]})",
+           R"({"t":1,"r":[[0,0,1,-1,0,{"7x":[1,-1,0,0,0]}]]})",
+           R"({"t":1,"r":[[0,0,1,-1,0,{"7":[-1,-1,0,0,0]}]]})",
+           R"({"t":1,"r":[[0,0,1,-1,0,{"7":[1,3,0,70000,5]}]]})",
+           R"({"t":1,"r":[[0,0,1,-1,0,{"7":[1,3,0,1,-5]}]]})",
+           R"({"t":1,"r":[[0,0,1,-1,0,[[1,-1,0,0,0]]]]})",
+           R"({"t":1,"r":{"a":[0,0,1,-1,0,{}]}})",
+           R"({"t":1,"r":[[0,0,1,-1,0,{},[[0,1,0,-5,-1,0]]]]})",
+           R"({"t":1,"r":[[0,0,1,-1,0,{},[[0,1,0,5,-2,6]]]]})",
+           R"({"t":1,"r":[[0,0,1,-1,0,{},[[-1,1,0,5,-1,6]]]]})",
+           R"({"t":1,"r":[[0,0,1,-1,0,{},[[0,1,65536,5,-1,6]]]]})",
+           R"({"t":1,"r":[[0,0,1,-1,0,{},{"a":[0,1,0,5,-1,6]}]]})",
+       }) {
+    auto r = DecodeProgress(bad, "progress/n", 2);
+    if (r.ok()) {
+      ADD_FAILURE() << "accepted " << bad;
+      continue;
+    }
+    EXPECT_TRUE(r.status().IsCorruption()) << r.status().ToString();
+  }
+}
+
+// What a reader accepts beyond the encoder's own output: other keys, more elements than it knows,
+// the older rank entry of six elements, any negative step or open seq as "none", no open_ms for a
+// communicator with nothing open, the largest times.
+TEST(ProgressTest, ReadsWhatItCanAndIgnoresWhatItDoesNotKnow) {
+  auto r = DecodeProgress(R"({"t":1125899906842624,"v":2,"r":[[3,1,0,-77,1125899906842624,)"
+                          R"({"0":[5,-9,1,4],"4294967295":[18446744073709551615,6,1,65535,1125899906842624,"x"]},)"
+                          R"([[4294967295,18446744073709551615,65535,1125899906842624,-1,1125899906842624,"x"]],"x"],)"
+                          R"([4,1,1,2,0,{}]]})",
+                          "progress/n", 0);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->size(), 2u);
+  const RankProgress& p = (*r)[0];
+  EXPECT_EQ(p.rank, 3);
+  EXPECT_FALSE(p.alive);
+  EXPECT_EQ(p.step, -1);
+  EXPECT_EQ(p.comms.at(0).open, -1);
+  EXPECT_EQ(p.comms.at(0).open_seconds, 0);
+  EXPECT_EQ(p.comms.at(4294967295u).begun, UINT64_MAX);
+  EXPECT_EQ(p.comms.at(4294967295u).op, 65535);
+  ASSERT_EQ(p.recent.size(), 1u);
+  EXPECT_EQ(p.recent[0].posted_ago, -1);
+  EXPECT_DOUBLE_EQ(p.recent[0].end_ago, 1125899906.842624);
+  EXPECT_EQ((*r)[1].step, 2);
+  EXPECT_TRUE((*r)[1].recent.empty());
 }
 
 }  // namespace

@@ -57,16 +57,26 @@ struct Ack {
   uint32_t reason_size;
 };
 
+// The layout of formats/SPEC.md §16: these structs go on the wire as they are, in the host's byte
+// order, which the spec fixes as little-endian.
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the replica stream is little-endian");
+static_assert(sizeof(StreamHeader) == 16 && sizeof(FileHeader) == 16 && sizeof(ChunkHeader) == 8 &&
+              sizeof(ChunkTrailer) == 8 && sizeof(Ack) == 8);
+
 double SecondsSince(net::Clock::time_point t) {
   return std::chrono::duration<double>(net::Clock::now() - t).count();
 }
 
 Status SendString(int fd, const std::string& s, const std::string& who) { return net::SendAll(fd, s.data(), s.size(), who); }
 
-Result<std::string> RecvString(int fd, uint32_t size, uint32_t max, const std::string& who) {
+StreamReader FromSocket(int fd, std::string who) {
+  return [fd, who = std::move(who)](void* out, size_t n) { return net::RecvAll(fd, out, n, who); };
+}
+
+Result<std::string> RecvString(const StreamReader& read, uint32_t size, uint32_t max, const std::string& who) {
   if (size > max) return Status::Corruption(who, "a name of " + std::to_string(size) + " bytes");
   std::string s(size, '\0');
-  LL_RETURN_IF_ERROR(net::RecvAll(fd, s.data(), size, who));
+  LL_RETURN_IF_ERROR(read(s.data(), size));
   return s;
 }
 
@@ -173,8 +183,12 @@ Result<ReplicaTransfer> SendReplica(const ReplicaSendOptions& o, const std::stri
   if (!IsReplicaName(dir)) return Status::InvalidArgument("replica directory '" + dir + "'", "not a plain name");
   if (files.size() > kMaxFiles) return Status::InvalidArgument("replica " + dir, "too many files");
   if (o.chunk_bytes == 0 || o.chunk_bytes > kMaxChunk) return Status::InvalidArgument("replica chunk size");
-  for (const ReplicaFile& f : files)
-    if (!IsReplicaName(f.name)) return Status::InvalidArgument("replica file '" + f.name + "'", "not a plain name");
+  for (size_t i = 0; i < files.size(); ++i) {
+    const std::string& name = files[i].name;
+    if (!IsReplicaName(name)) return Status::InvalidArgument("replica file '" + name + "'", "not a plain name");
+    for (size_t j = 0; j < i; ++j)
+      if (files[j].name == name) return Status::InvalidArgument("replica file '" + name + "'", "named twice");
+  }
   const auto start = net::Clock::now();
   const std::string peer = "replica receiver " + o.host + ":" + std::to_string(o.port);
   const auto deadline = start + std::chrono::milliseconds(static_cast<int64_t>(o.connect_timeout_seconds * 1000));
@@ -201,7 +215,7 @@ Result<ReplicaTransfer> SendReplica(const ReplicaSendOptions& o, const std::stri
   Status answered = net::RecvAll(fd.get(), &ack, sizeof(ack), peer);
   if (!answered.ok()) return sending.ok() ? answered : sending;
   if (ack.code != 'K') {
-    Result<std::string> reason = RecvString(fd.get(), ack.reason_size, 4096, peer);
+    Result<std::string> reason = RecvString(FromSocket(fd.get(), peer), ack.reason_size, 4096, peer);
     return Status::IOError(peer, "refused " + dir + ": " + (reason.ok() ? *reason : reason.status().ToString()));
   }
   LL_RETURN_IF_ERROR(sending);
@@ -216,22 +230,37 @@ ReplicaReceiver::ReplicaReceiver(std::string root, int listener, Placer placer, 
       listener_(listener),
       placer_(std::move(placer)),
       admit_(std::move(admit)),
-      port_(net::LocalPort(listener)) {
-  acceptor_ = std::thread([this] { AcceptLoop(); });
+      port_(listener < 0 ? 0 : net::LocalPort(listener)) {
+  if (listener_ >= 0) acceptor_ = std::thread([this] { AcceptLoop(); });
 }
+
+namespace {
+
+// The receiver's root, created (mode 0700) when missing, without a trailing '/'.
+Status MakeRoot(std::string* root) {
+  while (root->size() > 1 && root->back() == '/') root->pop_back();
+  if (mkdir(root->c_str(), 0700) != 0 && errno != EEXIST) return Status::FromErrno(errno, *root);
+  return Status::OK();
+}
+
+}  // namespace
 
 Result<std::unique_ptr<ReplicaReceiver>> ReplicaReceiver::Start(std::string root, uint16_t port, Placer placer,
                                                                 Admit admit) {
-  while (root.size() > 1 && root.back() == '/') root.pop_back();
-  if (mkdir(root.c_str(), 0700) != 0 && errno != EEXIST) return Status::FromErrno(errno, root);
+  LL_RETURN_IF_ERROR(MakeRoot(&root));
   LL_ASSIGN_OR_RETURN(int listener, net::Listen(port, 64, "snapshot replicas"));
   return std::unique_ptr<ReplicaReceiver>(
       new ReplicaReceiver(std::move(root), listener, std::move(placer), std::move(admit)));
 }
 
+Result<std::unique_ptr<ReplicaReceiver>> ReplicaReceiver::WithoutPort(std::string root, Placer placer, Admit admit) {
+  LL_RETURN_IF_ERROR(MakeRoot(&root));
+  return std::unique_ptr<ReplicaReceiver>(new ReplicaReceiver(std::move(root), -1, std::move(placer), std::move(admit)));
+}
+
 ReplicaReceiver::~ReplicaReceiver() {
   stopping_ = true;
-  acceptor_.join();
+  if (acceptor_.joinable()) acceptor_.join();
   std::vector<std::thread> servers;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -239,7 +268,7 @@ ReplicaReceiver::~ReplicaReceiver() {
     servers.swap(servers_);
   }
   for (std::thread& t : servers) t.join();
-  ::close(listener_);
+  if (listener_ >= 0) ::close(listener_);
 }
 
 Status ReplicaReceiver::Recycle(const std::string& dir) {
@@ -308,7 +337,7 @@ void ReplicaReceiver::AcceptLoop() {
 
 void ReplicaReceiver::Serve(int fd) {
   uint64_t bytes = 0, files = 0;
-  Status s = Receive(fd, &bytes, &files);
+  Status s = ReceiveStream(FromSocket(fd, "replica sender"), &bytes, &files);
   Ack ack{};
   ack.code = s.ok() ? 'K' : 'E';
   const std::string reason = s.ok() ? "" : s.ToString();
@@ -340,13 +369,13 @@ void ReplicaReceiver::Serve(int fd) {
   finished_.push_back(std::this_thread::get_id());
 }
 
-Status ReplicaReceiver::Receive(int fd, uint64_t* bytes, uint64_t* files) {
+Status ReplicaReceiver::ReceiveStream(const StreamReader& read, uint64_t* bytes, uint64_t* files) {
   const std::string peer = "replica sender";
   StreamHeader h{};
-  LL_RETURN_IF_ERROR(net::RecvAll(fd, &h, sizeof(h), peer));
+  LL_RETURN_IF_ERROR(read(&h, sizeof(h)));
   if (std::memcmp(h.magic, kMagic, sizeof(kMagic)) != 0) return Status::Corruption(peer, "not a replica stream");
   if (h.file_count > kMaxFiles) return Status::Corruption(peer, std::to_string(h.file_count) + " files");
-  LL_ASSIGN_OR_RETURN(std::string dir, RecvString(fd, h.dir_size, 255, peer));
+  LL_ASSIGN_OR_RETURN(std::string dir, RecvString(read, h.dir_size, 255, peer));
   if (!IsReplicaName(dir)) return Status::Corruption(peer, "directory name '" + dir + "' refused");
   const std::string dir_path = root_ + "/" + dir;
   if (mkdir(dir_path.c_str(), 0700) != 0 && errno != EEXIST) return Status::FromErrno(errno, dir_path);
@@ -364,8 +393,8 @@ Status ReplicaReceiver::Receive(int fd, uint64_t* bytes, uint64_t* files) {
   std::vector<uint8_t> scratch(kPieceBytes);
   for (uint32_t i = 0; i < h.file_count; ++i) {
     FileHeader fh{};
-    Status s = net::RecvAll(fd, &fh, sizeof(fh), peer);
-    Result<std::string> name = s.ok() ? RecvString(fd, fh.name_size, 255, peer) : Result<std::string>(s);
+    Status s = read(&fh, sizeof(fh));
+    Result<std::string> name = s.ok() ? RecvString(read, fh.name_size, 255, peer) : Result<std::string>(s);
     if (!name.ok()) {
       discard();
       return name.status();
@@ -375,6 +404,13 @@ Status ReplicaReceiver::Receive(int fd, uint64_t* bytes, uint64_t* files) {
       discard();
       return Status::Corruption(what, "file name or size refused");
     }
+    // A second file of the name would take the first one's partial file, and the stream would be
+    // refused after placing the first.
+    const std::string final_path = dir_path + "/" + *name;
+    if (std::any_of(placed.begin(), placed.end(), [&](const auto& p) { return p.second == final_path; })) {
+      discard();
+      return Status::Corruption(what, "named twice in the stream");
+    }
     // Asked before any memory is taken: a replica that does not fit is refused, never an OOM.
     if (admit_) {
       Status admitted = admit_(dir, *name, fh.bytes);
@@ -383,7 +419,6 @@ Status ReplicaReceiver::Receive(int fd, uint64_t* bytes, uint64_t* files) {
         return admitted;
       }
     }
-    const std::string final_path = dir_path + "/" + *name;
     const std::string partial = dir_path + "/." + *name + ".partial";
     placed.emplace_back(partial, final_path);
     // Every block reserved now: a full memory file system is ResourceExhausted here, not a SIGBUS
@@ -392,12 +427,11 @@ Status ReplicaReceiver::Receive(int fd, uint64_t* bytes, uint64_t* files) {
     const bool reused = TakeSpare(partial, fh.bytes);
     Result<OwnedFd> out = OpenSharedFile(partial, reused ? CreateMode::kOpenOrCreate : CreateMode::kFresh);
     if (!out.ok() && out.status().IsNotFound()) {  // another stream of this directory just removed it
-      if (mkdir(dir_path.c_str(), 0700) != 0 && errno != EEXIST) return Status::FromErrno(errno, dir_path);
-  // However the stream ends, its directory goes once empty (another stream may still be filling it).
-  struct RemoveIfEmpty {
-    const std::string& path;
-    ~RemoveIfEmpty() { ::rmdir(path.c_str()); }
-  } remove_if_empty{dir_path};
+      if (mkdir(dir_path.c_str(), 0700) != 0 && errno != EEXIST) {
+        Status err = Status::FromErrno(errno, dir_path);
+        discard();
+        return err;
+      }
       out = OpenSharedFile(partial, reused ? CreateMode::kOpenOrCreate : CreateMode::kFresh);
     }
     if (reused && out.ok() && ::ftruncate(out->get(), static_cast<off_t>(fh.bytes)) != 0) out = Status::FromErrno(errno, partial);
@@ -410,7 +444,7 @@ Status ReplicaReceiver::Receive(int fd, uint64_t* bytes, uint64_t* files) {
     }
     for (uint64_t off = 0; off < fh.bytes;) {
       ChunkHeader c{};
-      s = net::RecvAll(fd, &c, sizeof(c), peer);
+      s = read(&c, sizeof(c));
       if (s.ok() && (c.bytes == 0 || c.bytes > kMaxChunk || c.bytes > fh.bytes - off))
         s = Status::Corruption(what, "a chunk of " + std::to_string(c.bytes) + " bytes at offset " + std::to_string(off));
       // A piece at a time through a buffer that stays in the cache: checksummed there, then
@@ -418,12 +452,12 @@ Status ReplicaReceiver::Receive(int fd, uint64_t* bytes, uint64_t* files) {
       format::StreamingChecksum sum;
       for (uint64_t p = 0; s.ok() && p < c.bytes; p += kPieceBytes) {
         const uint64_t k = std::min(kPieceBytes, c.bytes - p);
-        s = net::RecvAll(fd, scratch.data(), k, peer);
+        s = read(scratch.data(), k);
         if (s.ok()) sum.Update(scratch.data(), k);
         if (s.ok()) s = WriteFull(out->get(), scratch.data(), k, off + p, partial);
       }
       ChunkTrailer t{};
-      if (s.ok()) s = net::RecvAll(fd, &t, sizeof(t), peer);
+      if (s.ok()) s = read(&t, sizeof(t));
       if (s.ok() && sum.Digest() != t.checksum)
         s = Status::Corruption(what, "chunk at offset " + std::to_string(off) + " fails its checksum in transit");
       if (!s.ok()) {

@@ -6,13 +6,14 @@
 // tier before replication starts, so training never waits on the network, and the agent already
 // knows every node of the round from etcd. The library itself opens no port.
 //
-// On the wire, after a header naming the directory and the number of files: per file its name and
-// size, then chunks of at most `chunk_bytes`, each preceded by its length and XXH3-64. The receiver
-// writes each chunk straight into the destination file (mapped; no intermediate copy), checks its
-// checksum, and places the files under their names (a rename, after every file of the stream
-// arrived whole) before it acknowledges; anything less leaves no file behind but ".partial" ones it
-// removes. Names are single path components of [A-Za-z0-9._-], not starting with '.': nothing a
-// peer sends can land outside the receiver's root.
+// On the wire (formats/SPEC.md §16), after a header naming the directory and the number of files:
+// per file its name and size, then chunks of at most `chunk_bytes`, each with its length before
+// and its XXH3-64 after. The receiver writes each chunk into the destination file as it arrives
+// (through one 256 KiB buffer that stays in the cache), checks its checksum, and places the files
+// under their names (a rename, after every file of the stream arrived whole) before it
+// acknowledges; anything less leaves no file behind but ".partial" ones it removes. Names are
+// single path components of [A-Za-z0-9._-], not starting with '.': nothing a peer sends can land
+// outside the receiver's root.
 //
 // The sender is throttled to a bandwidth budget and polls a cancellation between chunks, so that a
 // newer snapshot supersedes one still in flight.
@@ -58,6 +59,10 @@ struct ReplicaTransfer {
 // Whether `name` may name a directory or file at a receiver.
 bool IsReplicaName(const std::string& name);
 
+// Reads exactly `n` bytes of a stream into `out`, or fails (the connection closed or broke): a
+// connection's socket in the receiver, a byte buffer in the fuzz target and tests.
+using StreamReader = std::function<Status(void* out, size_t n)>;
+
 // Sends `files` into directory `dir` under the receiver's root and waits for its acknowledgement.
 // InvalidArgument for a bad name; Aborted when cancelled; Unavailable when the receiver cannot be
 // reached; IOError or Corruption with the receiver's reason when it refused the stream.
@@ -88,6 +93,10 @@ class ReplicaReceiver {
   // (created, mode 0700), serving each connection on a thread of its own until destroyed.
   static Result<std::unique_ptr<ReplicaReceiver>> Start(std::string root, uint16_t port = 0, Placer placer = nullptr,
                                                         Admit admit = nullptr);
+  // The same receiver listening nowhere (port() is 0): streams reach it through ReceiveStream only
+  // (the fuzz target, tests).
+  static Result<std::unique_ptr<ReplicaReceiver>> WithoutPort(std::string root, Placer placer = nullptr,
+                                                              Admit admit = nullptr);
   ~ReplicaReceiver();
   ReplicaReceiver(const ReplicaReceiver&) = delete;
   ReplicaReceiver& operator=(const ReplicaReceiver&) = delete;
@@ -97,6 +106,13 @@ class ReplicaReceiver {
   // than the copy into it), and the directory goes. NotFound when there is no such replica.
   Status Recycle(const std::string& dir);
 
+  // Reads one stream from `read` and places its files, as for each connection (less the
+  // acknowledgement and the counters): OK once every file is placed, else the reason the sender is
+  // told, with nothing of the stream left but what the placer kept. `bytes` and `files` count
+  // what was received. Safe to call from several threads (streams of different directories, or
+  // of different files of one directory).
+  Status ReceiveStream(const StreamReader& read, uint64_t* bytes, uint64_t* files);
+
   uint16_t port() const { return port_; }
   const std::string& root() const { return root_; }
   Counters counters() const;
@@ -105,13 +121,12 @@ class ReplicaReceiver {
   ReplicaReceiver(std::string root, int listener, Placer placer, Admit admit);
   void AcceptLoop();
   void Serve(int fd);
-  Status Receive(int fd, uint64_t* bytes, uint64_t* files);
   // Renames to `path` the spare file that fits `bytes` best (the smallest as large, else the
   // largest); false when there is none.
   bool TakeSpare(const std::string& path, uint64_t bytes);
 
   const std::string root_;
-  const int listener_;
+  const int listener_;  // -1: none (WithoutPort)
   const Placer placer_;
   const Admit admit_;
   const uint16_t port_;

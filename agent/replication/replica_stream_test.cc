@@ -1,6 +1,7 @@
 // Snapshot replication streams: files arrive whole and bit-identical under their names; a chunk
-// damaged in transit, a stream broken off, a name that would leave the receiver's root and a
-// cancelled stream leave nothing behind; the sender keeps to its bandwidth budget.
+// damaged in transit, a stream broken off, a name that would leave the receiver's root, a file
+// named twice and a cancelled stream leave nothing behind; the sender writes the layout of
+// formats/SPEC.md §16 and keeps to its bandwidth budget.
 #include "agent/replication/replica_stream.h"
 
 #include <netinet/in.h>
@@ -10,6 +11,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -167,6 +169,113 @@ TEST_F(ReplicaStreamTest, AnUnreachableReceiverIsUnavailableNamingIt) {
   ASSERT_FALSE(sent.ok());
   EXPECT_NE(sent.status().ToString().find("localhost:" + std::to_string(o.port)), std::string::npos)
       << sent.status().ToString();
+}
+
+// A stream laid out as formats/SPEC.md §16 says, each file in one chunk (little-endian host).
+std::string EncodeStream(const std::string& dir, const std::vector<std::pair<std::string, std::string>>& files) {
+  std::string out("LLREPL01");
+  auto put32 = [&out](uint32_t v) { out.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+  auto put64 = [&out](uint64_t v) { out.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+  put32(static_cast<uint32_t>(dir.size()));
+  put32(static_cast<uint32_t>(files.size()));
+  out += dir;
+  for (const auto& [name, data] : files) {
+    put32(static_cast<uint32_t>(name.size()));
+    put32(0);
+    put64(data.size());
+    out += name;
+    if (data.empty()) continue;
+    put64(data.size());
+    out += data;
+    put64(format::Checksum64(data));
+  }
+  return out;
+}
+
+// Reads `bytes` from the start; "connection closed" past their end, as a socket would.
+StreamReader FromBytes(const std::string& bytes) {
+  auto at = std::make_shared<size_t>(0);
+  return [&bytes, at](void* out, size_t n) {
+    if (n > bytes.size() - *at) return Status::IOError("replica sender", "connection closed");
+    std::memcpy(out, bytes.data() + *at, n);
+    *at += n;
+    return Status::OK();
+  };
+}
+
+TEST_F(ReplicaStreamTest, TheSenderWritesTheSpecsLayoutAndItsBytesArePlacedFromABuffer) {
+  // A receiver that keeps a copy of every byte it reads from the socket, then acknowledges.
+  auto listener = net::Listen(0, 1, "capture");
+  ASSERT_TRUE(listener.ok()) << listener.status().ToString();
+  auto tee = ReplicaReceiver::WithoutPort(dst_.Sub("tee"));
+  ASSERT_TRUE(tee.ok()) << tee.status().ToString();
+  std::string captured;
+  Status teed;
+  std::thread capture([&] {
+    const int fd = ::accept(*listener, nullptr, nullptr);
+    uint64_t bytes = 0, files = 0;
+    teed = (*tee)->ReceiveStream(
+        [&](void* out, size_t n) {
+          Status s = net::RecvAll(fd, out, n, "sender");
+          if (s.ok()) captured.append(static_cast<const char*>(out), n);
+          return s;
+        },
+        &bytes, &files);
+    const char ack[8] = {'K', 0, 0, 0, 0, 0, 0, 0};
+    net::SendAll(fd, ack, sizeof(ack), "sender").IgnoreError();
+    ::close(fd);
+  });
+  const std::vector<std::pair<std::string, std::string>> content = {
+      {"a.index", test::PatternBytes(300, 1)}, {"empty", ""}, {"b.data", test::PatternBytes(1000, 2)}};
+  std::vector<ReplicaFile> files;
+  for (const auto& [name, data] : content) files.push_back({name, src_.Write(name, data)});
+  ReplicaSendOptions o = To();
+  o.port = net::LocalPort(*listener);
+  auto sent = SendReplica(o, "step-3", files);
+  capture.join();
+  ::close(*listener);
+  ASSERT_TRUE(sent.ok()) << sent.status().ToString();
+  ASSERT_TRUE(teed.ok()) << teed.ToString();
+  EXPECT_EQ(captured, EncodeStream("step-3", content));
+
+  auto from_bytes = ReplicaReceiver::WithoutPort(dst_.Sub("from-bytes"));
+  ASSERT_TRUE(from_bytes.ok());
+  EXPECT_EQ((*from_bytes)->port(), 0);
+  uint64_t bytes = 0, placed = 0;
+  Status s = (*from_bytes)->ReceiveStream(FromBytes(captured), &bytes, &placed);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(placed, 3u);
+  EXPECT_EQ(bytes, 1300u);
+  for (const auto& [name, data] : content) EXPECT_EQ(test::ReadWholeFile(dst_.Sub("from-bytes/step-3/" + name)), data);
+}
+
+// Every stream cut short is refused and leaves nothing, however far it got.
+TEST_F(ReplicaStreamTest, AStreamCutShortAnywhereLeavesNothing) {
+  const std::string whole = EncodeStream("step-5", {{"x", "12345"}, {"y", ""}, {"z", "abc"}});
+  auto r = ReplicaReceiver::WithoutPort(dst_.Sub("cut"));
+  ASSERT_TRUE(r.ok());
+  for (size_t n = 0; n < whole.size(); ++n) {
+    const std::string cut = whole.substr(0, n);
+    uint64_t bytes = 0, files = 0;
+    EXPECT_FALSE((*r)->ReceiveStream(FromBytes(cut), &bytes, &files).ok()) << n;
+    EXPECT_TRUE(test::ListDir(dst_.Sub("cut")).empty()) << "left behind after " << n << " bytes";
+  }
+}
+
+// Two files of one stream under one name: the first would be placed, and the second, finding its
+// partial file gone, would refuse the stream with the first left in place.
+TEST_F(ReplicaStreamTest, AFileNamedTwiceInAStreamIsRefusedAndLeavesNothing) {
+  auto r = ReplicaReceiver::WithoutPort(dst_.Sub("twice"));
+  ASSERT_TRUE(r.ok());
+  uint64_t bytes = 0, files = 0;
+  Status s = (*r)->ReceiveStream(FromBytes(EncodeStream("step-9", {{"data", "first"}, {"data", "second"}})), &bytes,
+                                 &files);
+  EXPECT_TRUE(s.IsCorruption()) << s.ToString();
+  EXPECT_NE(s.ToString().find("step-9/data"), std::string::npos) << s.ToString();
+  EXPECT_TRUE(test::ListDir(dst_.Sub("twice")).empty()) << "a refused stream left a file";
+
+  auto sent = SendReplica(To(), "step-9", {{"data", src_.Write("a", "first")}, {"data", src_.Write("b", "second")}});
+  EXPECT_EQ(sent.status().code(), StatusCode::kInvalidArgument) << sent.status().ToString();
 }
 
 TEST_F(ReplicaStreamTest, TheSenderKeepsToItsBandwidthBudget) {

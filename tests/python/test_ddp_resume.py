@@ -18,7 +18,7 @@ BIN = os.environ.get("LIFELINE_BIN", os.path.join(HERE, "..", "..", "build", "bi
 
 def run(directory, kill_at=0):
     events = directory + ".events.jsonl"
-    cmd = [os.path.join(BIN, "lifeline-agent"), "run", "--nproc", "2", "--checkpoint-dir", directory,
+    cmd = [os.path.join(BIN, "lifeline-agent"), "run", "--nproc", "2", "--master-port", "0", "--checkpoint-dir", directory,
            "--events-log", events, "--max-restarts", "1", "--", sys.executable,
            os.path.join(HERE, "ddp_resnet.py"), "--dir", directory, "--steps", "8", "--ckpt-every", "2"]
     if kill_at:

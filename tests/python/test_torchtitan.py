@@ -106,7 +106,8 @@ def run_under_agent(root, tok_dir, data_dir, config, extra_args=(), nproc=2, env
         "--training.steps", str(STEPS), "--training.seq_len", "64", "--training.local_batch_size", "2",
         "--debug.seed", "7", "--parallelism.spmd_backend", "partial_dtensor",
     ] + list(extra_args)
-    cmd = [os.path.join(BIN, "lifeline-agent"), "run", "--nproc", str(nproc), "--checkpoint-dir", ckpt_dir,
+    cmd = [os.path.join(BIN, "lifeline-agent"), "run", "--nproc", str(nproc), "--master-port", "0",
+           "--checkpoint-dir", ckpt_dir,
            "--events-log", events, "--max-restarts", "1", "--",
            sys.executable, os.path.join(HERE, "titan_train.py")] + titan_args
     env = dict(os.environ, HF_HOME=os.path.join(root, "hf"), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
