@@ -16,6 +16,7 @@
 #include "formats/index_codec.h"
 #include "lib/src/aligned_buffer.h"
 #include "lib/src/checkpoint_layout.h"
+#include "lib/src/env/io_pump.h"
 #include "lib/src/load_plan.h"
 #include "lib/src/step_scan.h"
 #include "lifeline/internal/copy_kernel.h"
@@ -145,17 +146,16 @@ class SpanReader {
     qopt.depth = static_cast<unsigned>(in_flight_max);
     LL_ASSIGN_OR_RETURN(std::unique_ptr<IoQueue> queue, env_->NewIoQueue(qopt));
     std::vector<size_t> read_of_slot(slots);
-    std::vector<IoCompletion> done;
-    Status first_error;
+    std::vector<size_t> landed;  // slots whose reads completed, not yet consumed
+    IoPump pump(queue.get(), [&](const IoCompletion& c) { landed.push_back(static_cast<size_t>(c.tag)); });
     size_t next = 0;
     // Starts reads while slots are free.
     auto fill = [&] {
-      while (next < reads.size() && !free_slots.empty() && queue->in_flight() < in_flight_max &&
-             first_error.ok()) {
+      while (next < reads.size() && !free_slots.empty() && pump.pending() < in_flight_max && pump.status().ok()) {
         const Read& read = reads[next];
         RandomAccessFile* file = nullptr;
-        first_error = OpenFile(read.file, &file);
-        if (!first_error.ok()) return;
+        pump.Fail(OpenFile(read.file, &file));
+        if (!pump.status().ok()) return;
         const size_t slot = free_slots.back();
         if (!populated[slot]) {
           PopulatePages(slot_data(slot), slot_bytes);
@@ -168,8 +168,7 @@ class SpanReader {
         req.buffer = slot_data(slot);
         req.length = read.end - read.start;
         req.tag = slot;
-        first_error = queue->Submit(req);
-        if (!first_error.ok()) return;
+        if (!pump.Submit(req).ok()) return;
         free_slots.pop_back();
         read_of_slot[slot] = next;
         bytes_read_ += read.end - read.start;
@@ -177,26 +176,25 @@ class SpanReader {
       }
     };
     fill();
-    while (queue->in_flight() > 0) {
-      done.clear();
-      Status s = queue->Reap(1, &done);
-      if (!s.ok()) return s;  // the queue is unusable; its destructor waits for the kernel
-      for (const IoCompletion& c : done) {
-        const size_t slot = static_cast<size_t>(c.tag);
+    std::vector<size_t> batch;
+    while (pump.pending() > 0) {
+      pump.WaitSome().IgnoreError();  // kept in pump.status()
+      batch.swap(landed);
+      for (const size_t slot : batch) {
         const Read& read = reads[read_of_slot[slot]];
-        if (first_error.ok()) first_error = c.status;
         // The spare slot takes the next read before this one is consumed: the device is never
         // left with fewer reads while the thread copies and checksums.
         fill();
-        for (size_t k = read.members_begin; k < read.members_end && first_error.ok(); ++k) {
+        for (size_t k = read.members_begin; k < read.members_end && pump.status().ok(); ++k) {
           const ReadSpan& span = spans[members[k]];
-          first_error = consume(span, slot_data(slot) + (span.offset - read.start));
+          pump.Fail(consume(span, slot_data(slot) + (span.offset - read.start)));
         }
         free_slots.push_back(slot);
         fill();
       }
+      batch.clear();
     }
-    return first_error;
+    return pump.status();
   }
 
   uint64_t bytes_read() const { return bytes_read_; }

@@ -7,6 +7,7 @@
 #include "lib/src/checkpoint_layout.h"
 #include "lib/src/checkpoint_writer.h"
 #include "lib/src/commit.h"
+#include "lib/src/env/io_pump.h"
 #include "lifeline/log.h"
 
 namespace lifeline {
@@ -114,41 +115,32 @@ Result<uint64_t> PersistPipeline::WriteImage(internal::SaveJob& job, const std::
   }
 
   const uint64_t padded = AlignUp(job.layout.bytes, kDirectIoAlignment);
-  std::vector<IoCompletion> done;
-  Status first_error = file->Allocate(padded);
-  auto reap = [&](size_t min) {
-    done.clear();
-    Status s = queue_->Reap(min, &done);
-    if (!s.ok() && first_error.ok()) first_error = s;
-    for (const IoCompletion& c : done)
-      if (!c.status.ok() && first_error.ok()) first_error = c.status;
-    return s.ok();
-  };
-  for (uint64_t off = 0; off < padded && first_error.ok();) {
-    const uint64_t len = std::min<uint64_t>(job.block_bytes, padded - off);
-    if (!job.WaitCopiedThrough(off + len)) {
-      first_error = Status::Aborted(path, "the save was cancelled");
-      break;
+  Status first_error;
+  {
+    IoPump pump(queue_.get());
+    pump.Fail(file->Allocate(padded));
+    for (uint64_t off = 0; off < padded && pump.status().ok();) {
+      const uint64_t len = std::min<uint64_t>(job.block_bytes, padded - off);
+      if (!job.WaitCopiedThrough(off + len)) {
+        pump.Fail(Status::Aborted(path, "the save was cancelled"));
+        break;
+      }
+      IoRequest req;
+      req.kind = IoRequest::Kind::kWrite;
+      req.writer = file.get();
+      req.offset = off;
+      req.buffer = job.image + off;
+      req.length = len;
+      req.buffer_index = buffer_index;
+      pump.Submit(req).IgnoreError();  // kept in pump.status()
+      off += len;
     }
-    while (queue_->in_flight() >= queue_->depth() && first_error.ok())
-      if (!reap(1)) break;
-    if (!first_error.ok()) break;
-    IoRequest req;
-    req.kind = IoRequest::Kind::kWrite;
-    req.writer = file.get();
-    req.offset = off;
-    req.buffer = job.image + off;
-    req.length = len;
-    req.buffer_index = buffer_index;
-    first_error = queue_->Submit(req);
-    off += len;
-  }
-  while (queue_->in_flight() > 0)
-    if (!reap(queue_->in_flight())) {
+    first_error = pump.Drain();
+    if (pump.broken()) {
       queue_.reset();  // unusable: its destructor waits for what the kernel still holds
       registered_generation_ = ~0ull;
-      break;
     }
+  }
   if (first_error.ok()) first_error = file->Sync();
   Status closed = file->Close();
   if (first_error.ok()) first_error = closed;

@@ -10,6 +10,7 @@
 #include "formats/geometry.h"
 #include "lib/src/aligned_buffer.h"
 #include "lib/src/checkpoint_layout.h"
+#include "lib/src/env/io_pump.h"
 
 namespace lifeline {
 namespace {
@@ -39,11 +40,9 @@ uint64_t ReplicaHash(const std::string& name, const format::Region& r) {
 class BlockStreamWriter {
  public:
   BlockStreamWriter(WritableFile* file, IoQueue* queue, size_t block_bytes, size_t blocks)
-      : file_(file), queue_(queue), block_bytes_(block_bytes) {
-    for (size_t i = 0; i < blocks; ++i) {
-      buffers_.emplace_back(block_bytes);
-      free_.push_back(i);
-    }
+      : file_(file), block_bytes_(block_bytes), buffers_(MakeBuffers(block_bytes, blocks)),
+        pump_(queue, [this](const IoCompletion& c) { free_.push_back(static_cast<size_t>(c.tag)); }) {
+    for (size_t i = 0; i < blocks; ++i) free_.push_back(i);
   }
 
   Status Init() {
@@ -89,20 +88,17 @@ class BlockStreamWriter {
 
   // Waits for every write in flight, failed or not (used on the error path so that no buffer is
   // freed while the kernel or an I/O thread still reads it).
-  Status Drain() {
-    while (queue_->in_flight() > 0) {
-      completions_.clear();
-      Status s = queue_->Reap(1, &completions_);
-      if (!s.ok()) {  // the queue is unusable; its destructor waits for what is left
-        if (first_error_.ok()) first_error_ = s;
-        break;
-      }
-      Record(completions_);
-    }
-    return first_error_;
-  }
+  Status Drain() { return pump_.Drain(); }
+  // The queue failed as a whole (IoPump::broken): destroy it before the writer.
+  bool broken() const { return pump_.broken(); }
 
  private:
+  static std::vector<AlignedBuffer> MakeBuffers(size_t block_bytes, size_t blocks) {
+    std::vector<AlignedBuffer> buffers;
+    for (size_t i = 0; i < blocks; ++i) buffers.emplace_back(block_bytes);
+    return buffers;
+  }
+
   Status SubmitCurrent(size_t length) {
     IoRequest req;
     req.kind = IoRequest::Kind::kWrite;
@@ -111,45 +107,28 @@ class BlockStreamWriter {
     req.buffer = buffers_[current_].data();
     req.length = length;
     req.tag = current_;
-    while (queue_->in_flight() >= queue_->depth()) LL_RETURN_IF_ERROR(ReapSome(1));
-    LL_RETURN_IF_ERROR(queue_->Submit(req));
+    LL_RETURN_IF_ERROR(pump_.Submit(req));
     flushed_ += length;
     fill_ = 0;
     return Status::OK();
   }
 
   Status AcquireBlock() {
-    while (free_.empty()) LL_RETURN_IF_ERROR(ReapSome(1));
+    while (free_.empty()) LL_RETURN_IF_ERROR(pump_.WaitSome());
     current_ = free_.back();
     free_.pop_back();
     fill_ = 0;
     return Status::OK();
   }
 
-  Status ReapSome(size_t min) {
-    completions_.clear();
-    LL_RETURN_IF_ERROR(queue_->Reap(min, &completions_));
-    Record(completions_);
-    return first_error_;
-  }
-
-  void Record(const std::vector<IoCompletion>& completions) {
-    for (const IoCompletion& c : completions) {
-      free_.push_back(static_cast<size_t>(c.tag));
-      if (!c.status.ok() && first_error_.ok()) first_error_ = c.status;
-    }
-  }
-
   WritableFile* file_;
-  IoQueue* queue_;
   const size_t block_bytes_;
   std::vector<AlignedBuffer> buffers_;
   std::vector<size_t> free_;
-  std::vector<IoCompletion> completions_;
+  IoPump pump_;  // after the buffers: destroyed first, draining what still reads them
   size_t current_ = 0;
   size_t fill_ = 0;       // bytes in the current block
   uint64_t flushed_ = 0;  // bytes submitted (file offset of the current block)
-  Status first_error_;
 };
 
 constexpr uint64_t kColumnBlockMinBytes = uint64_t{64} << 10;
@@ -407,7 +386,7 @@ Result<format::CheckpointIndex> WriteRankData(Env* env, const std::string& step_
 
   auto fail = [&](Status s) -> Status {
     writer.Drain().IgnoreError();
-    queue.reset();  // waits for anything Drain could not reap, before the writer's buffers go
+    if (writer.broken()) queue.reset();  // waits for what Drain could not reap, before the writer's buffers go
     file->Close().IgnoreError();
     return s.Annotate("saving step " + std::to_string(o.step) + " on rank " + std::to_string(o.rank) + " to " + path);
   };

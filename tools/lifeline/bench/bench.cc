@@ -106,6 +106,7 @@
 #include "lifeline/internal/copy_kernel.h"
 #include "lifeline/internal/shared_memory.h"
 #include "lifeline/internal/synthetic_model.h"
+#include "lib/src/env/io_pump.h"
 #include "tools/lifeline/bench/bench.h"
 #include "tools/lifeline/byte_size.h"
 #include "tools/lifeline/commands.h"
@@ -290,11 +291,12 @@ Result<WriteLimit> DirectWriteLimit(const std::string& dir, uint64_t bytes, uint
         go.wait();
         LL_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, env->NewWritableFile(path, fopt));
         Status st = file->Allocate(share);
-        std::vector<IoCompletion> done;
         uint64_t offset = 0;
         size_t next_block = 0;
-        while (st.ok() && (offset < share || queue->in_flight() > 0)) {
-          while (st.ok() && offset < share && queue->in_flight() < kLimitDepth) {
+        {
+          IoPump pump(queue.get());
+          pump.Fail(st);
+          while (pump.status().ok() && offset < share) {
             IoRequest req;
             req.kind = IoRequest::Kind::kWrite;
             req.writer = file.get();
@@ -302,18 +304,10 @@ Result<WriteLimit> DirectWriteLimit(const std::string& dir, uint64_t bytes, uint
             req.buffer = blocks.data() + (next_block++ % kLimitDepth) * kBaselineWriteBytes;
             req.buffer_index = buffer_index;
             req.length = static_cast<size_t>(std::min<uint64_t>(kBaselineWriteBytes, share - offset));
-            st = queue->Submit(req);
+            pump.Submit(req).IgnoreError();  // kept in pump.status()
             offset += req.length;
           }
-          done.clear();
-          if (st.ok() && queue->in_flight() > 0) st = queue->Reap(1, &done);
-          for (const IoCompletion& c : done)
-            if (st.ok()) st = c.status;
-        }
-        // Whatever is still in flight after an error must land before the blocks are freed.
-        while (queue->in_flight() > 0) {
-          done.clear();
-          if (!queue->Reap(queue->in_flight(), &done).ok()) break;
+          st = pump.Drain();  // whatever is in flight lands before the blocks are freed
         }
         if (st.ok()) st = file->Sync();
         Status closed = file->Close();
@@ -895,43 +889,35 @@ Result<ReadLimit> DirectReadLimit(const std::vector<FileDescription>& files, con
         ready.count_down();
         arrived = true;
         go.wait();
-        Status st;
-        std::vector<IoCompletion> done;
         std::vector<size_t> free_blocks;
         for (size_t b = 0; b < setting.depth; ++b) free_blocks.push_back(b);
+        IoPump pump(queue.get(), [&](const IoCompletion& c) { free_blocks.push_back(static_cast<size_t>(c.tag)); });
         size_t file = 0;
         uint64_t offset = 0;
-        while (st.ok() && (file < mine.size() || queue->in_flight() > 0)) {
-          while (st.ok() && file < mine.size() && !free_blocks.empty()) {
-            if (offset >= sizes[file]) {
-              ++file;
-              offset = 0;
-              continue;
-            }
-            IoRequest req;
-            req.kind = IoRequest::Kind::kRead;
-            req.reader = mine[file].get();
-            req.offset = offset;
-            req.tag = free_blocks.back();
-            free_blocks.pop_back();
-            req.buffer = blocks.data() + req.tag * setting.block_bytes;
-            req.buffer_index = buffer_index;
-            req.length = static_cast<size_t>(std::min<uint64_t>(setting.block_bytes, sizes[file] - offset));
-            st = queue->Submit(req);
-            offset += req.length;
+        while (pump.status().ok() && file < mine.size()) {
+          if (offset >= sizes[file]) {
+            ++file;
+            offset = 0;
+            continue;
           }
-          done.clear();
-          if (st.ok() && queue->in_flight() > 0) st = queue->Reap(1, &done);
-          for (const IoCompletion& c : done) {
-            if (st.ok()) st = c.status;
-            free_blocks.push_back(static_cast<size_t>(c.tag));
+          if (free_blocks.empty()) {
+            pump.WaitSome().IgnoreError();  // kept in pump.status()
+            continue;
           }
+          IoRequest req;
+          req.kind = IoRequest::Kind::kRead;
+          req.reader = mine[file].get();
+          req.offset = offset;
+          req.tag = free_blocks.back();
+          free_blocks.pop_back();
+          req.buffer = blocks.data() + req.tag * setting.block_bytes;
+          req.buffer_index = buffer_index;
+          req.length = static_cast<size_t>(std::min<uint64_t>(setting.block_bytes, sizes[file] - offset));
+          pump.Submit(req).IgnoreError();
+          offset += req.length;
         }
-        // Whatever is still in flight after an error must land before the blocks are freed.
-        while (queue->in_flight() > 0) {
-          done.clear();
-          if (!queue->Reap(queue->in_flight(), &done).ok()) break;
-        }
+        // Whatever is still in flight after an error lands before the blocks are freed.
+        Status st = pump.Drain();
         return st;
       };
       results[w] = run();
