@@ -18,6 +18,7 @@ const char* StatusCodeName(StatusCode code) {
     case StatusCode::kFailedPrecondition: return "FailedPrecondition";
     case StatusCode::kAborted: return "Aborted";
     case StatusCode::kUnavailable: return "Unavailable";
+    case StatusCode::kNotInCheckpoint: return "NotInCheckpoint";
   }
   return "Unknown";
 }

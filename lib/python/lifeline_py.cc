@@ -547,7 +547,7 @@ PYBIND11_MODULE(_lifeline, m) {
   g_error = PyErr_NewExceptionWithDoc(
       "lifeline.Error",
       "A Lifeline operation failed. `code` names the kind (IOError, NotFound, Corruption, InvalidArgument, "
-      "AlreadyExists, Unavailable, ...); the message names the file, tensor, rank or step.",
+      "AlreadyExists, Unavailable, NotInCheckpoint, ...); the message names the file, tensor, rank or step.",
       PyExc_RuntimeError, nullptr);
   if (g_error == nullptr) throw py::error_already_set();
   m.attr("Error") = py::handle(g_error);
@@ -621,6 +621,21 @@ PYBIND11_MODULE(_lifeline, m) {
     }
     return out;
   }, py::arg("src"), py::arg("dst"), py::arg("to"), py::arg("options") = py::dict());
+
+  // The load fallback rule (ClassifyLoadFailure) for an Error's code: "mismatch" (stop: the caller
+  // asked for what the checkpoint lacks), "damage" (try an older step) or "other" (stop). The
+  // job-wide agreement of lifeline.Checkpointer.load applies it to the codes its ranks report.
+  m.def("load_failure", [](const std::string& code) -> const char* {
+    for (int c = 0; c <= static_cast<int>(StatusCode::kNotInCheckpoint); ++c) {
+      if (code != StatusCodeName(static_cast<StatusCode>(c))) continue;
+      switch (ClassifyLoadFailure(static_cast<StatusCode>(c))) {
+        case LoadFailure::kMismatch: return "mismatch";
+        case LoadFailure::kDamage: return "damage";
+        case LoadFailure::kOther: return "other";
+      }
+    }
+    return "other";
+  });
 
   m.def("dtype_size", [](const std::string& name) -> size_t {
     std::optional<DType> t = ParseDType(name);

@@ -439,7 +439,7 @@ Result<LoadStats> CheckpointReader::Load(const std::vector<TensorShard>& targets
     const TensorShard& t = targets[i];
     auto it = tensor_by_name.find(t.name);
     if (it == tensor_by_name.end())
-      return Status::NotFound(step_dir_, "tensor '" + t.name + "' is not in the checkpoint of step " + std::to_string(m.step));
+      return Status::NotInCheckpoint(step_dir_, "tensor '" + t.name + "' is not in the checkpoint of step " + std::to_string(m.step));
     const format::TensorInfo& info = m.tensors[it->second];
     if (info.dtype != t.dtype || info.shape != t.global_shape)
       return Status::InvalidArgument("tensor '" + t.name + "'", "target is " + std::string(DTypeName(t.dtype)) + " " +

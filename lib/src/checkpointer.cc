@@ -92,11 +92,21 @@ void ReportFallbacks(const LoadResult& result) {
   }
 }
 
-bool SameDirectory(const std::string& a, const std::string& b) {
-  char ra[PATH_MAX], rb[PATH_MAX];
-  if (::realpath(a.c_str(), ra) != nullptr && ::realpath(b.c_str(), rb) != nullptr) return std::strcmp(ra, rb) == 0;
-  return a == b;
+// `path` resolved as far as it exists (realpath of its longest existing prefix), the rest appended:
+// a directory that one rank has created and another not yet gets the same answer from both.
+std::string ResolvedPath(const std::string& path) {
+  char resolved[PATH_MAX];
+  if (::realpath(path.c_str(), resolved) != nullptr) return resolved;
+  if (path == ".") return path;  // the working directory is gone
+  const size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ResolvedPath(".") + "/" + path;
+  if (slash == 0) return path;
+  const std::string parent = path.substr(0, slash), leaf = path.substr(slash + 1);
+  if (leaf.empty() || leaf == ".") return ResolvedPath(parent);
+  return ResolvedPath(parent) + "/" + leaf;
 }
+
+bool SameDirectory(const std::string& a, const std::string& b) { return ResolvedPath(a) == ResolvedPath(b); }
 
 std::string RandomHex64() {
   std::random_device device;
@@ -528,6 +538,19 @@ Status Checkpointer::WaitForCommit(uint64_t step, double timeout_seconds) {
   return WaitForCommitIn(impl_->env, options_.directory, step, timeout_seconds);
 }
 
+LoadFailure ClassifyLoadFailure(StatusCode code) {
+  switch (code) {
+    case StatusCode::kNotInCheckpoint:
+      return LoadFailure::kMismatch;
+    case StatusCode::kCorruption:
+    case StatusCode::kNotFound:
+    case StatusCode::kFailedPrecondition:
+      return LoadFailure::kDamage;
+    default:
+      return LoadFailure::kOther;
+  }
+}
+
 namespace {
 
 // Loads from one root (the checkpoint directory or the memory tier). With no step asked for, a
@@ -558,7 +581,6 @@ Result<LoadResult> LoadFromRoot(Env* env, const std::string& root, std::optional
   Status last;
   for (int round = 0;; ++round) {
     for (uint64_t candidate : candidates) {
-      bool request_mismatch = false;
       auto attempt = [&]() -> Result<LoadResult> {
         LL_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader,
                             CheckpointReader::Open(env, root, candidate, ropt));
@@ -567,11 +589,9 @@ Result<LoadResult> LoadFromRoot(Env* env, const std::string& root, std::optional
         std::set<std::string_view> stored;
         for (const format::TensorInfo& t : reader->manifest().tensors) stored.insert(t.name);
         for (const TensorShard& t : request.tensors) {
-          if (!stored.count(t.name)) {
-            request_mismatch = true;
-            return Status::NotFound(reader->step_dir(), "tensor '" + t.name + "' is not in the checkpoint of step " +
-                                                            std::to_string(candidate));
-          }
+          if (!stored.count(t.name))
+            return Status::NotInCheckpoint(reader->step_dir(), "tensor '" + t.name + "' is not in the checkpoint of step " +
+                                                                   std::to_string(candidate));
         }
         LL_ASSIGN_OR_RETURN(LoadStats stats, reader->Load(request.tensors));
         LoadResult result;
@@ -588,11 +608,9 @@ Result<LoadResult> LoadFromRoot(Env* env, const std::string& root, std::optional
         return result;
       };
       auto result = attempt();
-      if (result.ok() || step.has_value() || request_mismatch) return result;
-      // With no step asked for, a damaged newest checkpoint falls back to the next older one; so
-      // does one with a file Lifeline refuses to read (a link, a FIFO planted in it).
+      if (result.ok() || step.has_value()) return result;
       last = result.status();
-      if (!last.IsCorruption() && !last.IsNotFound() && last.code() != StatusCode::kFailedPrecondition) return last;
+      if (ClassifyLoadFailure(last.code()) != LoadFailure::kDamage) return last;
       Log(LogLevel::kWarning, "checkpoint of step " + std::to_string(candidate) + " unusable, trying an older one: " +
                                   last.ToString());
       skipped->push_back({candidate, "disk", last.ToString()});
@@ -669,6 +687,7 @@ Result<LoadResult> Checkpointer::LoadHost(std::optional<uint64_t> step, const Lo
         r->from_memory_tier = true;
         return r;
       }
+      if (ClassifyLoadFailure(r.status().code()) == LoadFailure::kMismatch) return r.status();
       Log(LogLevel::kWarning, "memory tier: step " + std::to_string(*in_memory) + " unusable, loading from disk: " +
                                   r.status().ToString());
       skipped.push_back({*in_memory, "memory", r.status().ToString()});

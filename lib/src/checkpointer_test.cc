@@ -2,6 +2,9 @@
 // overwritten, a busy arena skipping a save rather than stalling when asked, a damaged newest
 // checkpoint skipped with the reason reported, and retention. The multi-rank, real-file and
 // failure behaviour is covered by tests/integration and commit_test.cc.
+#include <limits.h>
+#include <unistd.h>
+
 #include <memory>
 #include <string>
 #include <vector>
@@ -93,6 +96,67 @@ TEST_F(CheckpointerTest, ADamagedNewestCheckpointIsSkippedAndSaidSo) {
   ASSERT_EQ(1u, loaded->skipped.size()) << "a fallback must be reported, not only logged";
   // Asked for by number, the damaged step is an error, not a silent fallback.
   EXPECT_TRUE((*c)->Load(2, load).status().IsCorruption());
+}
+
+// A tensor the newest checkpoint lacks (a parameter added or renamed since) is the caller's
+// mismatch: the load stops with NotInCheckpoint naming it, instead of resuming from an older step
+// that happens to hold it. Damage, by contrast, falls back (above).
+TEST_F(CheckpointerTest, ATensorTheNewestCheckpointLacksStopsTheLoadInsteadOfResumingThePast) {
+  auto c = Checkpointer::Open(Options());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  std::vector<float> w1(500, 1.0f), extra(10, 7.0f), w2(500, 2.0f);
+  SaveRequest both = Request(&w1);
+  both.tensors.push_back(TensorShard::Whole("extra", DType::kF32, {10}, extra.data()));
+  ASSERT_TRUE((*c)->Save(1, both).WaitPersisted().ok());
+  ASSERT_TRUE((*c)->Save(2, Request(&w2)).WaitPersisted().ok());
+
+  std::vector<float> back(500, 0.0f), extra_back(10, 0.0f);
+  LoadRequest load;
+  load.tensors.push_back(TensorShard::Whole("w", DType::kF32, {500}, back.data()));
+  load.tensors.push_back(TensorShard::Whole("extra", DType::kF32, {10}, extra_back.data()));
+  Result<LoadResult> loaded = (*c)->Load(std::nullopt, load);
+  ASSERT_FALSE(loaded.ok()) << "resumed from step " << loaded->step << " of the past";
+  EXPECT_TRUE(loaded.status().IsNotInCheckpoint()) << loaded.status().ToString();
+  EXPECT_NE(std::string::npos, loaded.status().ToString().find("'extra'")) << loaded.status().ToString();
+  EXPECT_NE(std::string::npos, loaded.status().ToString().find("step 2")) << loaded.status().ToString();
+  EXPECT_EQ(std::vector<float>(10, 0.0f), extra_back);
+}
+
+// lifeline-agent pins the step a launch resumes from for the directory it resolved
+// (LIFELINE_RESUME_DIR, absolute). A rank naming the same directory relatively, before any rank
+// has created it, is under that pin: were it not, ranks racing to create the directory would
+// disagree on the step (one pinned, one free) and a job's first launch could deadlock.
+TEST(CheckpointerResumePin, AppliesToTheSameDirectoryNamedRelativelyBeforeItExists) {
+  test::TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  char cwd[PATH_MAX];
+  ASSERT_NE(nullptr, ::getcwd(cwd, sizeof(cwd)));
+  ASSERT_EQ(0, ::chdir(dir.path().c_str()));
+  {
+    test::ScopedEnv pinned_dir("LIFELINE_RESUME_DIR", (dir.path() + "/ckpt/job").c_str());
+    test::ScopedEnv pinned_step("LIFELINE_RESUME_STEP", "none");
+    CheckpointerOptions o = test::SmallCheckpointerOptions("ckpt/job", "resume-pin-test", 1024);
+    o.direct_io = false;
+    o.memory_tier = false;
+    auto c = Checkpointer::Open(o);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    std::vector<float> back(4);
+    LoadRequest load;
+    load.tensors.push_back(TensorShard::Whole("w", DType::kF32, {4}, back.data()));
+    Status fresh = (*c)->Load(std::nullopt, load).status();
+    EXPECT_TRUE(fresh.IsNotFound()) << fresh.ToString();
+    EXPECT_NE(std::string::npos, fresh.ToString().find("resume step \"none\"")) << fresh.ToString();
+  }
+  ASSERT_EQ(0, ::chdir(cwd));
+}
+
+TEST(LoadFailureRule, DamageFallsBackAMismatchNeverDoesTheMachinesTroubleStops) {
+  EXPECT_EQ(LoadFailure::kMismatch, ClassifyLoadFailure(StatusCode::kNotInCheckpoint));
+  for (StatusCode damage : {StatusCode::kCorruption, StatusCode::kNotFound, StatusCode::kFailedPrecondition})
+    EXPECT_EQ(LoadFailure::kDamage, ClassifyLoadFailure(damage)) << StatusCodeName(damage);
+  for (StatusCode other : {StatusCode::kIOError, StatusCode::kResourceExhausted, StatusCode::kInvalidArgument,
+                           StatusCode::kAborted, StatusCode::kUnavailable})
+    EXPECT_EQ(LoadFailure::kOther, ClassifyLoadFailure(other)) << StatusCodeName(other);
 }
 
 // Save plans the chunks of its tensors once and reuses that plan while the next saves hold the

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A real scrape of lifeline-agent supervising lifeline-drill (with a straggler, so the anomaly
 # families carry samples) passes `promtool check metrics` with nothing to say, carries every
-# family the README documents, and every metric the dashboard and the alert rules use exists in it.
+# family docs/metrics.md documents, and every metric the dashboard and the alert rules use exists in it.
 # Usage: metrics_lint.sh AGENT DRILL SOURCE_DIR
 set -euo pipefail
 agent="$1" drill="$2" src="$3"
@@ -41,7 +41,7 @@ lint="$(promtool check metrics <"$scrape" 2>&1)" || { echo "FAIL: promtool check
 if [ -n "$lint" ]; then echo "FAIL: promtool check metrics reports:"; echo "$lint"; exit 1; fi
 echo "promtool check metrics: clean ($(grep -c '^# TYPE' "$scrape") families)"
 
-"$py" "$src/tests/grafana/check_names.py" --exposition "$scrape" --readme "$src/README.md" \
+"$py" "$src/tests/grafana/check_names.py" --exposition "$scrape" --readme "$src/docs/metrics.md" \
   "$src"/grafana/dashboards/*.json "$src"/grafana/alerts/*.rules.yml
 wait "$agent_pid"
 rc=$?

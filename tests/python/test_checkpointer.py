@@ -153,7 +153,7 @@ class RoundTrip(unittest.TestCase):
             with self.assertRaises(lifeline.Error) as e:
                 ckpt.load({"nope": torch.zeros(4)})
             self.assertIn("nope", str(e.exception))
-            self.assertEqual(e.exception.code, "NotFound")
+            self.assertEqual(e.exception.code, "NotInCheckpoint")
 
     def test_bad_state_is_refused_with_the_path(self):
         with lifeline.Checkpointer(self.dir, rank=0, world_size=1) as ckpt:

@@ -3,7 +3,8 @@
 Ranks here are processes joined by torch.distributed (gloo), with no agent and no torchrun: the
 Python Checkpointer agrees a launch id over the process group, and load() agrees the resume step,
 even when the ranks see different checkpoints (one rank's memory tier holds a newer one). A load
-that falls back from a damaged checkpoint says so in last_load["skipped"] and as a warning.
+that falls back from a damaged checkpoint says so in last_load["skipped"] and as a warning; one
+that asks for a tensor the newest checkpoint lacks stops on every rank instead of falling back.
 """
 import os
 import shutil
@@ -22,10 +23,13 @@ def rows_of(rank, world):
     return rank * per, per
 
 
-def state_for(rank, world, step):
+def state_for(rank, world, step, bias=False):
     begin, n = rows_of(rank, world)
     t = torch.arange(begin * COLS, (begin + n) * COLS, dtype=torch.float32).reshape(n, COLS) + 1000 * step
-    return {"w": lifeline.Shard(t, global_shape=(ROWS, COLS), offsets=(begin, 0)), "step": step}
+    state = {"w": lifeline.Shard(t, global_shape=(ROWS, COLS), offsets=(begin, 0)), "step": step}
+    if bias:  # a parameter only some steps have
+        state["bias"] = lifeline.Shard(torch.full((1, COLS), float(step)), global_shape=(world, COLS), offsets=(rank, 0))
+    return state
 
 
 def worker(args):
@@ -39,8 +43,15 @@ def worker(args):
     out = {}
     if args.role == "save":
         for step in args.steps:
-            ckpt.save(step, state_for(args.rank, args.world, step)).wait()
+            ckpt.save(step, state_for(args.rank, args.world, step, step in args.bias_steps)).wait()
         out["saved"] = args.steps
+    elif args.role == "load_bias":
+        state = state_for(args.rank, args.world, 0, bias=True)
+        try:
+            out["loaded"] = ckpt.load(state)
+        except lifeline.Error as e:
+            out["error"], out["code"] = str(e), e.code
+        out["bias_untouched"] = bool(torch.all(state["bias"].tensor == 0))
     else:
         state = state_for(args.rank, args.world, 0)
         with warnings.catch_warnings(record=True) as caught:
@@ -55,10 +66,11 @@ def worker(args):
     gloo_ranks.finish(out)
 
 
-def run_ranks(directory, role, world=2, steps=(), tiers=None):
+def run_ranks(directory, role, world=2, steps=(), tiers=None, bias_steps=()):
     def args(r):
         a = ["--role", role, "--dir", directory]
         a += ["--steps"] + [str(x) for x in steps] if steps else []
+        a += ["--bias-steps"] + [str(x) for x in bias_steps] if bias_steps else []
         return a + (["--tier", tiers[r]] if tiers and tiers[r] else [])
     return gloo_ranks.run_ranks(__file__, world, args)
 
@@ -117,8 +129,22 @@ class Launch(unittest.TestCase):
             self.assertTrue(any("step 2" in w and "loaded step 1" in w for w in r["warnings"]), r["warnings"])
 
 
+    def test_a_tensor_the_newest_step_lacks_stops_every_rank_instead_of_resuming_the_past(self):
+        # Step 1 has "bias", step 2 (the newest) does not: a model that asks for "bias" is the
+        # caller's mismatch, decided by its code on every rank, not a reason to load step 1.
+        results, out = run_ranks(self.dir, "save", steps=[1, 2], bias_steps=[1])
+        self.assertTrue(all(results), out)
+        results, out = run_ranks(self.dir, "load_bias")
+        for r in results:
+            self.assertNotIn("loaded", r, out)
+            self.assertEqual(r["code"], "NotInCheckpoint", out)
+            self.assertIn("'bias' is not in the checkpoint of step 2", r["error"], out)
+            self.assertTrue(r["bias_untouched"], out)
+
+
 def _worker_arguments(p):
     p.add_argument("--steps", type=int, nargs="*", default=[])
+    p.add_argument("--bias-steps", type=int, nargs="*", default=[])
     p.add_argument("--tier", default=None)
 
 

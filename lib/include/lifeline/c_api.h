@@ -29,7 +29,8 @@ typedef enum lifeline_code {
   LIFELINE_RESOURCE_EXHAUSTED = 7,
   LIFELINE_FAILED_PRECONDITION = 8,
   LIFELINE_ABORTED = 9,
-  LIFELINE_UNAVAILABLE = 10
+  LIFELINE_UNAVAILABLE = 10,
+  LIFELINE_NOT_IN_CHECKPOINT = 11
 } lifeline_code;
 
 /* Same values as lifeline::DType and the on-disk dtype codes (formats/SPEC.md). */

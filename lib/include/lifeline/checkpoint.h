@@ -124,6 +124,23 @@ struct LIFELINE_EXPORT SkippedCheckpoint {
   std::string reason;    // the error, naming the file, tensor or rank
 };
 
+// What a failed attempt to load one checkpoint means for a load that was not asked for a step by
+// number: the one fallback rule, used by Checkpointer::Load and by the Python package's job-wide
+// agreement (which passes the codes its ranks reported).
+enum class LoadFailure {
+  // NotInCheckpoint: the caller asked for a tensor the checkpoint lacks. Stop: an older step that
+  // has it would silently resume the past.
+  kMismatch,
+  // Corruption (bytes that fail a check), NotFound (the step went meanwhile: retention) or
+  // FailedPrecondition (a file Lifeline refuses to open, a link or FIFO planted in the step): try
+  // the next older complete checkpoint, and report the one passed over.
+  kDamage,
+  // Anything else (the machine's trouble: IOError, ResourceExhausted, ...): stop on this storage;
+  // only another medium (the disk after the memory tier) may be tried.
+  kOther,
+};
+LIFELINE_EXPORT LoadFailure ClassifyLoadFailure(StatusCode code);
+
 struct LIFELINE_EXPORT LoadResult {
   uint64_t step = 0;
   // Newer checkpoints that could not be loaded, newest first: a load that falls back says so here

@@ -30,6 +30,8 @@ enum class StatusCode : int {
   kFailedPrecondition = 8, // an operation issued in the wrong state
   kAborted = 9,            // stopped on purpose (shutdown, simulated crash)
   kUnavailable = 10,       // not now: e.g. a save skipped because the previous one is still persisting
+  kNotInCheckpoint = 11,   // a load asked for a tensor the checkpoint does not hold: the caller's
+                           // mismatch (a renamed or new parameter), not damage; no fallback cures it
 };
 
 LIFELINE_EXPORT const char* StatusCodeName(StatusCode code);
@@ -50,6 +52,7 @@ class [[nodiscard]] LIFELINE_EXPORT Status {
   static Status FailedPrecondition(std::string_view a, std::string_view b = {}) { return Make(StatusCode::kFailedPrecondition, a, b); }
   static Status Aborted(std::string_view a, std::string_view b = {}) { return Make(StatusCode::kAborted, a, b); }
   static Status Unavailable(std::string_view a, std::string_view b = {}) { return Make(StatusCode::kUnavailable, a, b); }
+  static Status NotInCheckpoint(std::string_view a, std::string_view b = {}) { return Make(StatusCode::kNotInCheckpoint, a, b); }
   // An I/O error from errno `err`, naming `context` (usually the path).
   static Status FromErrno(int err, std::string_view context);
 
@@ -62,6 +65,7 @@ class [[nodiscard]] LIFELINE_EXPORT Status {
   bool IsAlreadyExists() const { return code() == StatusCode::kAlreadyExists; }
   bool IsNotSupported() const { return code() == StatusCode::kNotSupported; }
   bool IsUnavailable() const { return code() == StatusCode::kUnavailable; }
+  bool IsNotInCheckpoint() const { return code() == StatusCode::kNotInCheckpoint; }
 
   // "Corruption: index-r00001: bad magic".
   std::string ToString() const;

@@ -14,7 +14,7 @@
 `state` is a tree of dicts and lists whose tensors (or lifeline.Shard pieces of global tensors) are
 saved zero-copy in Lifeline's universal format and whose other leaves are kept per rank;
 lifeline.torch.state_dict(model, optimizer) makes one of a PyTorch model (plain or DDP) and
-lifeline.torch.load(ckpt, model, optimizer) loads it. See the README, section "Python".
+lifeline.torch.load(ckpt, model, optimizer) loads it. See docs/python.md.
 """
 
 import json as _json
@@ -355,7 +355,7 @@ class Checkpointer:
             try:
                 result, error = attempt(candidate), None
             except Error as e:
-                result, error = None, str(e)
+                result, error = None, (getattr(e, "code", None) or "Unknown", str(e))
             errors = [error]
             if dist is not None:
                 errors = [None] * self.world_size
@@ -364,11 +364,15 @@ class Checkpointer:
             if not failed:
                 result["skipped"] = skipped + result["skipped"]
                 return result
-            # A tensor the checkpoint lacks is the caller's mismatch: falling back would resume the past.
-            if any("is not in the checkpoint" in e for _, e in failed):
-                raise Error(failed[0][1])
+            # The C++ rule decides, by code: only damage on some rank makes every rank try an older
+            # step; a mismatch (a tensor the checkpoint lacks) or the machine's trouble stops the load.
+            for rank, (code, message) in failed:
+                if _lifeline.load_failure(code) != "damage":
+                    e = Error(message if dist is None else f"rank {rank}: {message}")
+                    e.code = code
+                    raise e
             skipped.append({"step": candidate, "location": "any",
-                            "reason": "; ".join(f"rank {r}: {e}" for r, e in failed)})
+                            "reason": "; ".join(f"rank {r}: {m}" for r, (_, m) in failed)})
         if skipped:
             raise Error(f"NotFound: no checkpoint every rank can load; tried {[s['step'] for s in skipped]}: "
                         + skipped[0]["reason"])
@@ -478,7 +482,7 @@ def guard_optimizer(optimizer, checkpointer):
 def convert(src, dst, to, **options):
     """Converts `src` (a checkpoint directory, an HDF5 file, a safetensors file or a directory of
     safetensors shards) into `dst` as `to` = "hdf5", "safetensors" or "lifeline", streaming within
-    `memory_budget`; the same conversion as `lifeline convert` (README, section "CLI").
+    `memory_budget`; the same conversion as `lifeline convert` (docs/cli.md, "Conversions").
 
     Options (None leaves the default): step (of a checkpoint source), memory_budget (bytes),
     select (prefixes of the source's tensor names), rename ("PATTERN=REPLACEMENT" or a list of

@@ -37,7 +37,6 @@ __all__ = ["state_dict", "load", "LoadedStep"]
 
 HEADER = "lifeline_torch"
 FORMAT_VERSION = 1
-_NOT_IN_CHECKPOINT = "is not in the checkpoint"  # Checkpointer._load_agreed: a mismatch, no fallback
 
 _DTYPE_OF_NAME = {name: dtype for dtype, name in _state._torch_dtype_names().items()}
 
@@ -246,7 +245,7 @@ def _header(ckpt, candidate):
     if HEADER not in objects:  # a rank the saving job did not have: rank 0's header describes the same model
         objects = dict(ckpt._impl.load(head["step"], [], 0)["objects"])
     if HEADER not in objects:
-        raise _error("NotFound", f"{ckpt.directory}: the object {HEADER!r} {_NOT_IN_CHECKPOINT} of step "
+        raise _error("NotInCheckpoint", f"{ckpt.directory}: the object {HEADER!r} is not in the checkpoint of step "
                                  f"{head['step']}: it was not saved from lifeline.torch.state_dict (load it with "
                                  f"ckpt.load and the state it was saved with)")
     header = _state.decode_object(HEADER, objects[HEADER])
