@@ -28,7 +28,7 @@
 #include "agent/metrics.h"
 #include "agent/progress.h"
 #include "agent/resume.h"
-#include "lib/src/save_lock.h"
+#include "lib/src/store/save_lock.h"
 #include "lifeline/internal/tier_replica.h"
 #include "lifeline/checkpoint.h"
 #include "lifeline/env.h"

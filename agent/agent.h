@@ -49,7 +49,7 @@ class Agent {
   Status Setup();
   Status Launch();
   // FailedPrecondition naming the other job when --checkpoint-dir is being saved into by a job
-  // other than this one (its save lock, lib/src/save_lock.h): refused before any rank starts.
+  // other than this one (its save lock, lib/src/store/save_lock.h): refused before any rank starts.
   Status CheckCheckpointDirFree() const;
   // Takes out of `anomalies` what a saturated host explains (agent/host_cpu.h) and logs it as
   // not paged.

@@ -5,6 +5,10 @@
 // offset or record involved. A decoder never crashes, never allocates more than a small multiple
 // of the input's size, and never returns a file name that could leave the checkpoint directory.
 //
+// One file per job: index_validate.cc (ValidateIndex, ValidateCoverage, the name checks),
+// index_encode.cc, index_decode.cc, manifest_parts.cc (ManifestPartReader) and index_merge.cc
+// (BuildManifest); index_layout.h and index_decoder.h are their shared internals.
+//
 // Thread safety: pure functions.
 #ifndef LIFELINE_FORMATS_INDEX_CODEC_H_
 #define LIFELINE_FORMATS_INDEX_CODEC_H_

@@ -1,5 +1,6 @@
 // The in-memory model of a checkpoint's metadata: what a rank index and the manifest describe.
-// formats/SPEC.md gives the byte layout; formats/index_codec.{h,cc} converts between the two.
+// formats/SPEC.md gives the byte layout; formats/index_codec.h (index_encode.cc, index_decode.cc)
+// converts between the two.
 //
 // One notion of "where a piece of a tensor lies" serves saves, loads and the planner: a Region is
 // a row-major element range [flat_begin, flat_end) of an N-d box of the global tensor. A plain

@@ -19,7 +19,6 @@
 //                     F8_E8M0, F8_*FNUZ), or a tensor name that is empty, longer than
 //                     kMaxNameBytes or holds a NUL byte
 //   InvalidArgument   a writer function was given something it must not write
-//   IOError           the file could not be read (ReadSafetensorsHeader only)
 //   ResourceExhausted memory ran out while parsing (no exception leaves these functions)
 //
 // What we accept beyond the reference reader: holes between tensors and a data buffer longer than
@@ -28,7 +27,10 @@
 // dtype/shape/data_offsets in an entry. Writers here always produce files the reference reader
 // accepts (given the data buffer is written exactly as laid out).
 //
-// Thread safety: pure functions, except ReadSafetensorsHeader, which reads one file.
+// formats does no I/O of its own: lib/src/convert/safetensors_file.h reads a file's header through
+// the Env and hands its bytes to the decoders here.
+//
+// Thread safety: pure functions.
 #ifndef LIFELINE_FORMATS_SAFETENSORS_H_
 #define LIFELINE_FORMATS_SAFETENSORS_H_
 
@@ -43,7 +45,6 @@
 
 #include "formats/model.h"
 #include "lifeline/dtype.h"
-#include "lifeline/env.h"
 #include "lifeline/status.h"
 
 namespace lifeline::format {
@@ -81,7 +82,7 @@ std::string_view SafetensorsDTypeName(DType dtype);
 // Checks the first 8 bytes of a file of `file_size` bytes and returns N, the header length.
 // Corruption (naming `file`) when `first_bytes` is shorter than 8 bytes (the file is too short),
 // N > kMaxSafetensorsHeaderBytes, or 8 + N > file_size. For readers that fetch bytes themselves
-// (e.g. through an Env); ReadSafetensorsHeader uses it.
+// (e.g. through an Env: lib's ReadSafetensorsHeader).
 Result<uint64_t> DecodeSafetensorsHeaderLength(std::string_view first_bytes, uint64_t file_size,
                                                std::string_view file);
 
@@ -98,15 +99,6 @@ Result<uint64_t> DecodeSafetensorsHeaderLength(std::string_view first_bytes, uin
 // described at the top of this file. Messages name `file_for_errors` and the tensor.
 Result<SafetensorsHeader> ParseSafetensorsHeader(std::string_view header_json, uint64_t data_bytes,
                                                  std::string_view file_for_errors);
-
-// Reads the length field and the header of `file` and parses them; the data buffer is not read.
-// formats does no I/O of its own: the caller opens the file through its Env (lib's
-// OpenTensorSource opens a user's file once, refusing what is not a regular file, and reads the
-// header and then the tensors through it). Corruption (naming the file) when it is shorter than 8
-// bytes, when N exceeds kMaxSafetensorsHeaderBytes or runs past the end of the file, or when the
-// header is invalid (see ParseSafetensorsHeader); the file's own errors (IOError, Corruption for a
-// short read) when it cannot be read.
-Result<SafetensorsHeader> ReadSafetensorsHeader(const RandomAccessFile& file);
 
 // Assigns contiguous byte ranges, in the given order and starting at 0, to entries whose name,
 // dtype and shape are set (any begin/end given is overwritten). InvalidArgument, naming the

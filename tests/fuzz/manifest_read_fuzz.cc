@@ -18,8 +18,8 @@
 
 #include "formats/geometry.h"
 #include "formats/index_codec.h"
-#include "lib/src/checkpoint_layout.h"
-#include "lib/src/checkpoint_reader.h"
+#include "lib/src/store/checkpoint_layout.h"
+#include "lib/src/load/checkpoint_reader.h"
 #include "lifeline/env.h"
 #include "tests/fuzz/index_reseal.h"
 

@@ -10,7 +10,7 @@
 
 #include <gtest/gtest.h>
 
-#include "lib/src/cuda_copy.h"
+#include "lib/src/save/cuda_copy.h"
 #include "lifeline/checkpoint.h"
 #include "tests/gpu/kernels.h"
 #include "tests/integration/test_util.h"

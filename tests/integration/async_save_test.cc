@@ -1,7 +1,7 @@
 // Lazy asynchronous saves: what is persisted is the state at Save time even when the caller
 // mutates it right after WaitSnapshot; back-pressure when the previous save is still persisting;
 // codecs; the multi-level drain; the io_uring-refused fallback. (The memory tier's tests are
-// beside it, in lib/src/memory_tier_test.cc.)
+// beside it, in lib/src/tier/memory_tier_test.cc.)
 #include <unistd.h>
 
 #include <atomic>

@@ -14,8 +14,8 @@
 #include <gtest/gtest.h>
 
 #include "formats/index_codec.h"
-#include "lib/src/checkpoint_layout.h"
-#include "lib/src/checkpoint_reader.h"
+#include "lib/src/store/checkpoint_layout.h"
+#include "lib/src/load/checkpoint_reader.h"
 #include "tests/integration/test_util.h"
 
 namespace lifeline::testing {

@@ -5,7 +5,7 @@
 // verifies; a partial checkpoint is never used, and the next save cleans up after the crash.
 #include <gtest/gtest.h>
 
-#include "lib/src/checkpoint_reader.h"
+#include "lib/src/load/checkpoint_reader.h"
 #include "tests/integration/test_util.h"
 
 namespace lifeline::testing {

@@ -7,11 +7,11 @@
 #include <gtest/gtest.h>
 
 #include "formats/index_codec.h"
-#include "lib/src/checkpoint_layout.h"
-#include "lib/src/checkpoint_reader.h"
-#include "lib/src/commit.h"
-#include "lib/src/rank_objects.h"
-#include "lib/src/saver.h"
+#include "lib/src/store/checkpoint_layout.h"
+#include "lib/src/load/checkpoint_reader.h"
+#include "lib/src/save/commit.h"
+#include "lib/src/save/rank_objects.h"
+#include "lib/src/save/rank_data.h"
 #include "tests/integration/test_util.h"
 
 namespace lifeline::testing {

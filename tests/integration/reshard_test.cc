@@ -8,7 +8,7 @@
 
 #include <gtest/gtest.h>
 
-#include "lib/src/checkpoint_reader.h"
+#include "lib/src/load/checkpoint_reader.h"
 #include "tests/integration/test_util.h"
 
 namespace lifeline::testing {

@@ -19,9 +19,9 @@
 #include <gtest/gtest.h>
 
 #include "formats/index_codec.h"
-#include "lib/src/checkpoint_layout.h"
-#include "lib/src/checkpoint_reader.h"
-#include "lib/src/commit.h"
+#include "lib/src/store/checkpoint_layout.h"
+#include "lib/src/load/checkpoint_reader.h"
+#include "lib/src/save/commit.h"
 #include "lifeline/inspect.h"
 #include "tests/fuzz/index_reseal.h"
 #include "tests/integration/test_util.h"

@@ -9,9 +9,9 @@
 
 #include <gtest/gtest.h>
 
-#include "lib/src/checkpoint_layout.h"
-#include "lib/src/checkpoint_reader.h"
-#include "lib/src/commit.h"
+#include "lib/src/store/checkpoint_layout.h"
+#include "lib/src/load/checkpoint_reader.h"
+#include "lib/src/save/commit.h"
 #include "tests/integration/test_util.h"
 
 namespace lifeline::testing {

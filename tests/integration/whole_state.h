@@ -1,5 +1,5 @@
 // Helpers shared by the asynchronous-save tests (tests/integration/async_save_test.cc) and the
-// memory tier's (lib/src/memory_tier_test.cc): one rank holding a whole state it may mutate, the
+// memory tier's (lib/src/tier/memory_tier_test.cc): one rank holding a whole state it may mutate, the
 // options they save it with, and an Env whose data-file writes wait at a gate (a very slow disk).
 #ifndef LIFELINE_TESTS_INTEGRATION_WHOLE_STATE_H_
 #define LIFELINE_TESTS_INTEGRATION_WHOLE_STATE_H_

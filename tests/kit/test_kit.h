@@ -7,7 +7,7 @@
 // status check. Those only fill in structs (and call RunHash); a test that uses none of them links
 // nothing of the library for them.
 //
-// Memory aligned for direct I/O is lifeline::AlignedBuffer (lib/src/aligned_buffer.h), the
+// Memory aligned for direct I/O is lifeline::AlignedBuffer (lib/src/env/aligned_buffer.h), the
 // library's own; tests use it rather than a copy.
 #ifndef LIFELINE_TESTS_KIT_TEST_KIT_H_
 #define LIFELINE_TESTS_KIT_TEST_KIT_H_
@@ -26,8 +26,8 @@
 
 #include <gtest/gtest.h>
 
-#include "lib/src/checkpoint_layout.h"
-#include "lib/src/saver.h"
+#include "lib/src/store/checkpoint_layout.h"
+#include "lib/src/save/rank_data.h"
 #include "lifeline/checkpoint.h"
 #include "lifeline/env.h"
 #include "lifeline/status.h"

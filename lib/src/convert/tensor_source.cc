@@ -11,11 +11,12 @@
 
 #include "formats/geometry.h"
 #include "formats/safetensors.h"
-#include "lib/src/checkpoint_layout.h"
-#include "lib/src/checkpoint_reader.h"
-#include "lib/src/rank_objects.h"
+#include "lib/src/store/checkpoint_layout.h"
+#include "lib/src/load/checkpoint_reader.h"
+#include "lib/src/save/rank_objects.h"
 #include "lifeline/env.h"
 #include "lib/src/convert/hdf5_file.h"
+#include "lib/src/convert/safetensors_file.h"
 
 namespace lifeline {
 
@@ -306,7 +307,7 @@ class SafetensorsSource final : public TensorSource {
     for (const std::string& path : files) {
       // Opened once: the header is read through the same file the tensors are read from.
       LL_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file, OpenUserFile(env, path));
-      LL_ASSIGN_OR_RETURN(format::SafetensorsHeader header, format::ReadSafetensorsHeader(*file));
+      LL_ASSIGN_OR_RETURN(format::SafetensorsHeader header, ReadSafetensorsHeader(*file));
       src->files_.push_back(std::move(file));
       const size_t file_index = src->files_.size() - 1;
       if (metadata.empty()) metadata = header.metadata;

@@ -21,7 +21,7 @@
 // "lifeline_object.<rank>.<name>" holding its bytes in base64 (in the first shard only).
 //
 // A checkpoint written by a conversion to a world smaller than the saving job's holds the objects
-// of saved rank R >= W folded into rank R mod W (lib/src/rank_objects.h); a checkpoint source lists
+// of saved rank R >= W folded into rank R mod W (lib/src/save/rank_objects.h); a checkpoint source lists
 // them as rank R's, under their saved names.
 //
 // Thread safety: a source is used by one thread at a time.

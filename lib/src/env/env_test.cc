@@ -14,7 +14,7 @@
 
 #include <gtest/gtest.h>
 
-#include "lib/src/aligned_buffer.h"
+#include "lib/src/env/aligned_buffer.h"
 #include "lib/src/env/io_queue_internal.h"
 #include "lifeline/env.h"
 #include "tests/kit/test_kit.h"

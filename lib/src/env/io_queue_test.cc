@@ -17,7 +17,7 @@
 
 #include <gtest/gtest.h>
 
-#include "lib/src/aligned_buffer.h"
+#include "lib/src/env/aligned_buffer.h"
 #include "lib/src/env/io_queue_internal.h"
 #include "lifeline/env.h"
 #include "lifeline/log.h"

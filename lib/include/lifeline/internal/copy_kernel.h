@@ -1,5 +1,5 @@
 // Part of the declared internal interface (lifeline/internal/): for Lifeline's own binaries, not users.
-// The snapshot's copy-and-checksum kernel, which the copy engine (lib/src/copy_engine.h) runs on
+// The snapshot's copy-and-checksum kernel, which the copy engine (lib/src/save/copy_engine.h) runs on
 // every piece of a snapshot. Declared here so that `lifeline bench save` can time the kernel alone
 // against memcpy over the same pieces: the figure that says whether a slow snapshot is the kernel
 // or the memory.

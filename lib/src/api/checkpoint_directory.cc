@@ -1,0 +1,40 @@
+// The read-only directory functions of lifeline/checkpoint.h, over the library's scanner, the
+// commit rules and the memory tier's naming.
+#include "lib/src/load/checkpoint_reader.h"
+#include "lib/src/save/commit.h"
+#include "lib/src/tier/memory_tier.h"
+#include "lifeline/checkpoint.h"
+
+namespace lifeline {
+namespace {
+Env* Or(Env* env) { return env != nullptr ? env : Env::Default(); }
+}  // namespace
+
+Result<std::vector<CheckpointInfo>> ScanCheckpointDirectory(const std::string& root, Env* env) {
+  return ScanCheckpoints(Or(env), root);
+}
+
+Status CheckCheckpointMetadata(const CheckpointInfo& info, Env* env) { return CheckStepMetadata(Or(env), info); }
+
+Result<std::string> FindMemoryTierOf(const std::string& dir, Env* env) { return FindMemoryTierRoot(Or(env), dir); }
+
+Result<std::vector<CheckpointInfo>> ScanMemoryTierOf(const std::string& dir, Env* env) {
+  LL_ASSIGN_OR_RETURN(std::string root, FindMemoryTierRoot(Or(env), dir));
+  return ListTierSteps(Or(env), dir, root);
+}
+
+Result<VerifyResult> VerifyCheckpoint(const std::string& root, std::optional<uint64_t> step, Env* env) {
+  LL_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(Or(env), root, step));
+  VerifyReport report;
+  VerifyResult result;
+  result.status = reader->Verify(&report);
+  result.step = reader->step();
+  result.directory = reader->step_dir();
+  result.indexes_checked = report.indexes_checked;
+  result.chunks_checked = report.chunks_checked;
+  result.objects_checked = report.objects_checked;
+  result.bytes_checked = report.bytes_checked;
+  return result;
+}
+
+}  // namespace lifeline

@@ -1,0 +1,215 @@
+// Checkpointer, in memory (MemEnv): options refused with the reason, a committed step never
+// overwritten, a busy arena skipping a save rather than stalling when asked, a damaged newest
+// checkpoint skipped with the reason reported, and retention. The multi-rank, real-file and
+// failure behaviour is covered by tests/integration and commit_test.cc.
+#include <limits.h>
+#include <unistd.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "lib/src/store/checkpoint_layout.h"
+#include "lifeline/checkpoint.h"
+#include "lifeline/env.h"
+#include "tests/kit/test_kit.h"
+
+namespace lifeline {
+namespace {
+
+class CheckpointerTest : public ::testing::Test {
+ protected:
+  CheckpointerOptions Options() const {
+    return test::InMemoryCheckpointerOptions(env_.get(), "checkpointer-test", 1024);
+  }
+
+  SaveRequest Request(std::vector<float>* w) {
+    SaveRequest r;
+    r.tensors.push_back(TensorShard::Whole("w", DType::kF32, {static_cast<int64_t>(w->size())}, w->data()));
+    return r;
+  }
+
+  std::unique_ptr<MemEnv> env_ = NewMemEnv();
+};
+
+TEST_F(CheckpointerTest, InconsistentOptionsAreRefusedWithTheReason) {
+  auto expect_refused = [&](CheckpointerOptions o, const std::string& reason) {
+    auto c = Checkpointer::Open(o);
+    ASSERT_FALSE(c.ok()) << reason;
+    EXPECT_EQ(StatusCode::kInvalidArgument, c.status().code()) << c.status().ToString();
+    EXPECT_NE(std::string::npos, c.status().ToString().find(reason)) << c.status().ToString();
+  };
+  CheckpointerOptions o = Options();
+  o.directory = "";
+  expect_refused(o, "directory");
+  o = Options();
+  o.rank = 2;
+  o.world_size = 2;
+  expect_refused(o, "rank 2");
+  o = Options();
+  o.chunk_bytes = 1001;
+  expect_refused(o, "chunk_bytes");
+  o = Options();
+  o.write_block_bytes = 1000;
+  expect_refused(o, "write_block_bytes");
+  o = Options();
+  o.staging_slots = 0;
+  expect_refused(o, "staging_slots");
+}
+
+TEST_F(CheckpointerTest, ACommittedStepIsNeverOverwritten) {
+  auto c = Checkpointer::Open(Options());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  std::vector<float> first(500, 1.0f), second(500, 2.0f);
+  ASSERT_TRUE((*c)->Save(1, Request(&first)).WaitPersisted().ok());
+  Status again = (*c)->Save(1, Request(&second)).WaitPersisted();
+  EXPECT_TRUE(again.IsAlreadyExists()) << again.ToString();
+  std::vector<float> back(500);
+  LoadRequest load;
+  load.tensors.push_back(TensorShard::Whole("w", DType::kF32, {500}, back.data()));
+  auto loaded = (*c)->Load(1, load);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_EQ(first, back);
+}
+
+TEST_F(CheckpointerTest, ADamagedNewestCheckpointIsSkippedAndSaidSo) {
+  auto c = Checkpointer::Open(Options());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  std::vector<float> w1(500, 1.0f), w2(500, 2.0f);
+  ASSERT_TRUE((*c)->Save(1, Request(&w1)).WaitPersisted().ok());
+  ASSERT_TRUE((*c)->Save(2, Request(&w2)).WaitPersisted().ok());
+  const std::string data = JoinPath(JoinPath("/ckpt", StepDirName(2)), DataFileName(RunHash("checkpointer-test"), 0, 1));
+  Result<std::string> bytes = ReadFileToString(env_.get(), data, 1 << 20);
+  ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
+  (*bytes)[kDataHeaderBytes + 10] ^= 0x20;
+  ASSERT_TRUE(WriteFileAtomically(env_.get(), data, *bytes).ok());
+
+  std::vector<float> back(500);
+  LoadRequest load;
+  load.tensors.push_back(TensorShard::Whole("w", DType::kF32, {500}, back.data()));
+  auto loaded = (*c)->Load(std::nullopt, load);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_EQ(1u, loaded->step);
+  EXPECT_EQ(w1, back);
+  ASSERT_EQ(1u, loaded->skipped.size()) << "a fallback must be reported, not only logged";
+  // Asked for by number, the damaged step is an error, not a silent fallback.
+  EXPECT_TRUE((*c)->Load(2, load).status().IsCorruption());
+}
+
+// lifeline-agent pins the step a launch resumes from for the directory it resolved
+// (LIFELINE_RESUME_DIR, absolute). A rank naming the same directory relatively, before any rank
+// has created it, is under that pin: were it not, ranks racing to create the directory would
+// disagree on the step (one pinned, one free) and a job's first launch could deadlock.
+TEST(CheckpointerResumePin, AppliesToTheSameDirectoryNamedRelativelyBeforeItExists) {
+  test::TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  char cwd[PATH_MAX];
+  ASSERT_NE(nullptr, ::getcwd(cwd, sizeof(cwd)));
+  ASSERT_EQ(0, ::chdir(dir.path().c_str()));
+  {
+    test::ScopedEnv pinned_dir("LIFELINE_RESUME_DIR", (dir.path() + "/ckpt/job").c_str());
+    test::ScopedEnv pinned_step("LIFELINE_RESUME_STEP", "none");
+    CheckpointerOptions o = test::SmallCheckpointerOptions("ckpt/job", "resume-pin-test", 1024);
+    o.direct_io = false;
+    o.memory_tier = false;
+    auto c = Checkpointer::Open(o);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    std::vector<float> back(4);
+    LoadRequest load;
+    load.tensors.push_back(TensorShard::Whole("w", DType::kF32, {4}, back.data()));
+    Status fresh = (*c)->Load(std::nullopt, load).status();
+    EXPECT_TRUE(fresh.IsNotFound()) << fresh.ToString();
+    EXPECT_NE(std::string::npos, fresh.ToString().find("resume step \"none\"")) << fresh.ToString();
+  }
+  ASSERT_EQ(0, ::chdir(cwd));
+}
+
+TEST(LoadFailureRule, DamageFallsBackAMismatchNeverDoesTheMachinesTroubleStops) {
+  EXPECT_EQ(LoadFailure::kMismatch, ClassifyLoadFailure(StatusCode::kNotInCheckpoint));
+  for (StatusCode damage : {StatusCode::kCorruption, StatusCode::kNotFound, StatusCode::kFailedPrecondition})
+    EXPECT_EQ(LoadFailure::kDamage, ClassifyLoadFailure(damage)) << StatusCodeName(damage);
+  for (StatusCode other : {StatusCode::kIOError, StatusCode::kResourceExhausted, StatusCode::kInvalidArgument,
+                           StatusCode::kAborted, StatusCode::kUnavailable})
+    EXPECT_EQ(LoadFailure::kOther, ClassifyLoadFailure(other)) << StatusCodeName(other);
+}
+
+// Save plans the chunks of its tensors once and reuses that plan while the next saves hold the
+// same tensors (as a training loop's do): what each save writes is still its own. The same
+// tensors with new values and new objects; then the same geometry at another address, a changed
+// shape and a renamed tensor (each planned anew); every step loads back exactly as it was saved.
+TEST_F(CheckpointerTest, ReusedPlansSaveEachStepsOwnValuesAddressesShapesAndObjects) {
+  CheckpointerOptions o = Options();
+  o.chunk_bytes = 64;  // many chunks per tensor
+  auto c = Checkpointer::Open(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  std::vector<float> a(300), b(300), small(120);
+  auto fill = [](std::vector<float>* v, float base) {
+    for (size_t i = 0; i < v->size(); ++i) (*v)[i] = base + static_cast<float>(i);
+  };
+  struct Saved {
+    std::string name;
+    std::vector<float> values;
+    std::string object;
+  };
+  std::vector<Saved> saved;
+  auto save = [&](uint64_t step, const std::string& name, std::vector<float>* w, float base) {
+    fill(w, base);
+    SaveRequest r;
+    r.tensors.push_back(TensorShard::Whole(name, DType::kF32, {static_cast<int64_t>(w->size())}, w->data()));
+    r.objects = {{"step", std::string(step, 'x')}};  // a different length every time
+    ASSERT_TRUE((*c)->Save(step, r).WaitPersisted().ok()) << step;
+    saved.push_back({name, *w, r.objects[0].second});
+  };
+  save(1, "w", &a, 0);
+  save(2, "w", &a, 1000);     // the same tensor: the plan is reused
+  save(3, "w", &b, 2000);     // another address
+  save(4, "w", &small, 3000); // another shape
+  save(5, "v", &small, 4000); // another name
+  save(6, "v", &small, 5000);
+  for (uint64_t step = 1; step <= saved.size(); ++step) {
+    const Saved& want = saved[step - 1];
+    std::vector<float> back(want.values.size(), -1.0f);
+    LoadRequest load;
+    load.tensors.push_back(TensorShard::Whole(want.name, DType::kF32, {static_cast<int64_t>(back.size())}, back.data()));
+    auto loaded = (*c)->Load(step, load);
+    ASSERT_TRUE(loaded.ok()) << step << ": " << loaded.status().ToString();
+    EXPECT_EQ(want.values, back) << "step " << step;
+    ASSERT_EQ(1u, loaded->objects.size()) << step;
+    EXPECT_EQ(want.object, loaded->objects[0].second) << "step " << step;
+  }
+}
+
+TEST_F(CheckpointerTest, RetentionKeepsTheNewestCheckpoints) {
+  CheckpointerOptions o = Options();
+  o.keep_last = 2;
+  auto c = Checkpointer::Open(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  std::vector<float> w(100, 1.0f);
+  for (uint64_t step = 1; step <= 4; ++step) ASSERT_TRUE((*c)->Save(step, Request(&w)).WaitPersisted().ok());
+  ASSERT_TRUE((*c)->Flush().ok());
+  auto list = (*c)->List();
+  ASSERT_TRUE(list.ok()) << list.status().ToString();
+  std::vector<uint64_t> steps;
+  for (const CheckpointInfo& i : *list) steps.push_back(i.step);
+  EXPECT_EQ(std::vector<uint64_t>({4, 3}), steps);
+  auto latest = (*c)->LatestStep();
+  ASSERT_TRUE(latest.ok());
+  EXPECT_EQ(4u, latest->value_or(0));
+}
+
+TEST_F(CheckpointerTest, NoCheckpointYetIsNotFound) {
+  auto c = Checkpointer::Open(Options());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  std::vector<float> back(10);
+  LoadRequest load;
+  load.tensors.push_back(TensorShard::Whole("w", DType::kF32, {10}, back.data()));
+  EXPECT_TRUE((*c)->Load(std::nullopt, load).status().IsNotFound());
+  auto latest = (*c)->LatestStep();
+  ASSERT_TRUE(latest.ok());
+  EXPECT_FALSE(latest->has_value());
+}
+
+}  // namespace
+}  // namespace lifeline
