@@ -29,7 +29,7 @@
 #include "agent/progress.h"
 #include "agent/resume.h"
 #include "lib/src/store/save_lock.h"
-#include "lifeline/internal/tier_replica.h"
+#include "agent/replication/tier_replica.h"
 #include "lifeline/checkpoint.h"
 #include "lifeline/env.h"
 

@@ -11,7 +11,7 @@
 #include <cstring>
 #include <thread>
 
-#include "agent/net/socket.h"
+#include "lib/net/socket.h"
 
 namespace lifeline::drill {
 namespace {

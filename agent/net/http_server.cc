@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "agent/net/socket.h"
+#include "lib/net/socket.h"
 
 namespace lifeline::net {
 namespace {

@@ -18,7 +18,7 @@
 
 #include <gtest/gtest.h>
 
-#include "agent/net/socket.h"
+#include "lib/net/socket.h"
 
 namespace lifeline::net {
 namespace {

@@ -19,7 +19,7 @@
 #include <thread>
 #include <vector>
 
-#include "agent/replication/replica_stream.h"
+#include "lib/net/replica_stream.h"
 #include "agent/replication/replicator.h"
 #include "lifeline/internal/replication_record.h"
 #include "lifeline/status.h"

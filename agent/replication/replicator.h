@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "agent/replication/replica_stream.h"
+#include "lib/net/replica_stream.h"
 #include "lifeline/status.h"
 
 namespace lifeline::replication {

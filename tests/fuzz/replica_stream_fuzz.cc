@@ -25,7 +25,7 @@
 #include <string>
 #include <string_view>
 
-#include "agent/replication/replica_stream.h"
+#include "lib/net/replica_stream.h"
 #include "formats/checksum.h"
 #include "lifeline/env.h"
 

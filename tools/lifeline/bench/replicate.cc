@@ -19,8 +19,8 @@
 #include <thread>
 #include <vector>
 
-#include "agent/net/socket.h"
-#include "agent/replication/replica_stream.h"
+#include "lib/net/socket.h"
+#include "lib/net/replica_stream.h"
 #include "tools/lifeline/bench/bench.h"
 #include "tools/lifeline/byte_size.h"
 #include "tools/lifeline/commands.h"

@@ -1,4 +1,4 @@
-#include "agent/net/socket.h"
+#include "lib/net/socket.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

@@ -2,7 +2,7 @@
 // damaged in transit, a stream broken off, a name that would leave the receiver's root, a file
 // named twice and a cancelled stream leave nothing behind; the sender writes the layout of
 // formats/SPEC.md §16 and keeps to its bandwidth budget.
-#include "agent/replication/replica_stream.h"
+#include "lib/net/replica_stream.h"
 
 #include <netinet/in.h>
 #include <sys/stat.h>
@@ -18,7 +18,7 @@
 
 #include <gtest/gtest.h>
 
-#include "agent/net/socket.h"
+#include "lib/net/socket.h"
 #include "formats/checksum.h"
 #include "tests/kit/test_kit.h"
 

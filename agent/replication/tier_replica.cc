@@ -1,4 +1,4 @@
-#include "lifeline/internal/tier_replica.h"
+#include "agent/replication/tier_replica.h"
 
 #include <dirent.h>
 #include <sys/stat.h>

@@ -1,4 +1,4 @@
-#include "agent/replication/replica_stream.h"
+#include "lib/net/replica_stream.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -14,7 +14,7 @@
 #include <chrono>
 #include <cstring>
 
-#include "agent/net/socket.h"
+#include "lib/net/socket.h"
 #include "formats/checksum.h"
 #include "lifeline/internal/shared_memory.h"
 
