@@ -331,31 +331,6 @@ ReaderOptions AfterDecoding(ReaderOptions options, const ChunkDecoder& decoder) 
 
 }  // namespace
 
-Result<std::vector<CheckpointInfo>> ScanCheckpoints(Env* env, const std::string& root) {
-  if (!env->IsDirectory(root)) return Status::NotFound(root, "no such checkpoint directory");
-  // A step removed between the listing and its scan was removed by the retention of a concurrent
-  // save, which committed a newer step the listing may predate: list again to see it.
-  for (int attempt = 0;; ++attempt) {
-    LL_ASSIGN_OR_RETURN(std::vector<std::string> children, env->GetChildren(root));
-    std::vector<std::pair<uint64_t, std::string>> steps;
-    for (const std::string& name : children)
-      if (auto step = ParseStepDirName(name)) steps.emplace_back(*step, JoinPath(root, name));
-    std::sort(steps.begin(), steps.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-    std::vector<CheckpointInfo> out;
-    bool vanished = false;
-    for (const auto& [step, dir] : steps) {
-      Result<StepState> state = ScanStep(env, dir, step);
-      if (state.status().IsNotFound() && !env->FileExists(dir)) {
-        vanished = true;
-        continue;
-      }
-      if (!state.ok()) return state.status();
-      out.push_back(std::move(state->info));
-    }
-    if (!vanished || attempt == 4) return out;
-  }
-}
-
 CheckpointReader::CheckpointReader(Env* env, std::string step_dir, format::CheckpointIndex manifest,
                                    ReaderOptions options)
     : env_(env), step_dir_(std::move(step_dir)), manifest_(std::move(manifest)), options_(options) {}

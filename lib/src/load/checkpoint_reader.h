@@ -16,15 +16,12 @@
 
 #include "formats/index_codec.h"
 #include "formats/model.h"
+#include "lib/src/store/step_scan.h"  // ScanCheckpoints, for the reader's callers
 #include "lifeline/checkpoint.h"
 #include "lifeline/env.h"
 #include "lifeline/status.h"
 
 namespace lifeline {
-
-// What a directory listing and the rank indexes say about every step directory under a root,
-// newest step first. Complete steps carry their run hash and world size.
-Result<std::vector<CheckpointInfo>> ScanCheckpoints(Env* env, const std::string& root);
 
 struct ReaderOptions {
   // Bytes of read staging during Load/Verify, including the buffer compressed chunks are decoded

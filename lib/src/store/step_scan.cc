@@ -1,5 +1,6 @@
 #include "lib/src/store/step_scan.h"
 
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -179,6 +180,31 @@ Result<format::CheckpointIndex> ReadManifest(Env* env, const StepState& state) {
     return merged;
   }
   return MergeRankIndexes(env, dir, state.run_hash, state.info.world_size, state.info.step);
+}
+
+Result<std::vector<CheckpointInfo>> ScanCheckpoints(Env* env, const std::string& root) {
+  if (!env->IsDirectory(root)) return Status::NotFound(root, "no such checkpoint directory");
+  // A step removed between the listing and its scan was removed by the retention of a concurrent
+  // save, which committed a newer step the listing may predate: list again to see it.
+  for (int attempt = 0;; ++attempt) {
+    LL_ASSIGN_OR_RETURN(std::vector<std::string> children, env->GetChildren(root));
+    std::vector<std::pair<uint64_t, std::string>> steps;
+    for (const std::string& name : children)
+      if (auto step = ParseStepDirName(name)) steps.emplace_back(*step, JoinPath(root, name));
+    std::sort(steps.begin(), steps.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    std::vector<CheckpointInfo> out;
+    bool vanished = false;
+    for (const auto& [step, dir] : steps) {
+      Result<StepState> state = ScanStep(env, dir, step);
+      if (state.status().IsNotFound() && !env->FileExists(dir)) {
+        vanished = true;
+        continue;
+      }
+      if (!state.ok()) return state.status();
+      out.push_back(std::move(state->info));
+    }
+    if (!vanished || attempt == 4) return out;
+  }
 }
 
 }  // namespace lifeline

@@ -44,6 +44,10 @@ Result<ManifestParts> OpenManifestParts(Env* env, const StepState& state);
 Result<format::CheckpointIndex> MergeRankIndexes(Env* env, const std::string& step_dir, const std::string& run_hash,
                                                  uint32_t world_size, uint64_t step);
 
+// What a directory listing and the rank indexes say about every step directory under a root,
+// newest step first. Complete steps carry their run hash and world size.
+Result<std::vector<CheckpointInfo>> ScanCheckpoints(Env* env, const std::string& root);
+
 }  // namespace lifeline
 
 #endif  // LIFELINE_SRC_STEP_SCAN_H_
