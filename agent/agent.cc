@@ -7,23 +7,19 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <random>
-#include <set>
 #include <thread>
 
 #include "agent/control_socket.h"
-#include "agent/detectors/echo.h"
 #include "agent/host_cpu.h"
 #include "agent/metrics.h"
 #include "agent/progress.h"
@@ -113,6 +109,28 @@ std::string FindPythonStartupDir(std::string* looked) {
 // SIGTERM/SIGINT to the agent: stop the ranks, then exit. Only a flag here.
 volatile sig_atomic_t g_stop_signal = 0;
 void OnStopSignal(int sig) { g_stop_signal = sig; }
+
+// What the Supervisor asks, answered from this host's /proc and the job's etcd.
+class AgentSurroundings final : public Surroundings {
+ public:
+  explicit AgentSurroundings(Rendezvous* rdzv) : rdzv_(rdzv) {}
+  HostCpu SampleHostCpu() override { return agent::SampleHostCpu(); }
+  Status ReportFailure(uint64_t round, uint64_t unix_ms) override {
+    return rdzv_ != nullptr ? rdzv_->ReportFailure(round, unix_ms) : NoRendezvous();
+  }
+  Result<bool> FailedEarlierElsewhere(uint64_t round, uint64_t unix_ms) override {
+    if (rdzv_ == nullptr) return NoRendezvous();
+    return rdzv_->FailedEarlierElsewhere(round, unix_ms);
+  }
+  Result<std::vector<std::string>> NodesWithoutFailure(uint64_t round, const std::vector<std::string>& nodes) override {
+    if (rdzv_ == nullptr) return NoRendezvous();
+    return rdzv_->NodesWithoutFailure(round, nodes);
+  }
+
+ private:
+  static Status NoRendezvous() { return Status::FailedPrecondition("the round's failures", "a single-node job has no etcd"); }
+  Rendezvous* const rdzv_;  // nullptr in a single-node job
+};
 
 }  // namespace
 
@@ -229,7 +247,6 @@ Status Agent::Setup() {
       }
     }
     LL_ASSIGN_OR_RETURN(rdzv_, Rendezvous::Connect(std::move(rc)));
-    job_view_ = std::make_unique<JobView>(config_);
   }
   if (config_.job_id.empty()) config_.job_id = NewJobId();
   if (config_.run_dir.empty()) {
@@ -272,7 +289,6 @@ Status Agent::Launch() {
       !config_.checkpoint_dir.empty() ? config_.checkpoint_dir : ReportedCheckpointDir(ring_dir_);
   if (rdzv_ != nullptr) LL_RETURN_IF_ERROR(JoinRound(checkpoint_dir));  // this node's place in the job
   if (plan_ && plan_->resume_location == "peer_memory") ShareResumeStep(checkpoint_dir);
-  held_failure_.reset();
   rings_.clear();
   for (int r = 0; r < world; ++r) {
     Result<std::unique_ptr<trace::TraceRing>> ring =
@@ -280,10 +296,7 @@ Status Agent::Launch() {
     if (!ring.ok()) return ring.status().Annotate("trace ring of rank " + std::to_string(r));
     rings_.push_back(std::move(*ring));
   }
-  timeline_.Reset(world, static_cast<int>(rank_base_));  // the detectors name global ranks
   ring_dropped_.assign(static_cast<size_t>(world), 0);
-  named_.clear();
-  for (auto& d : detectors_) d->Reset(world);
   const std::string n = std::to_string(world);
   std::map<std::string, std::string> env = {
       {"WORLD_SIZE", n},
@@ -343,7 +356,13 @@ Status Agent::Launch() {
   }
   launcher_ = std::make_unique<Launcher>(config_.command, env);
   LL_RETURN_IF_ERROR(launcher_->Start(world, static_cast<int>(rank_base_)));
-  launched_ns_ = trace::MonotonicNanos();
+  SupervisedLaunch launched;
+  launched.world = world;
+  launched.rank_base = static_cast<int>(rank_base_);
+  launched.restart = restarts_;
+  launched.now_ns = trace::MonotonicNanos();
+  launched.plan = plan_;
+  supervisor_->Launched(launched);
   metrics_->Launched(world, static_cast<int>(rank_base_));
   if (plan_) {
     metrics_->JoinedRound(rdzv_->node_id(), plan_->group_rank, static_cast<int>(plan_->nodes.size()), plan_->round);
@@ -398,8 +417,9 @@ void Agent::CheckResumeStep() {
   // from a step: its script's Checkpointer looks somewhere else (a mistyped path), and the job
   // would silently train again from scratch.
   std::vector<int> fresh;
-  for (int r = 0; r < timeline_.world(); ++r) {
-    const RankTimeline& v = timeline_.rank(r);
+  const Timeline& timeline = supervisor_->timeline();
+  for (int r = 0; r < timeline.world(); ++r) {
+    const RankTimeline& v = timeline.rank(r);
     if (v.started && v.resumed_from == trace::kNoStep) fresh.push_back(static_cast<int>(rank_base_) + r);
   }
   if (fresh.empty()) return;
@@ -498,7 +518,6 @@ Status Agent::JoinRound(const std::string& checkpoint_dir) {
   });
   if (!plan.ok()) return plan.status();
   plan_ = std::move(*plan);
-  job_view_->Reset(static_cast<int>(plan_->world_size));
   restarts_ = static_cast<uint32_t>(plan_->round);
   rank_base_ = plan_->rank_base;
   nlohmann::json nodes = nlohmann::json::array();
@@ -568,47 +587,6 @@ void Agent::PlanEnvironment(std::map<std::string, std::string>* env, nlohmann::j
   }
 }
 
-void Agent::ReadRendezvous(std::vector<Anomaly>* anomalies, bool* moved) {
-  const uint64_t now = trace::MonotonicNanos();
-  if (plan_ && plan_->nodes.size() > 1) {
-    // This node sees its own ranks only: stragglers, slow collectives and a collective all of
-    // them joined are for the job-wide view to judge, where the ranks of other nodes show.
-    anomalies->erase(std::remove_if(anomalies->begin(), anomalies->end(), LeftToJobView), anomalies->end());
-  }
-  if (plan_ && now - progress_published_ns_ >= 500'000'000ull) {
-    rdzv_->PublishProgress(EncodeProgress(SummarizeProgress(timeline_, plan_->group_rank, now), UnixMillisNow()));
-    progress_published_ns_ = now;
-  }
-  const RendezvousNews news = rdzv_->TakeNews();
-  metrics_->Rendezvous(news.leader, !news.etcd_unreachable);
-  // With one node in the round its own detectors see everything: no second view, no second alarm.
-  if (news.leader && !news.progress.empty() && plan_ && plan_->nodes.size() > 1) {
-    std::vector<RankProgress> job;
-    for (const EtcdKeyValue& kv : news.progress) {
-      Result<std::vector<RankProgress>> ranks = DecodeProgress(kv.value, "etcd key " + kv.key, UnixMillisNow());
-      if (!ranks.ok()) continue;  // not one of ours: no say in the verdict
-      job.insert(job.end(), ranks->begin(), ranks->end());
-    }
-    job_view_->Update(job, now, anomalies);
-  }
-  for (const std::string& id : news.lost_nodes) {
-    int group = -1;
-    for (size_t g = 0; plan_ && g < plan_->nodes.size(); ++g)
-      if (plan_->nodes[g].id == id) group = static_cast<int>(g);
-    if (group < 0 || id == rdzv_->node_id()) continue;
-    Anomaly a;
-    a.kind = "node_lost";
-    a.ranks = plan_->RanksOf(group);
-    a.evidence = {{"node", id}, {"host", plan_->nodes[group].host}, {"lease_seconds", config_.rendezvous.lease_seconds}};
-    a.message = "node " + std::to_string(group) + " (" + id + ") stopped renewing its etcd lease for " +
-                std::to_string(static_cast<int>(config_.rendezvous.lease_seconds)) + " s: its agent or machine is gone";
-    a.detected_ns = now;
-    anomalies->push_back(std::move(a));
-  }
-  *moved = news.round.has_value() || !news.give_up.empty();
-  if (!news.give_up.empty()) give_up_reason_ = news.give_up;
-}
-
 void Agent::ReadReplication() {
   if (replication_ == nullptr) return;
   const replication::ReplicationStats s = replication_->stats();
@@ -635,117 +613,20 @@ void Agent::ReadReplication() {
   }
 }
 
-void Agent::HoldFailureEchoes(std::vector<Anomaly>* anomalies, uint64_t now, bool moved) {
-  if (!plan_ || plan_->nodes.size() < 2) return;
-  if (moved) {
-    if (held_failure_) {
-      Log({{"action", "echo"},
-           {"ranks", held_failure_->anomaly.ranks},
-           {"message", held_failure_->anomaly.message + ", after a failure on another node (not counted)"}});
-      held_failure_.reset();
-    }
-    // This poll's failures: possible echoes are logged as such; failures of their own stay in
-    // `anomalies` for Run to log (not act on) before it stops the ranks (agent/detectors/echo.h).
-    std::vector<Anomaly> echoes;
-    SortFailuresAsTheRoundMoves(
-        anomalies,
-        [this](int global) {
-          const int r = LocalRank(global);
-          return r >= 0 && static_cast<size_t>(r) < launcher_->ranks().size() ? launcher_->ranks()[r].wait_status : 0;
-        },
-        &echoes);
-    for (const Anomaly& e : echoes)
-      Log({{"action", "echo"}, {"ranks", e.ranks}, {"message", e.message + ", as the round moved (not counted)"}});
-    return;
-  }
-  const double grace = config_.rendezvous.failure_grace_seconds;
-  // A node lost while a failure of ours was held: that failure was the lost node's echo (its ranks'
-  // connections closed), and the lost node is the culprit.
-  const bool node_lost = std::any_of(anomalies->begin(), anomalies->end(),
-                                     [](const Anomaly& a) { return a.kind == "node_lost"; });
-  if (node_lost && held_failure_) {
-    Log({{"action", "echo"},
-         {"ranks", held_failure_->anomaly.ranks},
-         {"message", held_failure_->anomaly.message + ", after a node was lost (not counted)"}});
-    held_failure_.reset();
-  }
-  for (auto it = anomalies->begin(); it != anomalies->end();) {
-    if (node_lost && it->kind == "dead") {  // this poll's echoes of the same loss
-      Log({{"action", "echo"}, {"ranks", it->ranks}, {"message", it->message + ", as a node was lost (not counted)"}});
-      it = anomalies->erase(it);
-      continue;
-    }
-    if (it->kind != "dead") {
-      ++it;
-      continue;
-    }
-    const int64_t at = UnixMillisNow();
-    rdzv_->ReportFailure(plan_->round, static_cast<uint64_t>(at)).IgnoreError();  // keeps the earliest
-    // A rank that exited with a status or aborted may have been failed by a peer elsewhere (gloo
-    // and NCCL raise when a connection closes); one killed by another signal was not.
-    bool may_echo = grace > 0;
-    for (int global : it->ranks) {
-      const int r = LocalRank(global);
-      if (r < 0 || static_cast<size_t>(r) >= launcher_->ranks().size()) {
-        may_echo = false;
-        continue;
-      }
-      if (!MayBeEcho(*it, launcher_->ranks()[r].wait_status)) may_echo = false;
-    }
-    if (!may_echo) {
-      ++it;
-      continue;
-    }
-    if (!held_failure_) {
-      held_failure_ = HeldFailure{std::move(*it), at, now};
-    } else {  // a rank of this node failing after it: its echo, as on a single node
-      nlohmann::json& after = held_failure_->anomaly.evidence["failed_after"];
-      for (int r : it->ranks) after.push_back(r);
-    }
-    it = anomalies->erase(it);
-  }
-  if (!held_failure_ || now - held_failure_->since_ns < static_cast<uint64_t>(grace * 1e9)) return;
-  // Still here after the grace: act, unless another node failed first and is about to (it gets
-  // a few graces more, in case its agent is gone).
-  Result<bool> earlier = rdzv_->FailedEarlierElsewhere(plan_->round, static_cast<uint64_t>(held_failure_->unix_ms));
-  const bool waited_long = now - held_failure_->since_ns >= static_cast<uint64_t>(4 * grace * 1e9);
-  if (earlier.ok() && *earlier && !waited_long) return;
-  // A node of the round that reported no failure, while ours may be an echo, may be a machine that
-  // is gone (its ranks cannot report; gloo fails ours within a second): its lease decides, so the
-  // failure is held until that lease would have expired, and node_lost then names the culprit.
-  // Nodes that are alive report their own echoes within the grace, and release it at once.
-  if (!earlier.ok() || !*earlier) {
-    std::vector<std::string> others;
-    for (const RoundNode& n : plan_->nodes)
-      if (n.id != rdzv_->node_id()) others.push_back(n.id);
-    Result<std::vector<std::string>> silent = rdzv_->NodesWithoutFailure(plan_->round, others);
-    const double lease_wait = config_.rendezvous.lease_seconds + 2 * grace;
-    if (silent.ok() && !silent->empty() && now - held_failure_->since_ns < static_cast<uint64_t>(lease_wait * 1e9)) {
-      held_failure_->anomaly.evidence["waited_for_nodes"] = *silent;
-      return;
-    }
-  }
-  held_failure_->anomaly.evidence["held_seconds"] = Seconds(now - held_failure_->since_ns);
-  anomalies->push_back(std::move(held_failure_->anomaly));
-  held_failure_.reset();
-}
-
 void Agent::DrainRings(uint64_t now) {
   for (size_t r = 0; r < rings_.size(); ++r) {
     scratch_.clear();
     rings_[r]->Drain(&scratch_);
     for (const trace::Event& e : scratch_) {
-      const TimelineChange change = timeline_.Apply(static_cast<int>(r), e);
-      if (change.rank < 0) continue;
-      for (auto& d : detectors_) d->Observe(timeline_, change);
-      metrics_->Observe(timeline_, change);
+      const TimelineChange change = supervisor_->Observe(static_cast<int>(r), e);
+      if (change.rank >= 0) metrics_->Observe(supervisor_->timeline(), change);
     }
     const uint64_t dropped = rings_[r]->header()->dropped.load(std::memory_order_relaxed);
     metrics_->RingDropped(static_cast<int>(r), dropped);
     if (r < ring_dropped_.size() && dropped > ring_dropped_[r]) {
       // What the rank did while its events were lost is unknown: a collective whose end was lost
       // must not look hung. Said once per burst, with the count.
-      timeline_.MarkGap(static_cast<int>(r), now);
+      supervisor_->MarkGap(static_cast<int>(r), now);
       Log({{"action", "events_lost"},
            {"rank", static_cast<int>(rank_base_ + r)},
            {"dropped", dropped - ring_dropped_[r]},
@@ -761,7 +642,8 @@ void Agent::CheckResumed(uint64_t now) {
   if (!restart_detected_ns_) return;
   uint64_t resumed_at = 0;
   uint64_t first_step = trace::kNoStep, from = trace::kNoStep;
-  for (const RankTimeline& v : timeline_.ranks()) {
+  const Timeline& timeline = supervisor_->timeline();
+  for (const RankTimeline& v : timeline.ranks()) {
     if (!v.began_step) return;
     resumed_at = std::max(resumed_at, v.last_event_ns);
     first_step = std::min(first_step, v.step);
@@ -770,12 +652,12 @@ void Agent::CheckResumed(uint64_t now) {
   nlohmann::json line = {{"action", "resumed"},
                          {"step", first_step},
                          {"seconds_since_detection", Seconds(now - *restart_detected_ns_)},
-                         {"seconds_since_launch", Seconds(now - launched_ns_)}};
+                         {"seconds_since_launch", Seconds(now - supervisor_->launched_ns())}};
   line["resumed_from_checkpoint"] = from == trace::kNoStep ? nlohmann::json(nullptr) : nlohmann::json(from);
   // Where the ranks say they loaded from (a rank that read its memory tier says "memory" whatever
   // the plan expected); the plan's choice when they did not say.
   int memory = 0, disk = 0;
-  for (const RankTimeline& v : timeline_.ranks()) {
+  for (const RankTimeline& v : timeline.ranks()) {
     memory += v.resumed_source == trace::ResumeSource::kMemoryTier;
     disk += v.resumed_source == trace::ResumeSource::kDisk;
   }
@@ -800,88 +682,34 @@ void Agent::RequestDumps(const std::string& reason) {
   Log({{"action", "dump"}, {"reason", reason}, {"ranks", asked}, {"directory", ring_dir_}});
 }
 
-void Agent::ScreenHostNoise(std::vector<Anomaly>* anomalies, uint64_t now) {
-  bool maybe_noise = false;
-  for (const Anomaly& a : *anomalies)
-    maybe_noise |= a.kind == "straggler" || a.kind == "slow_collective" || a.kind == "checkpoint";
-  if (!maybe_noise) return;
-  const HostCpu host = SampleHostCpu();
-  for (const Anomaly& a : TakeHostNoise(host, anomalies))
-    Log({{"action", "not_paged"},
-         {"anomaly", a.kind},  // not "kind": a line with "kind" is an anomaly raised
-         {"ranks", a.ranks},
-         {"message", a.message},
-         {"evidence", a.evidence},
-         {"reason", "this host's CPUs are saturated (" + host.Describe() +
-                        "): within what a process waiting for a core is delayed, not a fault of the job"}});
-  (void)now;
+PollDecision Agent::Poll(uint64_t now) {
+  PollInput in;
+  in.now_ns = now;
+  in.unix_ms = UnixMillisNow();
+  for (int rank : launcher_->Reap()) in.exits.push_back({rank, launcher_->ranks()[rank].wait_status});
+  RendezvousNews news;
+  if (rdzv_ != nullptr) {
+    news = rdzv_->TakeNews();
+    metrics_->Rendezvous(news.leader, !news.etcd_unreachable);
+    in.news = &news;
+  }
+  PollDecision decision = supervisor_->Poll(in);
+  if (!in.exits.empty()) metrics_->RankExited(supervisor_->timeline());
+  if (decision.progress) rdzv_->PublishProgress(std::move(*decision.progress));
+  for (nlohmann::json& line : decision.records) Log(std::move(line));
+  return decision;
 }
 
-std::optional<Anomaly> Agent::Act(std::vector<Anomaly>& anomalies, uint64_t now) {
-  std::optional<Anomaly> restart;
-  // One fault, one alarm: a checkpoint anomaly of ranks this launch already named hung or dead is
-  // that fault's consequence (their saves stop with them), logged with it, not raised again.
-  std::vector<Anomaly> raised;
-  for (Anomaly& a : anomalies) {
-    if (a.kind == "hang" || a.kind == "dead") named_.insert(a.ranks.begin(), a.ranks.end());
-    const bool folded = a.kind == "checkpoint" && !a.ranks.empty() &&
-                        std::all_of(a.ranks.begin(), a.ranks.end(), [this](int r) { return named_.count(r) > 0; });
-    if (folded) {
-      Log({{"action", "folded"}, {"anomaly", a.kind}, {"ranks", a.ranks}, {"message", a.message},
-           {"reason", "these ranks were already named hung or dead in this launch"}});
-      continue;
-    }
-    raised.push_back(std::move(a));
-  }
-  anomalies = std::move(raised);
-  for (Anomaly& a : anomalies) {
+void Agent::Act(const std::vector<RaisedAnomaly>& raised) {
+  for (const RaisedAnomaly& r : raised) {
+    const Anomaly& a = r.anomaly;
     ++anomalies_;
     metrics_->Anomaly(a.kind, a.ranks);
-    nlohmann::json line = {{"kind", a.kind}, {"ranks", a.ranks}, {"evidence", a.evidence}, {"message", a.message}};
-    line["step"] = a.step ? nlohmann::json(*a.step) : nlohmann::json(nullptr);
-    if (a.seq) line["seq"] = *a.seq;
-    if (a.comm) line["comm"] = *a.comm;
-    if (!a.op.empty()) line["op"] = a.op;
-    // How long the culprits had been silent when the verdict came: the detection latency.
-    uint64_t last = 0;
-    for (int global : a.ranks)
-      if (const int r = LocalRank(global); r >= 0 && r < timeline_.world())
-        last = std::max(last, timeline_.rank(r).last_event_ns);
-    if (rdzv_ != nullptr) line["node"] = rdzv_->node_id();
-    if (last > 0 && a.detected_ns >= last) line["culprit_silent_seconds"] = Seconds(a.detected_ns - last);
-    const auto it = config_.policy.find(a.kind);
-    const Action action = it != config_.policy.end() ? it->second : Action::kLog;
-    line["policy"] = ActionName(action);
-    Log(line);
+    Log(r.record);
     std::cerr << "lifeline-agent: " << a.kind << " (ranks " << JoinRanks(a.ranks) << "): " << a.message << " -> "
-              << ActionName(action) << std::endl;
-    if (action == Action::kDump) RequestDumps(a.kind);
-    if (action == Action::kRestart && !restart) restart = a;
+              << ActionName(r.action) << std::endl;
+    if (r.action == Action::kDump) RequestDumps(a.kind);
   }
-  (void)now;
-  return restart;
-}
-
-std::string Agent::StartupFailure(const Anomaly& reason) const {
-  if (reason.kind != "dead") return "";
-  // Before the first step: no rank began one, and (for ranks that are not traced) the failure came
-  // within a minute of the launch.
-  for (const RankTimeline& v : timeline_.ranks())
-    if (v.began_step) return "";
-  if (trace::MonotonicNanos() - launched_ns_ > 60'000'000'000ull) return "";
-  // Which ranks the detector named first varies between launches; how they failed does not.
-  std::set<std::string> ways;
-  for (int global : reason.ranks) {
-    const int r = LocalRank(global);
-    if (r < 0 || static_cast<size_t>(r) >= launcher_->ranks().size()) return "";
-    const RankProcess& p = launcher_->ranks()[r];
-    // A rank killed by a signal may have been killed from outside: not a failure of the command.
-    if (!WIFEXITED(p.wait_status)) return "";
-    ways.insert(DescribeWaitStatus(p.wait_status) + (p.last_line.empty() ? "" : ", last line: " + p.last_line));
-  }
-  std::string out;
-  for (const std::string& w : ways) out += (out.empty() ? "" : "; ") + w;
-  return out;
 }
 
 bool Agent::Restart(const Anomaly& reason, uint64_t detected_ns) {
@@ -892,21 +720,13 @@ bool Agent::Restart(const Anomaly& reason, uint64_t detected_ns) {
   }
   const int killed = launcher_->StopAll(config_.restart.grace_seconds);
   Log({{"action", "stop"}, {"reason", reason.kind}, {"killed_after_grace", killed}});
-  // A command that fails the same way before its first step at two launches in a row (an import
-  // error, a bad argument, a missing file) would only burn the budget with back-off.
-  const std::string failure = StartupFailure(reason);
-  if (!failure.empty() && failure == startup_failure_) {
-    give_up_reason_ = "the command failed before its first step the same way at two launches in a row (" + failure +
-                      "); relaunching will not help";
+  std::vector<RankEnd> ends;
+  for (const RankProcess& p : launcher_->ranks()) ends.push_back({p.wait_status, p.last_line});
+  const RestartPlan plan = supervisor_->PlanRestart(reason, trace::MonotonicNanos(), ends);
+  if (!plan.give_up.empty()) {
+    give_up_reason_ = plan.give_up;
     Log({{"action", "give_up"}, {"reason", give_up_reason_}});
-    return false;
-  }
-  startup_failure_ = failure;
-  if (restarts_ >= config_.restart.max_restarts) {
-    give_up_reason_ = "restart budget spent (" + std::to_string(config_.restart.max_restarts) +
-                      " restarts); last anomaly: " + reason.kind + ": " + reason.message;
-    Log({{"action", "give_up"}, {"reason", give_up_reason_}});
-    if (rdzv_ != nullptr) rdzv_->GiveUp(give_up_reason_).IgnoreError();  // every node ends with it
+    if (plan.job_wide && rdzv_ != nullptr) rdzv_->GiveUp(give_up_reason_).IgnoreError();  // every node ends with it
     return false;
   }
   if (rdzv_ != nullptr) {
@@ -919,19 +739,16 @@ bool Agent::Restart(const Anomaly& reason, uint64_t detected_ns) {
       return false;
     }
   }
-  const double backoff =
-      std::min(config_.restart.backoff_max_seconds,
-               config_.restart.backoff_initial_seconds * std::pow(config_.restart.backoff_multiplier, restarts_));
   ++restarts_;
   metrics_->Restarted();
   Log({{"action", "restart"},
        {"reason", reason.kind},
        {"ranks", reason.ranks},
-       {"backoff_seconds", backoff},
+       {"backoff_seconds", plan.backoff_seconds},
        {"max_restarts", config_.restart.max_restarts}});
-  std::cerr << "lifeline-agent: restart " << restarts_ << " of " << config_.restart.max_restarts << " in " << backoff
-            << " s (" << reason.kind << ")" << std::endl;
-  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(backoff);
+  std::cerr << "lifeline-agent: restart " << restarts_ << " of " << config_.restart.max_restarts << " in "
+            << plan.backoff_seconds << " s (" << reason.kind << ")" << std::endl;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(plan.backoff_seconds);
   while (std::chrono::steady_clock::now() < until && g_stop_signal == 0) {
     if (control_ != nullptr) control_->ServePending([this](const std::string& r) { return HandleControl(r); });
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -947,6 +764,29 @@ bool Agent::Restart(const Anomaly& reason, uint64_t detected_ns) {
   return true;
 }
 
+int Agent::Finish() {
+  // Output still in the pipes comes first, and the ranks' last events.
+  for (int fd : launcher_->OutputFds()) launcher_->PumpOutput(fd);
+  DrainRings(trace::MonotonicNanos());
+  CheckRanksMemoryTier(/*last_look=*/true);
+  const JobEnd end = supervisor_->Conclude();
+  finished_ = end.finished;  // the job did end: its keys in etcd go
+  if (!end.give_up.empty()) {
+    give_up_reason_ = end.give_up;
+    Log({{"action", "give_up"}, {"reason", give_up_reason_}});
+    std::cerr << "lifeline-agent: " << give_up_reason_ << std::endl;
+    return 1;
+  }
+  Log({{"action", "finished"}, {"ranks", config_.nproc}});
+  if (replication_ != nullptr) {
+    // What this node holds of other nodes' ranks is on disk now: its memory goes back.
+    const std::vector<uint64_t> freed = replication_->Finish();
+    if (!freed.empty()) Log({{"action", "replicas_freed"}, {"steps", freed}});
+  }
+  std::cerr << "lifeline-agent: job finished after " << restarts_ << " restart(s)" << std::endl;
+  return 0;
+}
+
 std::string Agent::HandleControl(const std::string& request) {
   std::string cmd = request;
   while (!cmd.empty() && (cmd.back() == '\n' || cmd.back() == '\r' || cmd.back() == ' ')) cmd.pop_back();
@@ -955,7 +795,7 @@ std::string Agent::HandleControl(const std::string& request) {
     nlohmann::json ranks = nlohmann::json::array();
     if (launcher_ != nullptr)
       for (const RankProcess& p : launcher_->ranks()) {
-        const RankTimeline& v = timeline_.rank(p.rank);
+        const RankTimeline& v = supervisor_->timeline().rank(p.rank);
         nlohmann::json j = {{"rank", static_cast<int>(rank_base_) + p.rank}, {"pid", p.pid}, {"running", p.running},
                             {"events", v.events}};
         j["step"] = v.step == trace::kNoStep ? nlohmann::json(nullptr) : nlohmann::json(v.step);
@@ -988,6 +828,45 @@ std::string Agent::HandleControl(const std::string& request) {
   return nlohmann::json({{"error", "unknown command '" + cmd + "' (try help)"}}).dump();
 }
 
+std::optional<int> Agent::CarryOut(const PollDecision& decision, uint64_t now) {
+  if (!decision.job_ended.empty()) {
+    give_up_reason_ = decision.job_ended;
+    Log({{"action", "stop"}, {"reason", "the job ended on another node: " + give_up_reason_}});
+    launcher_->StopAll(config_.restart.grace_seconds);
+    std::cerr << "lifeline-agent: giving up: " << give_up_reason_ << std::endl;
+    return 1;
+  }
+  if (decision.round_moved) {  // another node opened the next round: stop here and join it
+    Act(decision.raised);
+    const int killed = launcher_->StopAll(config_.restart.grace_seconds);
+    Log({{"action", "stop"}, {"reason", "round opened by another node"}, {"killed_after_grace", killed}});
+    if (Status s = Launch(); !s.ok()) {
+      give_up_reason_ = "relaunch failed: " + s.ToString();
+      Log({{"action", "give_up"}, {"reason", give_up_reason_}});
+      std::cerr << "lifeline-agent: giving up: " << give_up_reason_ << std::endl;
+      return g_stop_signal != 0 ? 128 + g_stop_signal : 1;
+    }
+    metrics_->Restarted();
+    restart_detected_ns_ = now;
+    return std::nullopt;
+  }
+  CheckResumeStep();
+  CheckRanksMemoryTier();
+  CheckResumed(now);
+  Act(decision.raised);
+  if (decision.restart) {
+    const Anomaly& reason = *decision.restart;
+    if (!Restart(reason, reason.detected_ns != 0 ? reason.detected_ns : now)) {
+      std::cerr << "lifeline-agent: giving up: " << (give_up_reason_.empty() ? std::string("stopped") : give_up_reason_)
+                << std::endl;
+      return g_stop_signal != 0 ? 128 + g_stop_signal : 1;
+    }
+    return std::nullopt;
+  }
+  if (decision.ranks_done) return Finish();
+  return std::nullopt;
+}
+
 int Agent::Run() {
   started_ns_ = trace::MonotonicNanos();
   if (Status s = Setup(); !s.ok()) {
@@ -1002,7 +881,8 @@ int Agent::Run() {
   sigaction(SIGINT, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  detectors_ = MakeDetectors(config_);
+  surroundings_ = std::make_unique<AgentSurroundings>(rdzv_.get());
+  supervisor_ = std::make_unique<Supervisor>(config_, surroundings_.get(), rdzv_ != nullptr ? rdzv_->node_id() : "");
   std::cerr << "lifeline-agent: job " << config_.job_id << ", " << config_.nproc << " ranks; control socket "
             << config_.run_dir << "/control.sock" << std::endl;
   if (Status s = CheckCheckpointDirFree(); !s.ok()) {
@@ -1040,103 +920,10 @@ int Agent::Run() {
     }
     const uint64_t now = trace::MonotonicNanos();
     DrainRings(now);
-    std::vector<Anomaly> anomalies;
-    for (int rank : launcher_->Reap()) {
-      timeline_.RankExited(rank);
-      metrics_->RankExited(timeline_);
-      for (auto& d : detectors_)
-        d->RankExited(timeline_, rank, launcher_->ranks()[rank].wait_status, /*expected=*/false, now, &anomalies);
-    }
-    for (auto& d : detectors_) d->Poll(timeline_, now, &anomalies);
-    if (rdzv_ != nullptr) {
-      bool moved = false;
-      ReadRendezvous(&anomalies, &moved);
-      HoldFailureEchoes(&anomalies, now, moved);
-      ReadReplication();
-      if (moved && !give_up_reason_.empty()) {
-        Log({{"action", "stop"}, {"reason", "the job ended on another node: " + give_up_reason_}});
-        launcher_->StopAll(config_.restart.grace_seconds);
-        std::cerr << "lifeline-agent: giving up: " << give_up_reason_ << std::endl;
-        exit_code = 1;
-        break;
-      }
-      if (moved) {  // another node opened the next round: stop here and join it
-        // Failures of this node's own found as the round moved (HoldFailureEchoes kept only those):
-        // named and counted, not acted on; the restart under way covers them.
-        if (!anomalies.empty()) Act(anomalies, now);
-        const int killed = launcher_->StopAll(config_.restart.grace_seconds);
-        Log({{"action", "stop"}, {"reason", "round opened by another node"}, {"killed_after_grace", killed}});
-        if (Status s = Launch(); !s.ok()) {
-          give_up_reason_ = "relaunch failed: " + s.ToString();
-          Log({{"action", "give_up"}, {"reason", give_up_reason_}});
-          std::cerr << "lifeline-agent: giving up: " << give_up_reason_ << std::endl;
-          exit_code = g_stop_signal != 0 ? 128 + g_stop_signal : 1;
-          break;
-        }
-        metrics_->Restarted();
-        restart_detected_ns_ = now;
-        continue;
-      }
-    }
-    ScreenHostNoise(&anomalies, now);
-    CheckResumeStep();
-    CheckRanksMemoryTier();
-    CheckResumed(now);
-    std::optional<Anomaly> restart = Act(anomalies, now);
-    if (restart) {
-      if (!Restart(*restart, restart->detected_ns != 0 ? restart->detected_ns : now)) {
-        std::cerr << "lifeline-agent: giving up: "
-                  << (give_up_reason_.empty() ? std::string("stopped") : give_up_reason_) << std::endl;
-        exit_code = g_stop_signal != 0 ? 128 + g_stop_signal : 1;
-        break;
-      }
-      continue;
-    }
-    if (launcher_->AllExited() && !held_failure_) {  // a held failure is decided first
-      // Output still in the pipes comes first.
-      for (int fd : launcher_->OutputFds()) launcher_->PumpOutput(fd);
-      DrainRings(trace::MonotonicNanos());
-      CheckRanksMemoryTier(/*last_look=*/true);
-      std::vector<int> failed;
-      for (const RankProcess& p : launcher_->ranks())
-        if (!(WIFEXITED(p.wait_status) && WEXITSTATUS(p.wait_status) == 0)) failed.push_back(p.rank);
-      // Ranks that all end with 0 can still have lost the job's final state: a save that failed
-      // (into a directory another job holds, a full disk) with none persisted after it.
-      std::vector<int> unsaved;
-      uint64_t unsaved_step = 0;
-      uint64_t unsaved_code = 0;
-      for (size_t r = 0; r < timeline_.ranks().size(); ++r) {
-        const RankTimeline& t = timeline_.rank(static_cast<int>(r));
-        if (t.failed_save_step == trace::kNoStep) continue;
-        unsaved.push_back(static_cast<int>(rank_base_ + r));
-        unsaved_step = std::max(unsaved_step, t.failed_save_step);
-        unsaved_code = t.failed_save_code;
-      }
-      if (failed.empty() && !unsaved.empty()) {
-        finished_ = true;  // the job did end: its keys in etcd go
-        give_up_reason_ = "every rank ended with status 0, but the last checkpoint of ranks " + JoinRanks(unsaved) +
-                          " failed (step " + std::to_string(unsaved_step) + ": " +
-                          StatusCodeName(static_cast<StatusCode>(unsaved_code)) +
-                          ", see the ranks' output) and no later one was saved: the job's final state is not in "
-                          "the checkpoint";
-        Log({{"action", "give_up"}, {"reason", give_up_reason_}});
-        std::cerr << "lifeline-agent: " << give_up_reason_ << std::endl;
-        exit_code = 1;
-      } else if (failed.empty()) {
-        Log({{"action", "finished"}, {"ranks", config_.nproc}});
-        finished_ = true;
-        if (replication_ != nullptr) {
-          // What this node holds of other nodes' ranks is on disk now: its memory goes back.
-          const std::vector<uint64_t> freed = replication_->Finish();
-          if (!freed.empty()) Log({{"action", "replicas_freed"}, {"steps", freed}});
-        }
-        std::cerr << "lifeline-agent: job finished after " << restarts_ << " restart(s)" << std::endl;
-      } else {
-        give_up_reason_ = "ranks " + JoinRanks(failed) + " failed and the policy restarts none";
-        Log({{"action", "give_up"}, {"reason", give_up_reason_}});
-        std::cerr << "lifeline-agent: " << give_up_reason_ << std::endl;
-        exit_code = 1;
-      }
+    const PollDecision decision = Poll(now);
+    ReadReplication();
+    if (const std::optional<int> done = CarryOut(decision, now)) {
+      exit_code = *done;
       break;
     }
   }

@@ -1,29 +1,27 @@
-// lifeline-agent's supervisor: launches the local ranks, drains their trace rings into the job's
-// Timeline (each event applied once), runs the detectors and metrics over it, writes the events
-// log, acts on anomalies by policy (log, dump, restart) and serves its control socket. One
-// thread; every wait is bounded by the poll interval. See agent/README.md.
+// lifeline-agent: launches the local ranks, drains their trace rings into the Supervisor (each
+// event applied once), feeds it the ranks' exits and the round's news, and carries out what it
+// decides (agent/supervisor.h): writes the events log and the metrics, asks for dumps, stops,
+// relaunches or gives up, talks to etcd; and serves its control socket. The decisions are the
+// Supervisor's; the processes, sockets, logs and metrics are this class's. One thread; every wait
+// is bounded by the poll interval. See agent/README.md.
 #ifndef LIFELINE_AGENT_AGENT_H_
 #define LIFELINE_AGENT_AGENT_H_
 
-#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <optional>
-#include <set>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "agent/config.h"
-#include "agent/detector.h"
-#include "agent/job_view.h"
 #include "agent/launcher.h"
 #include "agent/rendezvous.h"
 #include "agent/replication/replication_service.h"
 #include "agent/resume.h"
-#include "agent/timeline.h"
+#include "agent/supervisor.h"
 #include "lifeline/internal/trace_ring.h"
 
 namespace lifeline::agent {
@@ -51,40 +49,34 @@ class Agent {
   // FailedPrecondition naming the other job when --checkpoint-dir is being saved into by a job
   // other than this one (its save lock, lib/src/store/save_lock.h): refused before any rank starts.
   Status CheckCheckpointDirFree() const;
-  // Takes out of `anomalies` what a saturated host explains (agent/host_cpu.h) and logs it as
-  // not paged.
-  void ScreenHostNoise(std::vector<Anomaly>* anomalies, uint64_t now);
   // Says once per launch when ranks start fresh although the launch resumes from a step.
   void CheckResumeStep();
   // Says once per launch when the ranks' memory tier is not the one this agent replicates.
   void CheckRanksMemoryTier(bool last_look = false);
   void DrainRings(uint64_t now);
-  // Decides what to do about `anomalies`; returns the anomaly that asks for a restart, if any.
-  std::optional<Anomaly> Act(std::vector<Anomaly>& anomalies, uint64_t now);
+  // One poll: what came in (exits, the round's news) to the Supervisor, its records into the log.
+  PollDecision Poll(uint64_t now);
+  // Counts, logs and says the anomalies the Supervisor named, and asks for the dumps their policy wants.
+  void Act(const std::vector<RaisedAnomaly>& raised);
   void RequestDumps(const std::string& reason);
-  // Stops the ranks and relaunches them after the back-off; false when the budget is spent.
+  // Stops the ranks and relaunches them after the back-off; false when the Supervisor gives up.
   bool Restart(const Anomaly& reason, uint64_t detected_ns);
+  // Carries out what a poll decided; the agent's exit code when it is done, nullopt to poll on.
+  std::optional<int> CarryOut(const PollDecision& decision, uint64_t now);
+  // Every rank exited with nothing to restart: says how the job ended; the exit code.
+  int Finish();
   void CheckResumed(uint64_t now);
-  std::string StartupFailure(const Anomaly& reason) const;
   void Log(nlohmann::json line);
   void Cleanup();
   // Multi-node: this launch's place in the job, from the round's plan (rendezvous.h).
   Status JoinRound(const std::string& checkpoint_dir);
   // The ranks' environment and resume step from that plan.
   void PlanEnvironment(std::map<std::string, std::string>* env, nlohmann::json* resume) const;
-  // Multi-node: a round opened elsewhere, a node lost or the job ended elsewhere. Returns the
-  // anomalies to act on (node_lost); sets *moved when the job moved to another round.
-  void ReadRendezvous(std::vector<Anomaly>* anomalies, bool* moved);
-  // Multi-node: reports this node's rank failures in etcd and holds back the ones that may echo a
-  // failure elsewhere (RendezvousSettings::failure_grace_seconds), releasing them into
-  // `anomalies` unless another node failed first; one held when the job `moved` is an echo.
-  void HoldFailureEchoes(std::vector<Anomaly>* anomalies, uint64_t now, bool moved);
   // Multi-node, resuming from a step only some nodes hold in memory ("peer_memory"): the first
   // node holding it sends it to the nodes that lack it, which wait for it (bounded) before launching.
   void ShareResumeStep(const std::string& local_checkpoint_dir);
   // Multi-node: the replication service's figures into the metrics, and its news into the log.
   void ReadReplication();
-  int LocalRank(int global) const { return global - static_cast<int>(rank_base_); }
 
   AgentConfig config_;
   bool owns_run_dir_ = false;
@@ -95,39 +87,24 @@ class Agent {
   std::unique_ptr<AgentMetrics> metrics_;
   std::unique_ptr<Launcher> launcher_;
   std::vector<std::unique_ptr<trace::TraceRing>> rings_;
-  std::vector<std::unique_ptr<Detector>> detectors_;
-  // What the ranks of the current launch did: read by the detectors, the metrics and `status`. It
-  // keeps enough saves per rank for the checkpoint detector's lag_count.
-  Timeline timeline_{std::max<size_t>(Timeline::kDefaultSavesKept, config_.checkpoint.lag_count + size_t{8})};
+  std::unique_ptr<Surroundings> surroundings_;  // what the Supervisor asks: /proc and etcd
+  std::unique_ptr<Supervisor> supervisor_;      // every decision about the ranks
   std::vector<trace::Event> scratch_;
   uint32_t restarts_ = 0;
-  uint64_t launched_ns_ = 0;
   std::optional<uint64_t> restart_detected_ns_;  // set until the relaunched job resumes
   uint64_t anomalies_ = 0;
   std::string give_up_reason_;
-  // How the previous launch failed when it failed before any step: the exit codes and last lines
-  // of the ranks that died ("" otherwise). The same again means a relaunch cannot help.
-  std::string startup_failure_;
   // Multi-node jobs only.
   std::unique_ptr<Rendezvous> rdzv_;
   std::optional<RoundPlan> plan_;  // the round this node's ranks run in
   uint32_t rank_base_ = 0;         // global rank of local rank 0
   std::vector<uint64_t> ring_dropped_;  // per local rank: its ring's drop count when last seen
-  std::set<int> named_;  // global ranks named hung or dead in this launch
   std::optional<uint64_t> resume_step_;  // the step this launch resumes from (nullopt: a fresh start)
   std::string resume_dir_;               // ...in this directory
   bool mismatch_said_ = false;           // a rank starting fresh against it was reported
   bool tier_checked_ = false;            // the ranks' memory tier was compared with the agent's
   uint64_t tier_looked_ns_ = 0;          // when the ranks' report was last looked for
   bool finished_ = false;          // every local rank ended normally
-  std::unique_ptr<JobView> job_view_;  // judged while this node leads its round
-  uint64_t progress_published_ns_ = 0;
-  struct HeldFailure {
-    Anomaly anomaly;
-    int64_t unix_ms = 0;    // when it was seen, as reported in etcd
-    uint64_t since_ns = 0;  // held since
-  };
-  std::optional<HeldFailure> held_failure_;
   std::unique_ptr<replication::ReplicationService> replication_;
   std::string resume_source_;  // where the current launch resumes from: memory, peer_memory, disk, ""
   std::optional<uint64_t> logged_replicated_step_;

@@ -1,8 +1,9 @@
 // Echoes: in a multi-node job one rank's death brings its peers down too (gloo raises when a
 // connection closes, NCCL aborts on a remote error), so a failure may be the echo of another one
-// and not a fault of its own. Agent::HoldFailureEchoes holds a failure that may be an echo for the
-// failure grace (RendezvousConfig::failure_grace_seconds) and lets the node that failed first name
-// its rank; lifeline-sim mirrors it. This decides which failures may be echoes.
+// and not a fault of its own. The Supervisor (agent/supervisor.h, run by lifeline-agent and
+// lifeline-sim alike) holds a failure that may be an echo for the failure grace
+// (RendezvousConfig::failure_grace_seconds) and lets the node that failed first name its rank.
+// This decides which failures may be echoes.
 //
 // An echo needs two things: an end a peer's failure can cause, and a place it can reach the rank.
 //  - The end: an exit status (a Python exception from the collective) or SIGABRT (NCCL's abort, a

@@ -15,11 +15,9 @@
 #include <set>
 #include <utility>
 
-#include "agent/detectors/echo.h"
-#include "agent/job_view.h"
 #include "agent/progress.h"
 #include "agent/rendezvous.h"
-#include "agent/timeline.h"
+#include "agent/supervisor.h"
 #include "lifeline/trace.h"
 
 namespace lifeline::agent::sim {
@@ -230,7 +228,8 @@ class SimulatedRanks {
   double last_event_ = 0;
 };
 
-// One node's agent: its timeline and detectors, and what its etcd watcher holds.
+// One node's agent: its Supervisor (the agent's own decisions: timeline, detectors, job-wide view,
+// echo hold, policies), polled as Agent::Run polls it, and what its etcd watcher holds.
 struct NodeAgent {
   int group = 0;
   std::string id;
@@ -239,12 +238,10 @@ struct NodeAgent {
   bool moved = false;  // saw the round move (or moved it): its part of the drill is over
   double moved_at = kNever;  // when: from then on Agent::Run stops its ranks for the next round
   double skew_ms = 0;  // its wall clock against true time
-  Timeline timeline;
-  std::vector<std::unique_ptr<Detector>> detectors;
-  std::unique_ptr<JobView> view;  // made when it first leads (every agent has one; only the leader's is fed)
+  double started = 0;  // its agent's first poll: the agents' loops are not in phase with each other
+  std::unique_ptr<Surroundings> around;
+  std::unique_ptr<Supervisor> supervisor;
   std::vector<bool> reaped;
-  // The agent's side.
-  double published = -kNever;
   // The watcher's side (Rendezvous::Watch).
   double next_watch = 0, last_renewal = 0, last_progress = 0;
   std::string progress_out;
@@ -256,10 +253,6 @@ struct NodeAgent {
   bool news_moved = false;
   std::vector<std::string> news_progress;
   std::vector<std::string> news_lost;
-  // HoldFailureEchoes.
-  std::optional<Anomaly> held;
-  int64_t held_unix_ms = 0;
-  double held_since = 0;
 };
 
 class JobSimulation {
@@ -270,6 +263,14 @@ class JobSimulation {
     std::uniform_real_distribution<double> uniform(0, 1);
     node_config_ = c.agent;
     node_config_.nproc = static_cast<uint32_t>(per_node_);
+    plan_.world_size = static_cast<uint32_t>(c.ranks);
+    for (int g = 0; g < c.nodes; ++g) {
+      RoundNode node;
+      node.id = NodeId(g);
+      node.host = "host-" + std::to_string(g);
+      node.nproc = static_cast<uint32_t>(per_node_);
+      plan_.nodes.push_back(std::move(node));
+    }
     nodes_.resize(c.nodes);
     for (int g = 0; g < c.nodes; ++g) {
       NodeAgent& n = nodes_[g];
@@ -277,19 +278,24 @@ class JobSimulation {
       n.id = NodeId(g);
       n.base = g * per_node_;
       n.skew_ms = c.clock_skew_ms * normal(rng);
-      n.timeline.Reset(per_node_, n.base);  // as Agent::Launch: local ranks named globally
-      n.detectors = MakeDetectors(node_config_);
+      n.around = std::make_unique<SimulatedSurroundings>(this, g);
+      n.supervisor = std::make_unique<Supervisor>(node_config_, n.around.get(), n.id, c.publish_seconds);
+      n.supervisor->set_meter(&meter_);
+      // As Agent::Launch: the node's ranks, named globally, in round 0 of the job.
+      SupervisedLaunch launch;
+      launch.world = per_node_;
+      launch.rank_base = n.base;
+      launch.now_ns = Ns(1.0);
+      launch.plan = plan_;
+      launch.plan->group_rank = g;
+      launch.plan->rank_base = static_cast<uint32_t>(n.base);
+      n.supervisor->Launched(launch);
       n.reaped.assign(per_node_, false);
       // The agents' loops and watchers are not in phase with each other.
-      n.published = 1.0 - c.publish_seconds * uniform(rng);
+      n.started = 1.0 - c.publish_seconds * uniform(rng);
       n.next_watch = 1.0 + c.watch_seconds * uniform(rng);
       n.last_renewal = n.next_watch - c.watch_seconds;
       n.last_progress = n.next_watch - c.progress_seconds * uniform(rng);
-      RoundNode node;
-      node.id = n.id;
-      node.host = "host-" + std::to_string(g);
-      node.nproc = static_cast<uint32_t>(per_node_);
-      plan_.nodes.push_back(std::move(node));
     }
     progress_.assign(c.nodes, "");
     failures_.assign(c.nodes, -1);
@@ -299,6 +305,8 @@ class JobSimulation {
     DrillResult out;
     out.drill = d_;
     const double tick = c_.poll_seconds;
+    // Each agent's first poll, before the ranks' first events (it publishes its first summary).
+    for (NodeAgent& n : nodes_) PollNode(n, n.started, &out);
     double now = 1.0;
     for (;;) {
       now += tick;
@@ -313,7 +321,7 @@ class JobSimulation {
       bool any = false;
       for (NodeAgent& n : nodes_) {
         if (n.gone || n.moved) continue;
-        AgentPoll(n, now, &out);
+        PollNode(n, now, &out);
         any = any || !n.moved;
       }
       if (!any) break;  // every agent left the round
@@ -322,12 +330,12 @@ class JobSimulation {
     }
     out.simulated_seconds = now - 1.0;
     out.node_events = node_events_;
-    out.node_cpu_seconds = node_cpu_;
+    out.node_cpu_seconds = meter_.cpu_seconds[0];
     out.summary_ranks = summary_ranks_;
-    out.summary_cpu_seconds = summary_cpu_;
-    out.view_reads = view_reads_;
+    out.summary_cpu_seconds = meter_.cpu_seconds[1];
+    out.view_reads = meter_.view_reads;
     out.view_samples = view_samples_;
-    out.view_cpu_seconds = view_cpu_;
+    out.view_cpu_seconds = meter_.cpu_seconds[2];
     out.echoes = echoes_;
     Score(&out);
     return out;
@@ -379,153 +387,54 @@ class JobSimulation {
     }
   }
 
-  // One pass of Agent::Run's loop on node `n` at `t`.
-  void AgentPoll(NodeAgent& n, double t, DrillResult* out) {
+  // One pass of Agent::Run's loop on node `n` at `t`: the ranks' events drained into its
+  // Supervisor (DrainRings), the exits reaped (Launcher::Reap), the watcher's news
+  // (Rendezvous::TakeNews), then the Supervisor's poll; its decision carried out as far as the
+  // drill goes: a summary handed to the watcher, anomalies raised, a restart opening the next round.
+  void PollNode(NodeAgent& n, double t, DrillResult* out) {
+    now_ = t;
     const uint64_t now = Ns(t);
-    std::vector<Anomaly> anomalies;
-    double cpu = ThreadCpuSeconds();
-    // DrainRings.
-    for (int local = 0; local < per_node_; ++local) {
-      std::deque<trace::Event>& q = ranks_.events(n.base + local);
-      while (!q.empty() && q.front().time_ns <= now) {
-        const TimelineChange change = n.timeline.Apply(local, q.front());
-        ++node_events_;
-        if (change.rank >= 0)
-          for (auto& d : n.detectors) d->Observe(n.timeline, change);
-        q.pop_front();
-      }
-    }
-    // Launcher::Reap.
+    PollInput in;
+    in.now_ns = now;
+    in.unix_ms = UnixMs(n, t);
     for (int local = 0; local < per_node_; ++local) {
       if (n.reaped[local] || ranks_.exit_at(n.base + local) > t) continue;
       n.reaped[local] = true;
-      n.timeline.RankExited(local);
-      for (auto& d : n.detectors)
-        d->RankExited(n.timeline, local, ranks_.wait_status(n.base + local), /*expected=*/false, now, &anomalies);
+      in.exits.push_back({local, ranks_.wait_status(n.base + local)});
     }
-    for (auto& d : n.detectors) d->Poll(n.timeline, now, &anomalies);
-    node_cpu_ += ThreadCpuSeconds() - cpu;
-
-    // Agent::ReadRendezvous.
-    const bool multi_node = c_.nodes > 1;
-    if (multi_node) anomalies.erase(std::remove_if(anomalies.begin(), anomalies.end(), LeftToJobView), anomalies.end());
-    if (t - n.published >= c_.publish_seconds) {
-      cpu = ThreadCpuSeconds();
-      n.progress_out = EncodeProgress(SummarizeProgress(n.timeline, n.group, now), UnixMs(n, t));
-      summary_cpu_ += ThreadCpuSeconds() - cpu;
-      summary_ranks_ += static_cast<uint64_t>(per_node_);
-      n.published = t;
-    }
-    if (n.news_leader && !n.news_progress.empty() && multi_node) {
-      cpu = ThreadCpuSeconds();
-      std::vector<RankProgress> job;
-      for (const std::string& text : n.news_progress) {
-        Result<std::vector<RankProgress>> ranks = DecodeProgress(text, "progress of a node", UnixMs(n, t));
-        if (!ranks.ok()) continue;
-        job.insert(job.end(), ranks->begin(), ranks->end());
-      }
-      if (n.view == nullptr) {
-        n.view = std::make_unique<JobView>(c_.agent);
-        n.view->Reset(c_.ranks);
-      }
-      n.view->Update(job, now, &anomalies);
-      view_cpu_ += ThreadCpuSeconds() - cpu;
-      ++view_reads_;
-      CountNewSamples(job);
-    }
+    RendezvousNews news;
+    news.leader = n.news_leader;
+    if (n.news_moved) news.round = 1;
+    for (std::string& text : n.news_progress) news.progress.push_back({"progress of " + n.id, std::move(text)});
+    news.lost_nodes = std::move(n.news_lost);
     n.news_progress.clear();
-    for (const std::string& id : n.news_lost) {
-      int group = -1;
-      for (size_t g = 0; g < plan_.nodes.size(); ++g)
-        if (plan_.nodes[g].id == id) group = static_cast<int>(g);
-      if (group < 0 || id == n.id) continue;
-      Anomaly a;
-      a.kind = "node_lost";
-      a.ranks = plan_.RanksOf(group);
-      a.evidence = {{"node", id},
-                    {"host", plan_.nodes[group].host},
-                    {"lease_seconds", c_.agent.rendezvous.lease_seconds}};
-      a.message = "node " + std::to_string(group) + " (" + id + ") stopped renewing its etcd lease for " +
-                  std::to_string(static_cast<int>(c_.agent.rendezvous.lease_seconds)) +
-                  " s: its agent or machine is gone";
-      a.detected_ns = now;
-      anomalies.push_back(std::move(a));
-    }
     n.news_lost.clear();
-    const bool moved = n.news_moved;
-    HoldFailureEchoes(n, &anomalies, t, moved);
-    if (moved) {  // Agent::Run logs this poll's own failures (not acted on), stops its ranks, joins the next round
-      for (Anomaly& a : anomalies) out->raised.push_back(Raised{std::move(a), n.group, t});
+    in.news = &news;
+    meter_.BeginDrain();
+    for (int local = 0; local < per_node_; ++local) {
+      std::deque<trace::Event>& q = ranks_.events(n.base + local);
+      while (!q.empty() && q.front().time_ns <= now) {
+        n.supervisor->Observe(local, q.front());
+        ++node_events_;
+        q.pop_front();
+      }
+    }
+    const uint64_t reads = meter_.view_reads;
+    PollDecision decision = n.supervisor->Poll(in);
+    if (meter_.view_reads != reads) CountNewSamples(n.supervisor->job_progress());
+    if (decision.progress) {
+      n.progress_out = std::move(*decision.progress);
+      summary_ranks_ += static_cast<uint64_t>(per_node_);
+    }
+    for (const Anomaly& e : decision.echoes) echoes_.insert(echoes_.end(), e.ranks.begin(), e.ranks.end());
+    for (RaisedAnomaly& r : decision.raised) out->raised.push_back(Raised{std::move(r.anomaly), n.group, t});
+    // A restart opens the next round (Agent::Restart); a round moved elsewhere is joined: either
+    // way Agent::Run stops this node's ranks from here on.
+    if (decision.restart) restart_at_ = std::min(restart_at_, t);
+    if (decision.restart || decision.round_moved || !decision.job_ended.empty()) {
       n.moved = true;
       n.moved_at = t;
-      return;
     }
-    // Agent::Act, then Restart (which opens the next round) on the first anomaly whose policy restarts.
-    bool restart = false;
-    for (Anomaly& a : anomalies) {
-      const auto it = c_.agent.policy.find(a.kind);
-      const Action action = it != c_.agent.policy.end() ? it->second : Action::kLog;
-      if (action == Action::kRestart) restart = true;
-      out->raised.push_back(Raised{std::move(a), n.group, t});
-    }
-    if (restart) {
-      restart_at_ = std::min(restart_at_, t);
-      n.moved = true;
-      n.moved_at = t;
-    }
-  }
-
-  // Agent::HoldFailureEchoes: a rank that may be the echo of a failure elsewhere (MayBeEcho,
-  // agent/detectors/echo.h: it exited with a status or aborted, inside a collective) is held for
-  // failure_grace_seconds unless another node failed first.
-  void HoldFailureEchoes(NodeAgent& n, std::vector<Anomaly>* anomalies, double t, bool moved) {
-    if (c_.nodes < 2) return;
-    if (moved) {
-      if (n.held) {
-        for (int r : n.held->ranks) echoes_.push_back(r);
-        n.held.reset();
-      }
-      // This poll's own failures stay to be logged; its possible echoes are logged as such.
-      std::vector<Anomaly> echoes;
-      SortFailuresAsTheRoundMoves(anomalies, [this](int global) { return ranks_.wait_status(global); }, &echoes);
-      for (const Anomaly& e : echoes) echoes_.insert(echoes_.end(), e.ranks.begin(), e.ranks.end());
-      return;
-    }
-    const double grace = c_.agent.rendezvous.failure_grace_seconds;
-    for (auto it = anomalies->begin(); it != anomalies->end();) {
-      if (it->kind != "dead") {
-        ++it;
-        continue;
-      }
-      const int64_t at = UnixMs(n, t);
-      if (failures_[n.group] < 0) failures_[n.group] = at;  // PutIfAbsent: the earliest stays
-      bool may_echo = grace > 0;
-      for (int global : it->ranks)
-        if (!MayBeEcho(*it, ranks_.wait_status(global))) may_echo = false;
-      if (!may_echo) {
-        ++it;
-        continue;
-      }
-      if (!n.held) {
-        n.held = std::move(*it);
-        n.held_unix_ms = at;
-        n.held_since = t;
-      } else {
-        for (int r : it->ranks) n.held->evidence["failed_after"].push_back(r);
-      }
-      it = anomalies->erase(it);
-    }
-    if (!n.held || t - n.held_since < grace) return;
-    bool earlier = false;  // Rendezvous::FailedEarlierElsewhere: the failure keys still leased
-    for (int g = 0; g < c_.nodes; ++g) {
-      if (g == n.group || failures_[g] < 0 || !LeaseAlive(g, t)) continue;
-      if (failures_[g] < n.held_unix_ms || (failures_[g] == n.held_unix_ms && nodes_[g].id < n.id)) earlier = true;
-    }
-    const bool waited_long = t - n.held_since >= 4 * grace;
-    if (earlier && !waited_long) return;
-    n.held->evidence["held_seconds"] = t - n.held_since;
-    anomalies->push_back(std::move(*n.held));
-    n.held.reset();
   }
 
   void CountNewSamples(const std::vector<RankProgress>& job) {
@@ -540,6 +449,64 @@ class JobSimulation {
 
   void Score(DrillResult* out) const;
 
+  // What a node's Supervisor asks, answered from the simulation: etcd's failure reports of the
+  // round (leased: a lost node's go with its lease), and a host whose CPUs are never saturated.
+  class SimulatedSurroundings final : public Surroundings {
+   public:
+    SimulatedSurroundings(JobSimulation* sim, int group) : sim_(sim), group_(group) {}
+    HostCpu SampleHostCpu() override { return HostCpu{}; }
+    Status ReportFailure(uint64_t /*round*/, uint64_t unix_ms) override {
+      int64_t& first = sim_->failures_[group_];
+      if (first < 0) first = static_cast<int64_t>(unix_ms);  // PutIfAbsent: the earliest stays
+      return Status::OK();
+    }
+    // By the times the reports carry (the simulated etcd keeps no revisions).
+    Result<bool> FailedEarlierElsewhere(uint64_t /*round*/, uint64_t unix_ms) override {
+      const int64_t mine = static_cast<int64_t>(unix_ms);
+      for (int g = 0; g < sim_->c_.nodes; ++g) {
+        const int64_t at = sim_->failures_[g];
+        if (g == group_ || at < 0 || !sim_->LeaseAlive(g, sim_->now_)) continue;
+        if (at < mine || (at == mine && sim_->nodes_[g].id < sim_->nodes_[group_].id)) return true;
+      }
+      return false;
+    }
+    Result<std::vector<std::string>> NodesWithoutFailure(uint64_t /*round*/,
+                                                         const std::vector<std::string>& nodes) override {
+      std::vector<std::string> silent;
+      for (const std::string& id : nodes) {
+        const int g = GroupOf(id);
+        if (g < 0 || sim_->failures_[g] < 0 || !sim_->LeaseAlive(g, sim_->now_)) silent.push_back(id);
+      }
+      return silent;
+    }
+
+   private:
+    int GroupOf(const std::string& id) const {
+      for (int g = 0; g < sim_->c_.nodes; ++g)
+        if (sim_->nodes_[g].id == id) return g;
+      return -1;
+    }
+    JobSimulation* const sim_;
+    const int group_;
+  };
+
+  // The CPU of the Supervisors' polls, by part (PollMeter::Part), on this thread's clock. The
+  // detectors' part runs from the start of the events' drain (Supervisor::Observe, the timeline and
+  // the detectors) to the end of their Poll: one pair of clock reads (a system call each) per poll.
+  struct CpuMeter final : public PollMeter {
+    void BeginDrain() { entered = ThreadCpuSeconds(); }
+    void Enter(Part part) override {
+      if (part != Part::kDetectors) entered = ThreadCpuSeconds();
+    }
+    void Leave(Part part) override {
+      cpu_seconds[static_cast<int>(part)] += ThreadCpuSeconds() - entered;
+      if (part == Part::kJobView) ++view_reads;
+    }
+    double entered = 0;
+    double cpu_seconds[3] = {0, 0, 0};  // detectors, summary, job view
+    uint64_t view_reads = 0;
+  };
+
   const SimConfig& c_;
   const Drill& d_;
   SimulatedRanks ranks_;
@@ -552,12 +519,12 @@ class JobSimulation {
   std::vector<int64_t> failures_;      // per node: when its first rank failed (unix ms), -1: none
   int leader_ = -1;
   double restart_at_ = kNever;  // when a node opened the next round
+  double now_ = 0;              // the simulation's clock
   // What the run cost and saw.
-  uint64_t node_events_ = 0, summary_ranks_ = 0, view_reads_ = 0, view_samples_ = 0;
-  double node_cpu_ = 0, summary_cpu_ = 0, view_cpu_ = 0;
+  CpuMeter meter_;
+  uint64_t node_events_ = 0, summary_ranks_ = 0, view_samples_ = 0;
   std::vector<uint64_t> newest_seen_;
   std::vector<int> echoes_;
-
 };
 
 void JobSimulation::Score(DrillResult* out) const {

@@ -3,15 +3,17 @@
 // often they raise a false alarm, and how long they take (issue 22, "lifeline-sim").
 //
 // What is real and what is simulated. Real (the agent's own code, called as the agent calls it):
-// each node's Timeline and detectors (MakeDetectors, for the node's ranks), the progress summaries
-// (SummarizeProgress, EncodeProgress, DecodeProgress), the leader's JobView, LeftToJobView, the
-// policies and RoundPlan::RanksOf. Simulated, on a virtual clock (nothing sleeps): the ranks
-// (steps with lognormal compute jitter and rare spikes, one allreduce over the world per step
-// completing ring-like), the processes' exits as waitpid reports them, and etcd as
-// Rendezvous::Watch sees it (leases renewed every lease/3, a watcher poll every 0.25 s, summaries
-// put and read once a second, the leader's election). The agent's loop (Agent::Run,
-// ReadRendezvous, HoldFailureEchoes, Act) is mirrored step by step in sim.cc, since in agent.cc it
-// is bound to the launcher and etcd; sim.cc says where.
+// each node's agent is a Supervisor (agent/supervisor.h), the very class Agent::Run drives, with
+// its Timeline, detectors, progress summaries, the leader's JobView, the echo hold, node_lost and
+// the policies, polled every poll interval with the node's events, its ranks' exits and its
+// watcher's news, as Agent::Run polls it; the summaries go through EncodeProgress and
+// DecodeProgress as through etcd. Simulated, on a virtual clock (nothing sleeps): the ranks (steps
+// with lognormal compute jitter and rare spikes, one allreduce over the world per step completing
+// ring-like), the processes' exits as waitpid reports them, etcd as Rendezvous::Watch sees it
+// (leases renewed every lease/3, a watcher poll every 0.25 s, summaries put and read once a
+// second, the leader's election) and as the Supervisor asks it (the failure reports of
+// rounds/R/failures/), and hosts whose CPUs are never saturated. A drill ends at the first
+// restart; nothing is relaunched.
 //
 // Thread safety: RunDrill is safe to call concurrently for different drills (nothing shared).
 #ifndef LIFELINE_AGENT_SIM_SIM_H_

@@ -1,0 +1,359 @@
+#include "agent/supervisor.h"
+
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "agent/detectors/echo.h"
+#include "agent/detectors/evidence.h"
+#include "agent/launcher.h"
+
+namespace lifeline::agent {
+namespace {
+
+using detail::Seconds;
+
+uint64_t Nanos(double seconds) { return static_cast<uint64_t>(seconds * 1e9); }
+
+}  // namespace
+
+Supervisor::Supervisor(const AgentConfig& config, Surroundings* around, std::string node_id, double publish_seconds)
+    : config_(config),
+      around_(around),
+      node_id_(std::move(node_id)),
+      publish_ns_(Nanos(publish_seconds)),
+      detectors_(MakeDetectors(config)),
+      timeline_(std::max<size_t>(Timeline::kDefaultSavesKept, config.checkpoint.lag_count + size_t{8})) {}
+
+Supervisor::~Supervisor() = default;
+
+void Supervisor::Launched(const SupervisedLaunch& launch) {
+  world_ = launch.world;
+  rank_base_ = launch.rank_base;
+  restart_ = launch.restart;
+  launched_ns_ = launch.now_ns;
+  plan_ = launch.plan;
+  timeline_.Reset(world_, rank_base_);  // the detectors name global ranks
+  for (auto& d : detectors_) d->Reset(world_);
+  if (job_view_ != nullptr && plan_) job_view_->Reset(static_cast<int>(plan_->world_size));
+  wait_status_.assign(static_cast<size_t>(world_), 0);
+  exited_.assign(static_cast<size_t>(world_), false);
+  named_.clear();
+  held_.reset();
+}
+
+TimelineChange Supervisor::Observe(int rank, const trace::Event& event) {
+  const TimelineChange change = timeline_.Apply(rank, event);
+  if (change.rank >= 0)
+    for (auto& d : detectors_) d->Observe(timeline_, change);
+  return change;
+}
+
+void Supervisor::MarkGap(int rank, uint64_t now_ns) { timeline_.MarkGap(rank, now_ns); }
+
+int Supervisor::WaitStatus(int global) const {
+  const int r = LocalRank(global);
+  return r >= 0 && r < world_ ? wait_status_[static_cast<size_t>(r)] : 0;
+}
+
+PollDecision Supervisor::Poll(const PollInput& in) {
+  PollDecision out;
+  std::vector<Anomaly> anomalies;
+  Enter(PollMeter::Part::kDetectors);
+  for (const RankExit& e : in.exits) {
+    if (e.rank < 0 || e.rank >= world_) continue;
+    wait_status_[static_cast<size_t>(e.rank)] = e.wait_status;
+    exited_[static_cast<size_t>(e.rank)] = true;
+    timeline_.RankExited(e.rank);
+    for (auto& d : detectors_) d->RankExited(timeline_, e.rank, e.wait_status, /*expected=*/false, in.now_ns, &anomalies);
+  }
+  for (auto& d : detectors_) d->Poll(timeline_, in.now_ns, &anomalies);
+  Leave(PollMeter::Part::kDetectors);
+  bool moved = false;
+  if (in.news != nullptr && plan_) {
+    ReadRound(in, &anomalies, &moved, &out);
+    HoldFailureEchoes(in, moved, &anomalies, &out);
+  }
+  if (!out.job_ended.empty()) return out;
+  if (moved) {
+    // Failures of this node's own found as the round moved (HoldFailureEchoes kept only those):
+    // named and counted, not acted on; the restart under way covers them.
+    out.round_moved = true;
+    Name(&anomalies, /*may_restart=*/false, &out);
+    return out;
+  }
+  ScreenHostNoise(&anomalies, &out);
+  Name(&anomalies, /*may_restart=*/true, &out);
+  // A held failure is decided before the job's end.
+  out.ranks_done = !out.restart && !held_ && std::all_of(exited_.begin(), exited_.end(), [](bool e) { return e; });
+  return out;
+}
+
+void Supervisor::ReadRound(const PollInput& in, std::vector<Anomaly>* anomalies, bool* moved, PollDecision* out) {
+  const RendezvousNews& news = *in.news;
+  if (MultiNode()) {
+    // This node sees its own ranks only: stragglers, slow collectives and a collective all of
+    // them joined are for the job-wide view to judge, where the ranks of other nodes show.
+    anomalies->erase(std::remove_if(anomalies->begin(), anomalies->end(), LeftToJobView), anomalies->end());
+  }
+  if (in.now_ns - published_ns_ >= publish_ns_) {
+    Enter(PollMeter::Part::kSummary);
+    out->progress = EncodeProgress(SummarizeProgress(timeline_, plan_->group_rank, in.now_ns), in.unix_ms);
+    Leave(PollMeter::Part::kSummary);
+    published_ns_ = in.now_ns;
+  }
+  // With one node in the round its own detectors see everything: no second view, no second alarm.
+  if (news.leader && !news.progress.empty() && MultiNode()) {
+    Enter(PollMeter::Part::kJobView);
+    job_progress_.clear();
+    for (const EtcdKeyValue& kv : news.progress) {
+      Result<std::vector<RankProgress>> ranks = DecodeProgress(kv.value, "etcd key " + kv.key, in.unix_ms);
+      if (!ranks.ok()) continue;  // not one of ours: no say in the verdict
+      job_progress_.insert(job_progress_.end(), ranks->begin(), ranks->end());
+    }
+    if (job_view_ == nullptr) {
+      job_view_ = std::make_unique<JobView>(config_);
+      job_view_->Reset(static_cast<int>(plan_->world_size));
+    }
+    job_view_->Update(job_progress_, in.now_ns, anomalies);
+    Leave(PollMeter::Part::kJobView);
+  }
+  for (const std::string& id : news.lost_nodes) {
+    int group = -1;
+    for (size_t g = 0; g < plan_->nodes.size(); ++g)
+      if (plan_->nodes[g].id == id) group = static_cast<int>(g);
+    if (group < 0 || id == node_id_) continue;
+    Anomaly a;
+    a.kind = "node_lost";
+    a.ranks = plan_->RanksOf(group);
+    a.evidence = {{"node", id}, {"host", plan_->nodes[group].host}, {"lease_seconds", config_.rendezvous.lease_seconds}};
+    a.message = "node " + std::to_string(group) + " (" + id + ") stopped renewing its etcd lease for " +
+                std::to_string(static_cast<int>(config_.rendezvous.lease_seconds)) + " s: its agent or machine is gone";
+    a.detected_ns = in.now_ns;
+    anomalies->push_back(std::move(a));
+  }
+  *moved = news.round.has_value() || !news.give_up.empty();
+  out->job_ended = news.give_up;
+}
+
+void Supervisor::LetGoAsEcho(Anomaly echo, const std::string& why, PollDecision* out) {
+  out->records.push_back({{"action", "echo"}, {"ranks", echo.ranks}, {"message", echo.message + ", " + why + " (not counted)"}});
+  out->echoes.push_back(std::move(echo));
+}
+
+void Supervisor::HoldFailureEchoes(const PollInput& in, bool moved, std::vector<Anomaly>* anomalies, PollDecision* out) {
+  if (!MultiNode()) return;
+  const uint64_t now = in.now_ns;
+  if (moved) {
+    if (held_) {
+      LetGoAsEcho(std::move(held_->anomaly), "after a failure on another node", out);
+      held_.reset();
+    }
+    // This poll's failures: possible echoes are let go as such; failures of their own stay in
+    // `anomalies`, to be named (not acted on) as the ranks stop (agent/detectors/echo.h).
+    std::vector<Anomaly> echoes;
+    SortFailuresAsTheRoundMoves(anomalies, [this](int global) { return WaitStatus(global); }, &echoes);
+    for (Anomaly& e : echoes) LetGoAsEcho(std::move(e), "as the round moved", out);
+    return;
+  }
+  const double grace = config_.rendezvous.failure_grace_seconds;
+  // A node lost while a failure of ours was held: that failure was the lost node's echo (its ranks'
+  // connections closed), and the lost node is the culprit.
+  const bool node_lost = std::any_of(anomalies->begin(), anomalies->end(),
+                                     [](const Anomaly& a) { return a.kind == "node_lost"; });
+  if (node_lost && held_) {
+    LetGoAsEcho(std::move(held_->anomaly), "after a node was lost", out);
+    held_.reset();
+  }
+  for (auto it = anomalies->begin(); it != anomalies->end();) {
+    if (node_lost && it->kind == "dead") {  // this poll's echoes of the same loss
+      LetGoAsEcho(std::move(*it), "as a node was lost", out);
+      it = anomalies->erase(it);
+      continue;
+    }
+    if (it->kind != "dead") {
+      ++it;
+      continue;
+    }
+    const int64_t at = in.unix_ms;
+    around_->ReportFailure(plan_->round, static_cast<uint64_t>(at)).IgnoreError();  // keeps the earliest
+    // A rank that exited with a status or aborted may have been failed by a peer elsewhere (gloo
+    // and NCCL raise when a connection closes); one killed by another signal was not.
+    bool may_echo = grace > 0;
+    for (int global : it->ranks) {
+      const int r = LocalRank(global);
+      if (r < 0 || r >= world_) {
+        may_echo = false;
+        continue;
+      }
+      if (!MayBeEcho(*it, wait_status_[static_cast<size_t>(r)])) may_echo = false;
+    }
+    if (!may_echo) {
+      ++it;
+      continue;
+    }
+    if (!held_) {
+      held_ = HeldFailure{std::move(*it), at, now};
+    } else {  // a rank of this node failing after it: its echo, as on a single node
+      nlohmann::json& after = held_->anomaly.evidence["failed_after"];
+      for (int r : it->ranks) after.push_back(r);
+    }
+    it = anomalies->erase(it);
+  }
+  if (!held_ || now - held_->since_ns < Nanos(grace)) return;
+  // Still here after the grace: act, unless another node failed first and is about to (it gets
+  // a few graces more, in case its agent is gone).
+  Result<bool> earlier = around_->FailedEarlierElsewhere(plan_->round, static_cast<uint64_t>(held_->unix_ms));
+  const bool waited_long = now - held_->since_ns >= Nanos(4 * grace);
+  if (earlier.ok() && *earlier && !waited_long) return;
+  // A node of the round that reported no failure, while ours may be an echo, may be a machine that
+  // is gone (its ranks cannot report; gloo fails ours within a second): its lease decides, so the
+  // failure is held until that lease would have expired, and node_lost then names the culprit.
+  // Nodes that are alive report their own echoes within the grace, and release it at once.
+  if (!earlier.ok() || !*earlier) {
+    std::vector<std::string> others;
+    for (const RoundNode& n : plan_->nodes)
+      if (n.id != node_id_) others.push_back(n.id);
+    Result<std::vector<std::string>> silent = around_->NodesWithoutFailure(plan_->round, others);
+    const double lease_wait = config_.rendezvous.lease_seconds + 2 * grace;
+    if (silent.ok() && !silent->empty() && now - held_->since_ns < Nanos(lease_wait)) {
+      held_->anomaly.evidence["waited_for_nodes"] = *silent;
+      return;
+    }
+  }
+  held_->anomaly.evidence["held_seconds"] = Seconds(now - held_->since_ns);
+  anomalies->push_back(std::move(held_->anomaly));
+  held_.reset();
+}
+
+void Supervisor::ScreenHostNoise(std::vector<Anomaly>* anomalies, PollDecision* out) {
+  bool maybe_noise = false;
+  for (const Anomaly& a : *anomalies)
+    maybe_noise |= a.kind == "straggler" || a.kind == "slow_collective" || a.kind == "checkpoint";
+  if (!maybe_noise) return;
+  const HostCpu host = around_->SampleHostCpu();
+  for (const Anomaly& a : TakeHostNoise(host, anomalies))
+    out->records.push_back({{"action", "not_paged"},
+                            {"anomaly", a.kind},  // not "kind": a line with "kind" is an anomaly raised
+                            {"ranks", a.ranks},
+                            {"message", a.message},
+                            {"evidence", a.evidence},
+                            {"reason", "this host's CPUs are saturated (" + host.Describe() +
+                                           "): within what a process waiting for a core is delayed, not a fault of the job"}});
+}
+
+void Supervisor::Name(std::vector<Anomaly>* anomalies, bool may_restart, PollDecision* out) {
+  for (Anomaly& a : *anomalies) {
+    if (a.kind == "hang" || a.kind == "dead") named_.insert(a.ranks.begin(), a.ranks.end());
+    // One fault, one alarm: a checkpoint anomaly of ranks this launch already named hung or dead
+    // is that fault's consequence (their saves stop with them), logged with it, not raised again.
+    const bool folded = a.kind == "checkpoint" && !a.ranks.empty() &&
+                        std::all_of(a.ranks.begin(), a.ranks.end(), [this](int r) { return named_.count(r) > 0; });
+    if (folded) {
+      out->records.push_back({{"action", "folded"}, {"anomaly", a.kind}, {"ranks", a.ranks}, {"message", a.message},
+                              {"reason", "these ranks were already named hung or dead in this launch"}});
+      continue;
+    }
+    RaisedAnomaly raised;
+    nlohmann::json& line = raised.record;
+    line = {{"kind", a.kind}, {"ranks", a.ranks}, {"evidence", a.evidence}, {"message", a.message}};
+    line["step"] = a.step ? nlohmann::json(*a.step) : nlohmann::json(nullptr);
+    if (a.seq) line["seq"] = *a.seq;
+    if (a.comm) line["comm"] = *a.comm;
+    if (!a.op.empty()) line["op"] = a.op;
+    // How long the culprits had been silent when the verdict came: the detection latency.
+    uint64_t last = 0;
+    for (int global : a.ranks)
+      if (const int r = LocalRank(global); r >= 0 && r < timeline_.world())
+        last = std::max(last, timeline_.rank(r).last_event_ns);
+    if (!node_id_.empty()) line["node"] = node_id_;
+    if (last > 0 && a.detected_ns >= last) line["culprit_silent_seconds"] = Seconds(a.detected_ns - last);
+    const auto it = config_.policy.find(a.kind);
+    raised.action = it != config_.policy.end() ? it->second : Action::kLog;
+    line["policy"] = ActionName(raised.action);
+    if (may_restart && raised.action == Action::kRestart && !out->restart) out->restart = a;
+    raised.anomaly = std::move(a);
+    out->raised.push_back(std::move(raised));
+  }
+  anomalies->clear();
+}
+
+std::string Supervisor::StartupFailure(const Anomaly& reason, uint64_t now_ns, const std::vector<RankEnd>& ends) const {
+  if (reason.kind != "dead") return "";
+  // Before the first step: no rank began one, and (for ranks that are not traced) the failure came
+  // within a minute of the launch.
+  for (const RankTimeline& v : timeline_.ranks())
+    if (v.began_step) return "";
+  if (now_ns - launched_ns_ > 60'000'000'000ull) return "";
+  // Which ranks the detector named first varies between launches; how they failed does not.
+  std::set<std::string> ways;
+  for (int global : reason.ranks) {
+    const int r = LocalRank(global);
+    if (r < 0 || static_cast<size_t>(r) >= ends.size()) return "";
+    const RankEnd& p = ends[static_cast<size_t>(r)];
+    // A rank killed by a signal may have been killed from outside: not a failure of the command.
+    if (!WIFEXITED(p.wait_status)) return "";
+    ways.insert(DescribeWaitStatus(p.wait_status) + (p.last_line.empty() ? "" : ", last line: " + p.last_line));
+  }
+  std::string out;
+  for (const std::string& w : ways) out += (out.empty() ? "" : "; ") + w;
+  return out;
+}
+
+RestartPlan Supervisor::PlanRestart(const Anomaly& reason, uint64_t now_ns, const std::vector<RankEnd>& ends) {
+  RestartPlan plan;
+  // A command that fails the same way before its first step at two launches in a row (an import
+  // error, a bad argument, a missing file) would only burn the budget with back-off.
+  const std::string failure = StartupFailure(reason, now_ns, ends);
+  if (!failure.empty() && failure == startup_failure_) {
+    plan.give_up = "the command failed before its first step the same way at two launches in a row (" + failure +
+                   "); relaunching will not help";
+    return plan;
+  }
+  startup_failure_ = failure;
+  const RestartConfig& r = config_.restart;
+  if (restart_ >= r.max_restarts) {
+    plan.give_up = "restart budget spent (" + std::to_string(r.max_restarts) + " restarts); last anomaly: " +
+                   reason.kind + ": " + reason.message;
+    plan.job_wide = true;
+    return plan;
+  }
+  plan.backoff_seconds = std::min(r.backoff_max_seconds, r.backoff_initial_seconds * std::pow(r.backoff_multiplier, restart_));
+  return plan;
+}
+
+JobEnd Supervisor::Conclude() const {
+  JobEnd end;
+  std::vector<int> failed;
+  for (int r = 0; r < world_; ++r) {
+    const int status = wait_status_[static_cast<size_t>(r)];
+    if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) failed.push_back(r);
+  }
+  if (!failed.empty()) {
+    end.give_up = "ranks " + detail::RankList(failed) + " failed and the policy restarts none";
+    return end;
+  }
+  end.finished = true;
+  // Ranks that all end with 0 can still have lost the job's final state: a save that failed (into
+  // a directory another job holds, a full disk) with none persisted after it.
+  std::vector<int> unsaved;
+  uint64_t unsaved_step = 0;
+  uint64_t unsaved_code = 0;
+  for (int r = 0; r < timeline_.world(); ++r) {
+    const RankTimeline& t = timeline_.rank(r);
+    if (t.failed_save_step == trace::kNoStep) continue;
+    unsaved.push_back(rank_base_ + r);
+    unsaved_step = std::max(unsaved_step, t.failed_save_step);
+    unsaved_code = t.failed_save_code;
+  }
+  if (!unsaved.empty())
+    end.give_up = "every rank ended with status 0, but the last checkpoint of ranks " + detail::RankList(unsaved) +
+                  " failed (step " + std::to_string(unsaved_step) + ": " +
+                  StatusCodeName(static_cast<StatusCode>(unsaved_code)) +
+                  ", see the ranks' output) and no later one was saved: the job's final state is not in the checkpoint";
+  return end;
+}
+
+}  // namespace lifeline::agent

@@ -1,0 +1,246 @@
+// The agent's decisions as a pure function of what came in: one poll pass takes the ranks' trace
+// events (Observe), their processes' exits, what the round's watcher saw in etcd (a multi-node
+// job) and the time, and says what goes out: the anomalies named and what their policy does,
+// failures held as possible echoes of another node's and let go as such, whether to restart, to
+// follow the round another node opened, or that the ranks are done; and the events-log records of
+// it all. It owns the launch's Timeline, the detectors, the leader's job-wide view, the echo hold,
+// the folding of an alarm's consequences, and the restart budget, back-off and start-up-failure rule.
+//
+// It has no clock, launcher, socket or etcd of its own. The time comes in with each poll; the few
+// things it must ask of the world while deciding (the host's CPU pressure, the failures the round's
+// nodes reported in etcd) it asks through Surroundings, and only when a decision needs them, so a
+// quiet poll costs no system call. lifeline-agent (Agent::Run) drives it with the real clock,
+// launcher and etcd; lifeline-sim drives one per simulated node on a virtual clock;
+// supervisor_test.cc drives it with synthetic streams. All three run this code, never a copy.
+//
+// Thread safety: none; one thread drives an instance (the agent's loop, a simulated node), and the
+// Surroundings it is given are called from that thread.
+#ifndef LIFELINE_AGENT_SUPERVISOR_H_
+#define LIFELINE_AGENT_SUPERVISOR_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "agent/config.h"
+#include "agent/detector.h"
+#include "agent/host_cpu.h"
+#include "agent/job_view.h"
+#include "agent/progress.h"
+#include "agent/rendezvous.h"
+#include "agent/timeline.h"
+#include "lifeline/status.h"
+#include "lifeline/trace.h"
+
+namespace lifeline::agent {
+
+// What a Supervisor asks of the world around it while it decides. lifeline-agent answers from
+// /proc and etcd (Rendezvous's methods of the same names), lifeline-sim from its simulated etcd and
+// hosts, tests from a script. The etcd questions are asked in multi-node rounds only.
+class Surroundings {
+ public:
+  virtual ~Surroundings() = default;
+  // This host's CPU load (agent/host_cpu.h): asked when an anomaly a saturated host could explain
+  // (a straggler, a slow collective, a checkpoint lag) came up.
+  virtual HostCpu SampleHostCpu() = 0;
+  // A rank of this node failed at `unix_ms` in `round` (etcd keeps the earliest report per node).
+  virtual Status ReportFailure(uint64_t round, uint64_t unix_ms) = 0;
+  // Whether another node of `round` reported a failure before this node's of `unix_ms`.
+  virtual Result<bool> FailedEarlierElsewhere(uint64_t round, uint64_t unix_ms) = 0;
+  // Of `nodes`, those that reported no failure in `round` and did not finish.
+  virtual Result<std::vector<std::string>> NodesWithoutFailure(uint64_t round, const std::vector<std::string>& nodes) = 0;
+};
+
+// A rank's process ended, as the launcher reaped it.
+struct RankExit {
+  int rank = 0;         // local index
+  int wait_status = 0;  // as waitpid reports it
+};
+
+// A rank's process as the launcher left it after stopping the ranks.
+struct RankEnd {
+  int wait_status = 0;
+  std::string last_line;  // the last non-empty line it wrote
+};
+
+// One launch of the ranks, as the Supervisor is told of it.
+struct SupervisedLaunch {
+  int world = 0;            // local ranks
+  int rank_base = 0;        // the global rank of local rank 0
+  uint32_t restart = 0;     // restarts of the job before this launch (a multi-node job: the round)
+  uint64_t now_ns = 0;      // when the ranks were started
+  std::optional<RoundPlan> plan;  // a multi-node job: the round they run in
+};
+
+// What came in since the last poll.
+struct PollInput {
+  uint64_t now_ns = 0;     // CLOCK_MONOTONIC (lifeline-sim: its virtual clock)
+  int64_t unix_ms = 0;     // the wall clock: failure reports and progress summaries carry it
+  std::vector<RankExit> exits;  // ranks reaped since the last poll
+  // A multi-node job: what the round's watcher saw since the last poll (Rendezvous::TakeNews),
+  // given at every poll; nullptr in a single-node job.
+  const RendezvousNews* news = nullptr;
+};
+
+// An anomaly the poll names: the agent counts it, logs `record` and does what `action` says.
+struct RaisedAnomaly {
+  Anomaly anomaly;
+  Action action = Action::kLog;  // its kind's policy
+  nlohmann::json record;         // its events-log line ("kind", ..., "policy")
+};
+
+// What goes out of a poll. The agent writes `records`, then the raised anomalies' records, in that
+// order; its own lines (time, job and restart number) are stamped by it.
+struct PollDecision {
+  std::vector<RaisedAnomaly> raised;
+  // Other events-log lines, in order: failures let go as echoes ("echo"), anomalies a saturated
+  // host explains ("not_paged"), consequences folded into an earlier alarm ("folded").
+  std::vector<nlohmann::json> records;
+  std::vector<Anomaly> echoes;  // the failures taken for echoes of another node's (in `records` too)
+  // The first raised anomaly whose policy restarts: stop the ranks, then PlanRestart.
+  std::optional<Anomaly> restart;
+  // Another node moved the job to a new round: stop the ranks and join it. `raised` then holds
+  // only this node's own failures found meanwhile, named but not acted on (that restart covers
+  // them), and `restart` is empty.
+  bool round_moved = false;
+  std::string job_ended;  // ...or the job ended on another node, for this reason: stop, exit non-zero
+  std::optional<std::string> progress;  // a multi-node job: this node's summary, to publish
+  bool ranks_done = false;  // every rank has exited and no failure is held: see Conclude
+};
+
+// After the ranks were stopped for a restart: relaunch after `backoff_seconds`, or give up.
+struct RestartPlan {
+  std::string give_up;        // why not to relaunch; "" to relaunch
+  bool job_wide = false;      // the give-up is the job's (its budget is spent): every node ends
+  double backoff_seconds = 0;
+};
+
+// How the job ended once every rank exited with nothing to restart.
+struct JobEnd {
+  bool finished = false;  // the job ran to its end (a multi-node job's keys in etcd go)
+  std::string give_up;    // why it ended badly: a failed rank, or a final state not saved; "" if it did not
+};
+
+// lifeline-sim's measure of what a poll costs: told when each costly part of a poll begins and
+// ends (the agent sets none).
+class PollMeter {
+ public:
+  enum class Part {
+    kDetectors,  // exits and the detectors' Poll
+    kSummary,    // this node's progress summary (SummarizeProgress, EncodeProgress)
+    kJobView,    // the leader's read of every summary (DecodeProgress, JobView::Update)
+  };
+  virtual ~PollMeter() = default;
+  virtual void Enter(Part part) = 0;
+  virtual void Leave(Part part) = 0;
+};
+
+// How often a node of a multi-node job hands its progress summary to the round's watcher.
+inline constexpr double kProgressPublishSeconds = 0.5;
+
+class Supervisor {
+ public:
+  // `config`: the detectors' settings, the policies, the restart budget and back-off, the lease and
+  // failure grace of a multi-node job. `around` outlives this. `node_id`: this node's id in etcd
+  // (a multi-node job; "" otherwise).
+  Supervisor(const AgentConfig& config, Surroundings* around, std::string node_id = "",
+             double publish_seconds = kProgressPublishSeconds);
+  ~Supervisor();
+  Supervisor(const Supervisor&) = delete;
+  Supervisor& operator=(const Supervisor&) = delete;
+
+  // A new launch: the timeline, the detectors and the launch's memory (ranks named, exits, a held
+  // failure) start afresh; a multi-node launch's job-wide view starts on its round's world.
+  void Launched(const SupervisedLaunch& launch);
+
+  // One trace event of local rank `rank`, in the order the rank recorded it: applied to the
+  // timeline once and handed to the detectors. The change is the caller's to pass on (metrics).
+  TimelineChange Observe(int rank, const trace::Event& event);
+  // Events of `rank` were lost (its ring was full) at `now_ns`: its watch restarts from now.
+  void MarkGap(int rank, uint64_t now_ns);
+
+  // One poll pass over what came in (see PollInput, PollDecision).
+  PollDecision Poll(const PollInput& in);
+
+  // After the ranks were stopped for `reason` (PollDecision::restart) at `now_ns`: whether to
+  // relaunch. A command that failed before its first step the same way at two launches in a row
+  // gives up (a relaunch cannot help); so does a spent budget. `ends`: per local rank, as the
+  // launcher left it. Relaunching is the caller's, with SupervisedLaunch::restart one more.
+  RestartPlan PlanRestart(const Anomaly& reason, uint64_t now_ns, const std::vector<RankEnd>& ends);
+
+  // Once PollDecision::ranks_done (and the last events observed): how the job ended.
+  JobEnd Conclude() const;
+
+  const Timeline& timeline() const { return timeline_; }
+  uint64_t launched_ns() const { return launched_ns_; }
+  // What the leader read of every node's summary at its last read of the job (empty when it read
+  // none): lifeline-sim counts the collectives new to it.
+  const std::vector<RankProgress>& job_progress() const { return job_progress_; }
+  void set_meter(PollMeter* meter) { meter_ = meter; }
+
+ private:
+  struct HeldFailure {
+    Anomaly anomaly;
+    int64_t unix_ms = 0;    // when it was seen, as reported in etcd
+    uint64_t since_ns = 0;  // held since
+  };
+
+  bool MultiNode() const { return plan_.has_value() && plan_->nodes.size() > 1; }
+  int LocalRank(int global) const { return global - rank_base_; }
+  int WaitStatus(int global) const;
+  void Enter(PollMeter::Part part) const {
+    if (meter_ != nullptr) meter_->Enter(part);
+  }
+  void Leave(PollMeter::Part part) const {
+    if (meter_ != nullptr) meter_->Leave(part);
+  }
+  // A multi-node job: this node's summary when due, the leader's job-wide view, lost nodes; sets
+  // *moved when the job moved to another round or ended.
+  void ReadRound(const PollInput& in, std::vector<Anomaly>* anomalies, bool* moved, PollDecision* out);
+  // Reports this node's rank failures and holds back the ones that may echo a failure elsewhere
+  // (RendezvousSettings::failure_grace_seconds), releasing them into `anomalies` unless another
+  // node failed first; one held when the job `moved` is an echo.
+  void HoldFailureEchoes(const PollInput& in, bool moved, std::vector<Anomaly>* anomalies, PollDecision* out);
+  void LetGoAsEcho(Anomaly echo, const std::string& why, PollDecision* out);
+  // Takes out of `anomalies` what a saturated host explains, as "not_paged" records.
+  void ScreenHostNoise(std::vector<Anomaly>* anomalies, PollDecision* out);
+  // Folds consequences of ranks already named, names the rest with their policy; the first that
+  // restarts becomes the decision's restart when `may_restart`.
+  void Name(std::vector<Anomaly>* anomalies, bool may_restart, PollDecision* out);
+  std::string StartupFailure(const Anomaly& reason, uint64_t now_ns, const std::vector<RankEnd>& ends) const;
+
+  const AgentConfig config_;
+  Surroundings* const around_;
+  const std::string node_id_;
+  const uint64_t publish_ns_;
+  PollMeter* meter_ = nullptr;
+  std::vector<std::unique_ptr<Detector>> detectors_;
+  // What the ranks of the current launch did: read by the detectors, the metrics and `status`. It
+  // keeps enough saves per rank for the checkpoint detector's lag_count.
+  Timeline timeline_;
+  std::unique_ptr<JobView> job_view_;  // made when this node first leads a multi-node round
+  std::vector<RankProgress> job_progress_;
+  // The current launch.
+  int world_ = 0;
+  int rank_base_ = 0;
+  uint32_t restart_ = 0;
+  uint64_t launched_ns_ = 0;
+  std::optional<RoundPlan> plan_;
+  std::vector<int> wait_status_;  // per local rank, once it exited (0 until then)
+  std::vector<bool> exited_;      // per local rank
+  std::set<int> named_;  // global ranks named hung or dead in this launch
+  std::optional<HeldFailure> held_;
+  uint64_t published_ns_ = 0;  // when this node last published its summary (0: never)
+  // How the previous launch failed when it failed before any step: the exit codes and last lines
+  // of the ranks that died ("" otherwise). The same again means a relaunch cannot help.
+  std::string startup_failure_;
+};
+
+}  // namespace lifeline::agent
+
+#endif  // LIFELINE_AGENT_SUPERVISOR_H_
