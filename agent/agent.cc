@@ -646,7 +646,9 @@ void Agent::CheckResumed(uint64_t now) {
   for (const RankTimeline& v : timeline.ranks()) {
     if (!v.began_step) return;
     resumed_at = std::max(resumed_at, v.last_event_ns);
-    first_step = std::min(first_step, v.step);
+    // The step the ranks resumed at, not the one they reached by this poll: a fast step may have
+    // ended before the agent looked.
+    first_step = std::min(first_step, v.first_step);
     if (v.resumed_from != trace::kNoStep) from = v.resumed_from;
   }
   nlohmann::json line = {{"action", "resumed"},

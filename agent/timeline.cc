@@ -120,6 +120,7 @@ TimelineChange Timeline::Apply(int rank, const Event& e) {
       break;
     case EventType::kStepBegin:
       r.step = e.step;
+      if (!r.began_step) r.first_step = e.step;
       r.began_step = true;
       r.step_open = true;
       r.step_begin_ns = e.time_ns;

@@ -68,6 +68,7 @@ struct RankTimeline {
   uint64_t last_event_ns = 0;  // the latest event time (heartbeats included); 0: none yet
   uint64_t step = trace::kNoStep;  // the last step begun
   bool began_step = false;         // a step begun in this launch
+  uint64_t first_step = trace::kNoStep;  // the first step begun in this launch: where it resumed
   bool step_open = false;          // begun, not ended
   uint64_t step_begin_ns = 0;
   uint64_t step_first_collective_ns = 0;  // the open step's first kCollectiveBegin; 0: none yet

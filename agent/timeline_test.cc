@@ -31,6 +31,23 @@ Event Coll(EventType type, uint64_t t_ms, uint64_t seq, uint32_t comm = 0, Op op
   return e;
 }
 
+// The step a launch resumed at stays the first step it began, however far the rank has gone by the
+// time the agent looks (the agent's "resumed" record; a fast step may end before its poll).
+TEST(TimelineTest, TheFirstStepOfALaunchIsKeptAsTheRankStepsOn) {
+  Timeline t;
+  t.Reset(1);
+  t.Apply(0, Ev(EventType::kProcessStart, 5, 40));
+  for (uint64_t step = 41; step <= 43; ++step) {
+    t.Apply(0, Ev(EventType::kStepBegin, 10 * step, step));
+    t.Apply(0, Ev(EventType::kStepEnd, 10 * step + 5, step));
+  }
+  EXPECT_EQ(t.rank(0).first_step, 41u);
+  EXPECT_EQ(t.rank(0).step, 43u);
+  t.Reset(1);  // a new launch
+  EXPECT_FALSE(t.rank(0).began_step);
+  EXPECT_EQ(t.rank(0).first_step, trace::kNoStep);
+}
+
 TEST(TimelineTest, RankStateFollowsStepsAndLifecycle) {
   Timeline t;
   t.Reset(2);

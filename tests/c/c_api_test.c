@@ -70,7 +70,7 @@ int main(void) {
 
   /* Errors are codes plus a message naming what is wrong. */
   lifeline_tensor missing = {"no_such_tensor", LIFELINE_F32, 2, global, NULL, NULL, 0, -1, 0, 0, got};
-  CHECK(lifeline_load(c, 7, &missing, 1, NULL) == LIFELINE_NOT_FOUND, "missing tensor is NOT_FOUND");
+  CHECK(lifeline_load(c, 7, &missing, 1, NULL) == LIFELINE_NOT_IN_CHECKPOINT, "missing tensor is NOT_IN_CHECKPOINT");
   CHECK(strstr(lifeline_last_error(), "no_such_tensor") != NULL, "message names the tensor");
   const int64_t wrong_shape[2] = {kRows, kCols + 1};
   lifeline_tensor wrong = {"w", LIFELINE_F32, 2, wrong_shape, NULL, NULL, 0, -1, 0, 0, got};
