@@ -106,6 +106,23 @@ std::string FindPythonStartupDir(std::string* looked) {
   return "";
 }
 
+std::string HostName() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof(buf) - 1) != 0 || buf[0] == '\0') return "localhost";
+  return buf;
+}
+
+// A rank ended by SIGTERM, SIGINT or SIGHUP that the agent did not send: maybe the scheduler's
+// stop of the whole job, which reaches the agent too.
+bool KilledByATermination(const Anomaly& a) {
+  if (a.kind != "dead" || !a.evidence.contains("signal") || !a.evidence["signal"].is_number_integer()) return false;
+  const int sig = a.evidence["signal"].get<int>();
+  return sig == SIGTERM || sig == SIGINT || sig == SIGHUP;
+}
+
+// Said with a give-up in etcd when a requeue may help: every node then exits kExitRequeue.
+constexpr char kRequeueMark[] = " [a requeue may help]";
+
 // SIGTERM/SIGINT to the agent: stop the ranks, then exit. Only a flag here.
 volatile sig_atomic_t g_stop_signal = 0;
 void OnStopSignal(int sig) { g_stop_signal = sig; }
@@ -217,6 +234,9 @@ void Agent::Log(nlohmann::json line) {
 }
 
 Status Agent::Setup() {
+  // The node's lasting name: what its failures are remembered by, and the metrics' node label.
+  if (config_.rendezvous.node_name.empty())
+    config_.rendezvous.node_name = !config_.rendezvous.host.empty() ? config_.rendezvous.host : HostName();
   if (!config_.rendezvous.endpoint.empty()) {
     const RendezvousSettings& z = config_.rendezvous;
     config_.job_id = z.id;  // LIFELINE_JOB: the same on every node
@@ -228,6 +248,10 @@ Status Agent::Setup() {
     rc.nproc_per_node = config_.nproc;
     rc.node_rank = z.node_rank;
     rc.host = z.host;
+    rc.node_name = z.node_name;
+    rc.standby = z.standby;
+    rc.exclude_after = z.exclude_after;
+    rc.exclude_window_seconds = z.exclude_window_seconds;
     rc.lease_seconds = z.lease_seconds;
     rc.last_call_seconds = z.last_call_seconds;
     rc.join_timeout_seconds = z.join_timeout_seconds;
@@ -267,7 +291,7 @@ Status Agent::Setup() {
   Result<std::unique_ptr<ControlSocket>> control = ControlSocket::Listen(config_.run_dir + "/control.sock");
   if (!control.ok()) return control.status();
   control_ = std::move(*control);
-  metrics_ = std::make_unique<AgentMetrics>(config_.job_id, static_cast<int>(config_.nproc));
+  metrics_ = std::make_unique<AgentMetrics>(config_.job_id, static_cast<int>(config_.nproc), config_.rendezvous.node_name);
 
   if (!config_.metrics_addr.empty()) LL_RETURN_IF_ERROR(metrics_->Serve(config_.metrics_addr));
   return Status::OK();
@@ -288,6 +312,7 @@ Status Agent::Launch() {
   const std::string checkpoint_dir =
       !config_.checkpoint_dir.empty() ? config_.checkpoint_dir : ReportedCheckpointDir(ring_dir_);
   if (rdzv_ != nullptr) LL_RETURN_IF_ERROR(JoinRound(checkpoint_dir));  // this node's place in the job
+  if (ended_unplaced_) return Status::OK();
   if (plan_ && plan_->resume_location == "peer_memory") ShareResumeStep(checkpoint_dir);
   rings_.clear();
   for (int r = 0; r < world; ++r) {
@@ -501,6 +526,29 @@ void Agent::ShareResumeStep(const std::string& local_checkpoint_dir) {
        {"error", "step " + std::to_string(step) + " did not arrive within 120 s; the ranks will find it nowhere"}});
 }
 
+namespace {
+
+// The job's time account for `status` and the end of the events log.
+nlohmann::json TimeAccountJson(const TimeLedger& ledger, uint64_t now) {
+  nlohmann::json lost = nlohmann::json::object();
+  for (const char* phase : kLostPhases) lost[phase] = ledger.lost_seconds(phase);
+  return {{"ettr", ledger.ettr(now)},
+          {"wall_seconds", ledger.wall_seconds(now)},
+          {"productive_seconds", ledger.productive_seconds()},
+          {"restarts_settled", ledger.restarts().size()},
+          {"lost_seconds", lost},
+          {"steps_redone", ledger.steps_redone()}};
+}
+
+nlohmann::json ExcludedJson(const std::vector<ExcludedNode>& excluded) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const ExcludedNode& x : excluded)
+    out.push_back({{"node", x.name}, {"failures", x.failures}, {"last_cause", x.last_cause}, {"kept", x.kept}});
+  return out;
+}
+
+}  // namespace
+
 Status Agent::JoinRound(const std::string& checkpoint_dir) {
   ResumeOffer offer;
   if (!checkpoint_dir.empty()) {
@@ -517,6 +565,16 @@ Status Agent::JoinRound(const std::string& checkpoint_dir) {
     std::cerr << "lifeline-agent: waiting for nodes: " << what << std::endl;
   });
   if (!plan.ok()) return plan.status();
+  if (plan->finished) {  // a spare or an excluded node, never placed again before the job ended
+    ended_unplaced_ = true;
+    finished_ = true;
+    Log({{"action", "finished_without_this_node"},
+         {"node", config_.rendezvous.node_name},
+         {"round", plan->round},
+         {"message", "the job finished without this node: it was not placed (a spare, or excluded as bad)"}});
+    std::cerr << "lifeline-agent: the job finished without this node (" << config_.rendezvous.node_name << ")" << std::endl;
+    return Status::OK();
+  }
   plan_ = std::move(*plan);
   restarts_ = static_cast<uint32_t>(plan_->round);
   rank_base_ = plan_->rank_base;
@@ -529,7 +587,25 @@ Status Agent::JoinRound(const std::string& checkpoint_dir) {
        {"nodes", nodes},
        {"world_size", plan_->world_size},
        {"first_rank", plan_->rank_base},
-       {"master", plan_->master_addr + ":" + std::to_string(plan_->master_port)}});
+       {"master", plan_->master_addr + ":" + std::to_string(plan_->master_port)},
+       {"excluded", ExcludedJson(plan_->excluded)},
+       {"spares", plan_->spares}});
+  metrics_->NodesExcluded(static_cast<int>(std::count_if(plan_->excluded.begin(), plan_->excluded.end(),
+                                                         [](const ExcludedNode& x) { return !x.kept; })));
+  for (const ExcludedNode& x : plan_->excluded) {
+    Log({{"action", x.kept ? "node_kept" : "node_excluded"},
+         {"round", plan_->round},
+         {"node", x.name},
+         {"failures", x.failures},
+         {"last_cause", x.last_cause},
+         {"reason", x.kept ? "its ranks caused " + std::to_string(x.failures) +
+                                 " restarts within the window, but the job has too few nodes without it"
+                           : "its ranks caused " + std::to_string(x.failures) + " restarts within " +
+                                 std::to_string(static_cast<int>(config_.rendezvous.exclude_window_seconds)) +
+                                 " s; `lifeline-agent ctl SOCKET readmit " + x.name + "` takes it back"}});
+    std::cerr << "lifeline-agent: node " << x.name << (x.kept ? " kept although bad" : " excluded") << ": "
+              << x.failures << " restarts caused (last: " << x.last_cause << ")" << std::endl;
+  }
   if (!plan_->resume_note.empty()) {
     // A newer step lives on in part only: say what the job falls back to, and why.
     Log({{"action", "resume_fallback"},
@@ -697,6 +773,7 @@ PollDecision Agent::Poll(uint64_t now) {
   }
   PollDecision decision = supervisor_->Poll(in);
   if (!in.exits.empty()) metrics_->RankExited(supervisor_->timeline());
+  metrics_->TimeAccount(supervisor_->ledger(), now);
   if (decision.progress) rdzv_->PublishProgress(std::move(*decision.progress));
   for (nlohmann::json& line : decision.records) Log(std::move(line));
   return decision;
@@ -725,10 +802,23 @@ bool Agent::Restart(const Anomaly& reason, uint64_t detected_ns) {
   std::vector<RankEnd> ends;
   for (const RankProcess& p : launcher_->ranks()) ends.push_back({p.wait_status, p.last_line});
   const RestartPlan plan = supervisor_->PlanRestart(reason, trace::MonotonicNanos(), ends);
+  // Which node's ranks caused it, remembered with the job: a node that keeps failing is left out.
+  const std::string culprit_node = reason.ranks.empty() ? std::string() : supervisor_->NodeOfRank(reason.ranks.front());
+  metrics_->RestartCause(reason.kind, culprit_node);
+  if (rdzv_ != nullptr && plan_ && (reason.kind == "dead" || reason.kind == "hang" || reason.kind == "node_lost")) {
+    std::set<std::string> nodes;
+    for (int r : reason.ranks) nodes.insert(supervisor_->NodeOfRank(r));
+    for (const std::string& node : nodes)
+      rdzv_->RecordNodeFailure(plan_->round, node, reason.kind + " (ranks " + JoinRanks(reason.ranks) + ")").IgnoreError();
+  }
   if (!plan.give_up.empty()) {
     give_up_reason_ = plan.give_up;
-    Log({{"action", "give_up"}, {"reason", give_up_reason_}});
-    if (plan.job_wide && rdzv_ != nullptr) rdzv_->GiveUp(give_up_reason_).IgnoreError();  // every node ends with it
+    requeue_may_help_ = plan.job_wide && supervisor_->RequeueMayHelp();
+    Log({{"action", "give_up"}, {"reason", give_up_reason_}, {"requeue_may_help", requeue_may_help_},
+         {"exit_code", requeue_may_help_ ? kExitRequeue : kExitFailed},
+         {"time", TimeAccountJson(supervisor_->ledger(), trace::MonotonicNanos())}});
+    if (plan.job_wide && rdzv_ != nullptr)  // every node ends with it, and with its exit code
+      rdzv_->GiveUp(give_up_reason_ + (requeue_may_help_ ? kRequeueMark : "")).IgnoreError();
     return false;
   }
   if (rdzv_ != nullptr) {
@@ -746,6 +836,7 @@ bool Agent::Restart(const Anomaly& reason, uint64_t detected_ns) {
   Log({{"action", "restart"},
        {"reason", reason.kind},
        {"ranks", reason.ranks},
+       {"node", culprit_node},
        {"backoff_seconds", plan.backoff_seconds},
        {"max_restarts", config_.restart.max_restarts}});
   std::cerr << "lifeline-agent: restart " << restarts_ << " of " << config_.restart.max_restarts << " in "
@@ -763,7 +854,7 @@ bool Agent::Restart(const Anomaly& reason, uint64_t detected_ns) {
     return false;
   }
   restart_detected_ns_ = detected_ns;
-  return true;
+  return !ended_unplaced_;
 }
 
 int Agent::Finish() {
@@ -777,9 +868,10 @@ int Agent::Finish() {
     give_up_reason_ = end.give_up;
     Log({{"action", "give_up"}, {"reason", give_up_reason_}});
     std::cerr << "lifeline-agent: " << give_up_reason_ << std::endl;
-    return 1;
+    return kExitFailed;
   }
-  Log({{"action", "finished"}, {"ranks", config_.nproc}});
+  Log({{"action", "finished"}, {"ranks", config_.nproc},
+       {"time", TimeAccountJson(supervisor_->ledger(), trace::MonotonicNanos())}});
   if (replication_ != nullptr) {
     // What this node holds of other nodes' ranks is on disk now: its memory goes back.
     const std::vector<uint64_t> freed = replication_->Finish();
@@ -812,37 +904,56 @@ std::string Agent::HandleControl(const std::string& request) {
                              {"anomalies", anomalies_},
                              {"run_dir", config_.run_dir},
                              {"ranks", ranks}};
+    status["node_name"] = config_.rendezvous.node_name;
     if (plan_) {  // a multi-node job: this node's place in the current round
       status["node"] = rdzv_->node_id();
       status["round"] = plan_->round;
       status["group_rank"] = plan_->group_rank;
       status["nodes"] = plan_->nodes.size();
       status["world_size"] = plan_->world_size;
+      status["excluded"] = ExcludedJson(plan_->excluded);
+      status["spares"] = plan_->spares;
     }
+    if (!config_.scheduler.empty()) {
+      status["scheduler"] = config_.scheduler;
+      if (config_.scheduler.find("slurm") != std::string::npos) status["requeues"] = config_.requeues;
+    }
+    if (supervisor_ != nullptr) status["time"] = TimeAccountJson(supervisor_->ledger(), now);
     return status.dump();
+  }
+  if (cmd.rfind("readmit", 0) == 0) {
+    const std::string node = cmd.size() > 8 ? cmd.substr(8) : "";
+    if (rdzv_ == nullptr) return nlohmann::json({{"error", "readmit: a single-node job excludes no node"}}).dump();
+    if (Status s = rdzv_->Readmit(node); !s.ok()) return nlohmann::json({{"error", s.ToString()}}).dump();
+    Log({{"action", "node_readmitted"}, {"node", node}});
+    return nlohmann::json({{"ok", true}, {"readmitted", node},
+                           {"note", "its failures until now no longer count; it is placed from the next round"}}).dump();
   }
   if (cmd == "dump") {
     if (launcher_ != nullptr) RequestDumps("control socket");
     return nlohmann::json({{"ok", true}, {"directory", ring_dir_}}).dump();
   }
   if (cmd == "metrics") return metrics_->Render();
-  if (cmd == "help" || cmd.empty()) return R"({"commands":["status","dump","metrics","help"]})";
+  if (cmd == "help" || cmd.empty()) return R"({"commands":["status","dump","metrics","readmit NODE","help"]})";
   return nlohmann::json({{"error", "unknown command '" + cmd + "' (try help)"}}).dump();
 }
 
 std::optional<int> Agent::CarryOut(const PollDecision& decision, uint64_t now) {
   if (!decision.job_ended.empty()) {
     give_up_reason_ = decision.job_ended;
+    requeue_may_help_ = give_up_reason_.find(kRequeueMark) != std::string::npos;
     Log({{"action", "stop"}, {"reason", "the job ended on another node: " + give_up_reason_}});
     launcher_->StopAll(config_.restart.grace_seconds);
     std::cerr << "lifeline-agent: giving up: " << give_up_reason_ << std::endl;
-    return 1;
+    return requeue_may_help_ ? kExitRequeue : kExitFailed;
   }
   if (decision.round_moved) {  // another node opened the next round: stop here and join it
     Act(decision.raised);
     const int killed = launcher_->StopAll(config_.restart.grace_seconds);
+    supervisor_->StoppedForRound(trace::MonotonicNanos());
     Log({{"action", "stop"}, {"reason", "round opened by another node"}, {"killed_after_grace", killed}});
-    if (Status s = Launch(); !s.ok()) {
+    if (Status s = Launch(); !s.ok() || ended_unplaced_) {
+      if (ended_unplaced_) return 0;
       give_up_reason_ = "relaunch failed: " + s.ToString();
       Log({{"action", "give_up"}, {"reason", give_up_reason_}});
       std::cerr << "lifeline-agent: giving up: " << give_up_reason_ << std::endl;
@@ -852,16 +963,33 @@ std::optional<int> Agent::CarryOut(const PollDecision& decision, uint64_t now) {
     restart_detected_ns_ = now;
     return std::nullopt;
   }
+  if (decision.restart && KilledByATermination(*decision.restart)) {
+    // scancel, a time limit, a pod's deletion: SIGTERM to every process of the job, and a rank's
+    // may land before the agent's own. A moment for it before a stop is taken for a failure.
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    while (g_stop_signal == 0 && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (g_stop_signal != 0) return std::nullopt;  // the loop stops the ranks, as asked
+  }
   CheckResumeStep();
   CheckRanksMemoryTier();
   CheckResumed(now);
   Act(decision.raised);
+  if (decision.restart_cost) metrics_->RestartCost(*decision.restart_cost);
+  for (int r : decision.stop_ranks) {
+    // Stuck in its exit: its work is done and saved; nothing it could still do is worth waiting for.
+    const bool sent = launcher_->Signal(r, SIGKILL);
+    Log({{"action", "stop"}, {"reason", "exit_hang"}, {"ranks", {static_cast<int>(rank_base_) + r}}, {"signal", "SIGKILL"},
+         {"sent", sent}});
+  }
   if (decision.restart) {
     const Anomaly& reason = *decision.restart;
     if (!Restart(reason, reason.detected_ns != 0 ? reason.detected_ns : now)) {
+      if (ended_unplaced_) return 0;
       std::cerr << "lifeline-agent: giving up: " << (give_up_reason_.empty() ? std::string("stopped") : give_up_reason_)
                 << std::endl;
-      return g_stop_signal != 0 ? 128 + g_stop_signal : 1;
+      if (g_stop_signal != 0) return 128 + g_stop_signal;
+      return requeue_may_help_ ? kExitRequeue : kExitFailed;
     }
     return std::nullopt;
   }
@@ -874,7 +1002,7 @@ int Agent::Run() {
   if (Status s = Setup(); !s.ok()) {
     std::cerr << "lifeline-agent: " << s.ToString() << std::endl;
     Cleanup();
-    return 2;
+    return kExitUsage;
   }
   struct sigaction sa{};
   sa.sa_handler = OnStopSignal;
@@ -887,16 +1015,28 @@ int Agent::Run() {
   supervisor_ = std::make_unique<Supervisor>(config_, surroundings_.get(), rdzv_ != nullptr ? rdzv_->node_id() : "");
   std::cerr << "lifeline-agent: job " << config_.job_id << ", " << config_.nproc << " ranks; control socket "
             << config_.run_dir << "/control.sock" << std::endl;
+  if (!config_.scheduler.empty()) {
+    nlohmann::json vars = nlohmann::json::object();
+    for (const auto& [name, value] : config_.scheduler_env) vars[name] = value;
+    nlohmann::json line = {{"action", "scheduler"}, {"scheduler", config_.scheduler}, {"variables", vars}};
+    if (!config_.allocation_hosts.empty()) line["hosts"] = config_.allocation_hosts;
+    if (config_.scheduler.find("slurm") != std::string::npos) line["requeues"] = config_.requeues;
+    Log(line);
+  }
   if (Status s = CheckCheckpointDirFree(); !s.ok()) {
     std::cerr << "lifeline-agent: " << s.ToString() << std::endl;
     Log({{"action", "give_up"}, {"reason", s.ToString()}});
     Cleanup();
-    return 2;
+    return kExitUsage;
   }
   if (Status s = Launch(); !s.ok()) {
     std::cerr << "lifeline-agent: " << s.ToString() << std::endl;
     Cleanup();
-    return 2;
+    return kExitUsage;
+  }
+  if (ended_unplaced_) {
+    Cleanup();
+    return kExitFinished;
   }
   const int timeout_ms = std::max(1, static_cast<int>(config_.poll_interval_seconds * 1000));
   int exit_code = 0;

@@ -29,6 +29,17 @@ namespace lifeline::agent {
 class ControlSocket;
 class AgentMetrics;
 
+// lifeline-agent's exit codes. A batch system's requeue (Slurm's --requeue with RequeueExit=3, or
+// the batch script requeueing itself) should follow kExitRequeue only: the job failed in a way a
+// fresh allocation can fix.
+inline constexpr int kExitFinished = 0;  // every rank finished normally
+inline constexpr int kExitFailed = 1;    // failed, and a requeue would fail the same way (a bug in the
+                                         // command, the same failure on every node)
+inline constexpr int kExitUsage = 2;     // could not start: bad flags or configuration, etcd unreachable
+inline constexpr int kExitRequeue = 3;   // the restart budget was spent on faults of the machines (ranks
+                                         // killed from outside, hangs, lost or bad nodes): a requeue
+                                         // onto other nodes may succeed. 128+N: the agent got signal N.
+
 class Agent {
  public:
   explicit Agent(AgentConfig config);
@@ -36,8 +47,7 @@ class Agent {
   Agent(const Agent&) = delete;
   Agent& operator=(const Agent&) = delete;
 
-  // Runs the job to its end. Exit code: 0 when every rank finished normally; 1 when the restart
-  // budget was spent or ranks failed with no restart to try; 2 when the agent could not start.
+  // Runs the job to its end; the exit code is one of the above.
   int Run();
 
   // The control socket's answer to one request ("status", "dump", "metrics", "help").
@@ -105,6 +115,8 @@ class Agent {
   bool tier_checked_ = false;            // the ranks' memory tier was compared with the agent's
   uint64_t tier_looked_ns_ = 0;          // when the ranks' report was last looked for
   bool finished_ = false;          // every local rank ended normally
+  bool ended_unplaced_ = false;    // the job ended while this node waited unplaced (a spare, excluded)
+  bool requeue_may_help_ = false;  // the job gave up on faults of the machines (kExitRequeue)
   std::unique_ptr<replication::ReplicationService> replication_;
   std::string resume_source_;  // where the current launch resumes from: memory, peer_memory, disk, ""
   std::optional<uint64_t> logged_replicated_step_;

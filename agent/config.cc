@@ -230,6 +230,7 @@ Status ReadDocument(const YamlReader& r, const YAML::Node& root, AgentConfig* c)
     if (name == "ring_events") return r.U64(k, v, name, &c->ring_events);
     if (name == "poll_interval_seconds") return r.Double(k, v, name, &c->poll_interval_seconds);
     if (name == "dump_events") return r.U32(k, v, name, &c->dump_events);
+    if (name == "exit_hang_seconds") return r.Double(k, v, name, &c->exit_hang_seconds);
     if (name == "python_tracing") return r.Bool(k, v, name, &c->python_tracing);
     if (name == "python_step_from") return r.String(k, v, name, &c->python_step_from);
 
@@ -312,6 +313,10 @@ Status ReadDocument(const YamlReader& r, const YAML::Node& root, AgentConfig* c)
         if (f == "min_nodes") return r.U32(fk, fv, key, &z.min_nodes);
         if (f == "max_nodes") return r.U32(fk, fv, key, &z.max_nodes);
         if (f == "host") return r.String(fk, fv, key, &z.host);
+        if (f == "node_name") return r.String(fk, fv, key, &z.node_name);
+        if (f == "standby") return r.Bool(fk, fv, key, &z.standby);
+        if (f == "exclude_after") return r.U32(fk, fv, key, &z.exclude_after);
+        if (f == "exclude_window_seconds") return r.Double(fk, fv, key, &z.exclude_window_seconds);
         if (f == "lease_seconds") return r.Double(fk, fv, key, &z.lease_seconds);
         if (f == "last_call_seconds") return r.Double(fk, fv, key, &z.last_call_seconds);
         if (f == "join_timeout_seconds") return r.Double(fk, fv, key, &z.join_timeout_seconds);
@@ -427,9 +432,11 @@ Status LoadAgentConfig(const std::string& path, AgentConfig* config) {
 //   poll_interval_seconds      (0, 1]: slower polling would make the rings overflow and the
 //                              detectors late
 //   dump_events                >= 1
+//   exit_hang_seconds          >= 0 (0: never)
 //   rendezvous                 an endpoint (HOST:PORT) needs an id without '/'; 1 <= min_nodes <=
 //                              max_nodes; more than one node needs an endpoint; lease 2..3600 s
-//                              (etcd's own minimum TTL is a few seconds)
+//                              (etcd's own minimum TTL is a few seconds); exclude_window > 0; a
+//                              node_name without '/'
 //   python_step_from           empty, "optimizer" or "none"
 //   hang                       0 < floor <= cap, multiplier >= 1, window >= 1
 //   straggler                  window >= 3 (a "share of the window" needs a few samples),
@@ -525,6 +532,11 @@ Status ValidateAgentConfig(const AgentConfig& c) {
   if (!(z.join_timeout_seconds > 0)) return Bad("rendezvous.join_timeout_seconds", "> 0", FormatDouble(z.join_timeout_seconds));
   if (!(z.failure_grace_seconds >= 0 && z.failure_grace_seconds <= 60))
     return Bad("rendezvous.failure_grace_seconds", "0..60", FormatDouble(z.failure_grace_seconds));
+  LL_RETURN_IF_ERROR(CheckSeconds("rendezvous.exclude_window_seconds", z.exclude_window_seconds, /*allow_zero=*/false));
+  if (z.node_name.find('/') != std::string::npos)
+    return Status::InvalidArgument("rendezvous.node_name: must not contain '/', got '" + z.node_name + "'");
+  if (z.standby && z.endpoint.empty())
+    return Status::InvalidArgument("rendezvous.standby: a spare node needs an etcd endpoint (--rdzv-endpoint)");
   const ReplicationConfig& rp = c.replication;
   if (!(rp.bandwidth_mb_per_second >= 0 && std::isfinite(rp.bandwidth_mb_per_second)))
     return Bad("replication.bandwidth_mb_per_second", ">= 0", FormatDouble(rp.bandwidth_mb_per_second));
@@ -541,6 +553,7 @@ Status ValidateAgentConfig(const AgentConfig& c) {
     return Bad("poll_interval_seconds", "> 0 and <= 1", FormatDouble(c.poll_interval_seconds));
   }
   LL_RETURN_IF_ERROR(CheckCountAtLeast("dump_events", c.dump_events, 1));
+  LL_RETURN_IF_ERROR(CheckSeconds("exit_hang_seconds", c.exit_hang_seconds, /*allow_zero=*/true));
   if (!c.python_step_from.empty() && c.python_step_from != "optimizer" && c.python_step_from != "none") {
     return Bad("python_step_from", "\"optimizer\" or \"none\"", "'" + c.python_step_from + "'");
   }

@@ -68,6 +68,17 @@ struct RendezvousSettings {
   uint32_t max_nodes = 1;
   int node_rank = -1;              // --node-rank; -1: in the order the nodes join
   std::string host;                // this node's address as the others reach it; empty: its hostname
+  // The node's name, the same across its agents' lives (its failures are remembered by it): --node-name,
+  // else Slurm's SLURMD_NODENAME, else `host`.
+  std::string node_name;
+  // --standby: a spare. It joins every round but is placed only where a node of the previous round
+  // is missing (lost, or excluded as bad), or to make up MIN nodes.
+  bool standby = false;
+  // A node whose ranks failed (named dead, hung or exit_hang, or the node lost) in `exclude_after`
+  // rounds within `exclude_window_seconds` is left out of the next rounds while the others (and
+  // spares) still make MIN nodes; `lifeline-agent ctl SOCKET readmit NODE` takes it back. 0: never.
+  uint32_t exclude_after = 2;
+  double exclude_window_seconds = 3600;
   double lease_seconds = 10;       // an agent silent this long is taken for lost (node_lost)
   double last_call_seconds = 3;    // with MIN nodes in, how long a round waits for more (up to MAX)
   double join_timeout_seconds = 900;
@@ -106,6 +117,16 @@ struct AgentConfig {
   uint64_t ring_events = 65536;          // per rank
   double poll_interval_seconds = 0.01;   // how often the rings are drained
   uint32_t dump_events = 1000;           // events per rank in a diagnostic dump
+  // A rank still alive this long after every other local rank exited 0, with no event since, is
+  // stuck in its exit (a collective library's teardown): named exit_hang and stopped; the job ends
+  // with the others' status. 0: never.
+  double exit_hang_seconds = 60;
+  // What the scheduler's environment said (agent/scheduler_env.h), for the events log: its name,
+  // the variables read, the allocation's hosts and how often it was requeued.
+  std::string scheduler;
+  std::vector<std::pair<std::string, std::string>> scheduler_env;
+  std::vector<std::string> allocation_hosts;
+  uint32_t requeues = 0;
   // Python ranks trace their steps and collectives with no code change (a startup hook on their
   // PYTHONPATH; see lib/python/lifeline/_autotrace.py). --no-python-tracing turns it off.
   bool python_tracing = true;

@@ -120,6 +120,17 @@ const std::vector<MetricFamilyInfo>& MetricFamilies() {
       {"lifeline_replication_failures_total", "counter", "", "Replication streams that failed (the next pass retries)"},
       {"lifeline_replicas_over_budget_total", "counter", "",
        "Replicas from a peer refused because they did not fit this node's memory budget (not replicated)"},
+      {"lifeline_ettr", "gauge", "",
+       "Effective training time ratio since the first launch: productive training time over wall time"},
+      {"lifeline_wall_seconds_total", "counter", "", "Wall time since the first launch of the ranks"},
+      {"lifeline_productive_seconds_total", "counter", "",
+       "Time the ranks spent stepping, less the steps they computed again after restarts"},
+      {"lifeline_time_lost_seconds_total", "counter", "phase",
+       "Time restarts cost, by phase: detection, stop, backoff, relaunch, load, redo (steps computed again)"},
+      {"lifeline_steps_redone_total", "counter", "", "Steps computed again after restarts (since the checkpoint resumed from)"},
+      {"lifeline_restarts_by_cause_total", "counter", "cause, node",
+       "Restarts this agent decided, by the anomaly's kind and the node of the culprit rank"},
+      {"lifeline_nodes_excluded", "gauge", "", "Nodes the current round left out as bad (multi-node jobs)"},
       {"lifeline_etcd_reachable", "gauge", "",
        "1 when etcd answered the agent's last poll, 0 when not (training goes on; job-wide verdicts and restarts "
        "wait); 1 on a single-node job, which uses no etcd"},
@@ -133,7 +144,7 @@ struct AgentMetrics::RankState {
   uint64_t dropped = 0;
 };
 
-AgentMetrics::AgentMetrics(const std::string& job, int world) : registry_(std::make_shared<prometheus::Registry>()), job_(job) {
+AgentMetrics::AgentMetrics(const std::string& job, int world, const std::string& node) : registry_(std::make_shared<prometheus::Registry>()), job_(job) {
   auto help = [](const char* name) {
     for (const MetricFamilyInfo& f : MetricFamilies())
       if (std::string(f.name) == name) return std::string(f.help);
@@ -192,6 +203,19 @@ AgentMetrics::AgentMetrics(const std::string& job, int world) : registry_(std::m
   replication_received_ = &bytes->Add({{"direction", "received"}});
   replication_failures_ = &counter("lifeline_replication_failures_total")->Add({});
   replicas_over_budget_ = &counter("lifeline_replicas_over_budget_total")->Add({});
+  ettr_ = &gauge("lifeline_ettr")->Add({});
+  ettr_->Set(1);
+  wall_ = &counter("lifeline_wall_seconds_total")->Add({});
+  productive_ = &counter("lifeline_productive_seconds_total")->Add({});
+  time_lost_ = counter("lifeline_time_lost_seconds_total");
+  for (const char* phase : kLostPhases) time_lost_->Add({{"phase", phase}});
+  steps_redone_ = &counter("lifeline_steps_redone_total")->Add({});
+  restarts_by_cause_ = counter("lifeline_restarts_by_cause_total");
+  // The causes a restart has, on this node, from the start: a rate() over them is defined before
+  // the first restart (other nodes' series appear when this agent restarts the job for them).
+  for (const char* cause : {"dead", "hang", "node_lost"})
+    restarts_by_cause_->Add({{"cause", cause}, {"node", node.empty() ? "unknown" : node}});
+  nodes_excluded_ = &gauge("lifeline_nodes_excluded")->Add({});
   char host[256] = {};
   JoinedRound(gethostname(host, sizeof(host) - 1) == 0 && host[0] != '\0' ? host : "localhost", 0);  // one node
   // Every kind appears from the start, so a rate() over it is defined before the first anomaly.
@@ -276,6 +300,30 @@ void AgentMetrics::Launched(int world, int rank_base) {
   for (int r = 0; r < world; ++r) ranks_.push_back(std::make_unique<RankState>());
   alive_->Add({}).Set(world);
 }
+
+void AgentMetrics::TimeAccount(const TimeLedger& ledger, uint64_t now_ns) {
+  if (!ledger.started()) return;
+  ettr_->Set(ledger.ettr(now_ns));
+  // Counters only go up: what the ledger says minus what was counted. Productive time can fall
+  // back when a restart settles its redone steps; the counter then waits for it to catch up.
+  const double wall = ledger.wall_seconds(now_ns), productive = ledger.productive_seconds();
+  if (wall > wall_->Value()) wall_->Increment(wall - wall_->Value());
+  if (productive > productive_->Value()) productive_->Increment(productive - productive_->Value());
+}
+
+void AgentMetrics::RestartCost(const agent::RestartCost& cost) {
+  const double phases[] = {cost.detection_seconds, cost.stop_seconds,    cost.backoff_seconds,
+                           cost.relaunch_seconds,  cost.load_seconds,    cost.redo_seconds};
+  for (size_t k = 0; k < std::size(kLostPhases); ++k)
+    time_lost_->Add({{"phase", kLostPhases[k]}}).Increment(std::max(0.0, phases[k]));
+  steps_redone_->Increment(static_cast<double>(cost.steps_redone));
+}
+
+void AgentMetrics::RestartCause(const std::string& cause, const std::string& node) {
+  restarts_by_cause_->Add({{"cause", cause}, {"node", node.empty() ? "unknown" : node}}).Increment();
+}
+
+void AgentMetrics::NodesExcluded(int n) { nodes_excluded_->Set(n); }
 
 void AgentMetrics::RankExited(const Timeline& timeline) { alive_->Add({}).Set(timeline.alive_count()); }
 

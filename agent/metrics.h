@@ -14,6 +14,7 @@
 
 #include "agent/net/http_server.h"
 #include "agent/replication/replication_service.h"
+#include "agent/time_ledger.h"
 #include "agent/timeline.h"
 #include "lifeline/status.h"
 #include "lifeline/trace.h"
@@ -41,7 +42,8 @@ const std::vector<MetricFamilyInfo>& MetricFamilies();
 
 class AgentMetrics {
  public:
-  AgentMetrics(const std::string& job, int world);
+  // `node`: this node's name (--node-name), the restarts' node label for its own ranks.
+  AgentMetrics(const std::string& job, int world, const std::string& node = "");
   ~AgentMetrics();
 
   // Starts serving /metrics on "HOST:PORT" (PORT 0: one the kernel picks, see port()), from a
@@ -72,6 +74,13 @@ class AgentMetrics {
   // The ring's drop counter of `rank` (cumulative for the current launch).
   void RingDropped(int rank, uint64_t total);
   void Restarted();
+  // The job's time account as `ledger` has it at `now_ns`: ETTR, wall and productive time.
+  void TimeAccount(const TimeLedger& ledger, uint64_t now_ns);
+  // A restart's cost, settled: time lost by phase and steps redone.
+  void RestartCost(const agent::RestartCost& cost);
+  // A restart this agent decided, for `cause` on a rank of node `node`.
+  void RestartCause(const std::string& cause, const std::string& node);
+  void NodesExcluded(int n);
   void Anomaly(const std::string& kind, const std::vector<int>& ranks);
   // The text exposition of everything, as a scrape would get it (for tests and `ctl metrics`).
   std::string Render() const;
@@ -90,6 +99,13 @@ class AgentMetrics {
   prometheus::Gauge* round_;
   prometheus::Gauge* leader_;
   prometheus::Gauge* etcd_reachable_;
+  prometheus::Gauge* ettr_;
+  prometheus::Counter* wall_;
+  prometheus::Counter* productive_;
+  prometheus::Family<prometheus::Counter>* time_lost_;
+  prometheus::Counter* steps_redone_;
+  prometheus::Family<prometheus::Counter>* restarts_by_cause_;
+  prometheus::Gauge* nodes_excluded_;
   prometheus::Gauge* replication_lag_;
   prometheus::Gauge* replicated_step_;
   prometheus::Counter* replication_sent_;

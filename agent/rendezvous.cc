@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <set>
 #include <utility>
 
@@ -34,10 +35,13 @@ nlohmann::json OfferJson(const ResumeOffer& o) {
 }
 
 nlohmann::json NodeJson(const RoundNode& n) {
-  return {{"id", n.id},           {"host", n.host},
-          {"nproc", n.nproc},     {"requested_rank", n.requested_rank},
-          {"master_port", n.master_port}, {"replica_port", n.replica_port}, {"joined_revision", n.joined_revision},
-          {"resume", OfferJson(n.resume)}};
+  nlohmann::json j = {{"id", n.id},           {"host", n.host},
+                      {"nproc", n.nproc},     {"requested_rank", n.requested_rank},
+                      {"master_port", n.master_port}, {"replica_port", n.replica_port}, {"joined_revision", n.joined_revision},
+                      {"resume", OfferJson(n.resume)}};
+  if (!n.name.empty()) j["name"] = n.name;
+  if (n.standby) j["standby"] = true;
+  return j;
 }
 
 // A node entry or plan node; Corruption naming `what` when it is not one of ours.
@@ -51,6 +55,9 @@ Result<RoundNode> ParseNode(const nlohmann::json& j, const std::string& what) {
     n.master_port = j.at("master_port").get<uint32_t>();
     n.replica_port = j.value("replica_port", uint32_t{0});
     n.joined_revision = j.value("joined_revision", int64_t{0});
+    n.name = j.value("name", "");
+    n.standby = j.value("standby", false);
+    if (n.name.find('/') != std::string::npos) return Status::Corruption(what, "a node name with '/'");
     const nlohmann::json& r = j.at("resume");
     n.resume.directory = r.value("directory", "");
     if (!r.at("disk_step").is_null()) n.resume.disk_step = r.at("disk_step").get<uint64_t>();
@@ -130,6 +137,11 @@ void ChooseResume(const std::vector<RoundNode>& nodes, std::optional<uint64_t>* 
   }
 }
 
+int64_t UnixMillis() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
 std::string HostName() {
   char buf[256] = {};
   if (gethostname(buf, sizeof(buf) - 1) != 0 || buf[0] == '\0') return "localhost";
@@ -168,13 +180,16 @@ Rendezvous::Rendezvous(RendezvousConfig config, std::unique_ptr<EtcdClient> clie
     : config_(std::move(config)),
       client_(std::move(client)),
       prefix_("/lifeline/" + config_.job + "/"),
-      node_id_(config_.host + ":" + std::to_string(getpid()) + ":" + NewLaunchNonce().substr(0, 8)) {}
+      node_id_(config_.host + ":" + std::to_string(getpid()) + ":" + NewLaunchNonce().substr(0, 8)),
+      node_name_(!config_.node_name.empty() ? config_.node_name : config_.host) {}
 
 Result<std::unique_ptr<Rendezvous>> Rendezvous::Connect(RendezvousConfig config) {
   if (config.job.empty()) return Status::InvalidArgument("--rdzv-id", "a job id is required with --rdzv-endpoint");
   if (config.job.find('/') != std::string::npos)
     return Status::InvalidArgument("--rdzv-id " + config.job, "must not contain '/'");
   if (config.host.empty()) config.host = HostName();
+  if (config.node_name.find('/') != std::string::npos)
+    return Status::InvalidArgument("--node-name " + config.node_name, "must not contain '/'");
   LL_ASSIGN_OR_RETURN(std::unique_ptr<EtcdClient> client,
                       EtcdClient::Create(config.endpoint, std::max(1.0, config.lease_seconds / 4)));
   if (Status s = client->Ping(); !s.ok())
@@ -230,13 +245,73 @@ Result<RoundPlan> Rendezvous::ClosedPlan(uint64_t round, const std::string& text
     plan.resume_note = j.value("resume_note", "");
     plan.checkpoint_dir = j.value("checkpoint_dir", "");
     plan.launch_id = j.value("launch_id", "");
+    if (j.contains("excluded") && j["excluded"].is_array())
+      for (const nlohmann::json& e : j["excluded"]) {
+        ExcludedNode x;
+        x.name = e.value("name", "");
+        x.failures = e.value("failures", 0u);
+        x.last_cause = e.value("last_cause", "");
+        x.kept = e.value("kept", false);
+        plan.excluded.push_back(std::move(x));
+      }
+    if (j.contains("spares") && j["spares"].is_array()) plan.spares = j["spares"].get<std::vector<std::string>>();
   } catch (const nlohmann::json::exception& e) {
     return Status::Corruption(what, std::string("not a round plan of lifeline-agent: ") + e.what());
   }
   return plan;
 }
 
-Status Rendezvous::TryClose(uint64_t round, const std::vector<EtcdKeyValue>& members) {
+Result<std::vector<ExcludedNode>> Rendezvous::BadNodes() {
+  std::vector<ExcludedNode> out;
+  if (config_.exclude_after == 0) return out;
+  LL_ASSIGN_OR_RETURN(std::vector<std::vector<EtcdKeyValue>> read,
+                      client_->ReadMany({{Key("node_failures/"), false}, {Key("readmitted/"), false}}));
+  std::map<std::string, int64_t> readmitted;
+  for (const EtcdKeyValue& kv : read[1])
+    if (const std::optional<uint64_t> at = ParseDecimal(kv.value))
+      readmitted[kv.key.substr(Key("readmitted/").size())] = static_cast<int64_t>(*at);
+  const int64_t since = UnixMillis() - static_cast<int64_t>(config_.exclude_window_seconds * 1000);
+  struct Count {
+    uint32_t n = 0;
+    int64_t newest = 0;
+    std::string cause;
+  };
+  std::map<std::string, Count> counts;
+  const std::string dir = Key("node_failures/");
+  for (const EtcdKeyValue& kv : read[0]) {
+    const std::string rest = kv.key.substr(dir.size());  // <name>/<round>
+    const size_t slash = rest.find('/');
+    if (slash == std::string::npos) continue;
+    const std::string name = rest.substr(0, slash);
+    const nlohmann::json j = nlohmann::json::parse(kv.value, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("unix_ms") || !j["unix_ms"].is_number_integer()) continue;
+    const int64_t at = j["unix_ms"].get<int64_t>();
+    const auto re = readmitted.find(name);
+    if (at < since || (re != readmitted.end() && at <= re->second)) continue;
+    Count& c = counts[name];
+    ++c.n;
+    if (at >= c.newest) c.newest = at, c.cause = j.value("cause", "");
+  }
+  for (const auto& [name, c] : counts)
+    if (c.n >= config_.exclude_after) out.push_back({name, c.n, c.cause, false});
+  return out;
+}
+
+Status Rendezvous::RecordNodeFailure(uint64_t round, const std::string& node, const std::string& cause) {
+  if (node.empty() || node.find('/') != std::string::npos) return Status::OK();
+  const nlohmann::json j = {{"unix_ms", UnixMillis()}, {"cause", cause}, {"round", round}};
+  return client_->PutIfAbsent(Key("node_failures/" + node + "/" + std::to_string(round)), j.dump()).status();
+}
+
+Status Rendezvous::Readmit(const std::string& node) {
+  if (node.empty() || node.find('/') != std::string::npos)
+    return Status::InvalidArgument("readmit '" + node + "'", "expected a node's name");
+  return client_->Put(Key("readmitted/" + node), std::to_string(UnixMillis()));
+}
+
+Status Rendezvous::TryClose(uint64_t round, const std::vector<EtcdKeyValue>& members, bool last_call,
+                            const std::vector<std::string>& previous) {
+  const size_t previous_size = previous.size();
   std::vector<RoundNode> nodes;
   for (const EtcdKeyValue& kv : members) {
     const nlohmann::json j = nlohmann::json::parse(kv.value, nullptr, /*allow_exceptions=*/false);
@@ -252,18 +327,63 @@ Status Rendezvous::TryClose(uint64_t round, const std::vector<EtcdKeyValue>& mem
     if (ra && a.requested_rank != b.requested_rank) return a.requested_rank < b.requested_rank;
     return a.joined_revision < b.joined_revision;
   });
-  if (nodes.size() > config_.max_nodes) nodes.resize(config_.max_nodes);
-  if (nodes.size() < config_.min_nodes) return Status::OK();
+  // The bad nodes are left out while the others make MIN.
+  std::vector<ExcludedNode> bad;
+  if (config_.exclude_after > 0) {
+    Result<std::vector<ExcludedNode>> found = BadNodes();
+    if (!found.ok()) return found.status();
+    bad = std::move(*found);
+  }
+  const auto is_bad = [&](const RoundNode& n) {
+    return std::any_of(bad.begin(), bad.end(), [&](const ExcludedNode& x) { return x.name == n.Name(); });
+  };
+  std::vector<RoundNode> regular, spares, excluded;
+  for (RoundNode& n : nodes) (is_bad(n) ? excluded : n.standby ? spares : regular).push_back(std::move(n));
+  // Spares fill the places the others leave empty: the previous round's (the first round's: MIN).
+  // At once only the places of nodes excluded now; a place whose node is merely late (stopping
+  // its ranks, backing off) is its own until the last call.
+  size_t excluded_places = 0;
+  for (const std::string& name : previous)
+    if (std::any_of(bad.begin(), bad.end(), [&](const ExcludedNode& x) { return x.name == name; })) ++excluded_places;
+  const size_t target = std::min<size_t>(config_.max_nodes, std::max<size_t>(config_.min_nodes, previous_size));
+  std::vector<RoundNode> placed = regular;
+  if (placed.size() > config_.max_nodes) placed.resize(config_.max_nodes);
+  const size_t spare_room = last_call ? target : std::min(target, placed.size() + excluded_places);
+  size_t spares_used = 0;
+  while (placed.size() < spare_room && spares_used < spares.size()) placed.push_back(spares[spares_used++]);
+  const bool full = regular.size() >= config_.max_nodes || (previous_size > 0 && placed.size() >= previous_size);
+  bool kept_bad = false;
+  if (placed.size() < config_.min_nodes) {
+    // Too few without the bad nodes: after the last call, they are kept rather than the job stopped.
+    if (!last_call) return Status::OK();
+    for (RoundNode& n : excluded) {
+      if (placed.size() >= config_.min_nodes) break;
+      placed.push_back(std::move(n));
+      kept_bad = true;
+    }
+    if (placed.size() < config_.min_nodes) return Status::OK();
+  } else if (!full && !last_call) {
+    return Status::OK();
+  }
   nlohmann::json plan = {{"nodes", nlohmann::json::array()}};
-  for (const RoundNode& n : nodes) plan["nodes"].push_back(NodeJson(n));
+  for (const RoundNode& n : placed) plan["nodes"].push_back(NodeJson(n));
+  nlohmann::json out_bad = nlohmann::json::array();
+  for (const ExcludedNode& x : bad) {
+    const bool kept = kept_bad && std::any_of(placed.begin(), placed.end(), [&](const RoundNode& n) { return n.Name() == x.name; });
+    out_bad.push_back({{"name", x.name}, {"failures", x.failures}, {"last_cause", x.last_cause}, {"kept", kept}});
+  }
+  if (!out_bad.empty()) plan["excluded"] = out_bad;
+  nlohmann::json unplaced = nlohmann::json::array();
+  for (size_t k = spares_used; k < spares.size(); ++k) unplaced.push_back(spares[k].Name());
+  if (!unplaced.empty()) plan["spares"] = unplaced;
   std::optional<uint64_t> step;
   std::string location, note;
-  ChooseResume(nodes, &step, &location, &note);
+  ChooseResume(placed, &step, &location, &note);
   plan["resume_step"] = step ? nlohmann::json(*step) : nlohmann::json(nullptr);
   plan["resume_location"] = location;
   if (!note.empty()) plan["resume_note"] = note;
   std::string directory;
-  for (const RoundNode& n : nodes)
+  for (const RoundNode& n : placed)
     if (directory.empty()) directory = n.resume.directory;
   plan["checkpoint_dir"] = directory;
   plan["launch_id"] = config_.job + ":" + NewLaunchNonce() + ":" + std::to_string(round);
@@ -271,9 +391,15 @@ Status Rendezvous::TryClose(uint64_t round, const std::vector<EtcdKeyValue>& mem
   return client_->PutIfAbsent(Key("rounds/" + std::to_string(round) + "/plan"), plan.dump()).status();
 }
 
+Result<bool> Rendezvous::EndedWithout(uint64_t round, size_t planned) {
+  LL_ASSIGN_OR_RETURN(std::vector<std::vector<EtcdKeyValue>> done,
+                      client_->ReadMany({{Key("rounds/" + std::to_string(round) + "/finished/"), /*keys_only=*/true}}));
+  return planned > 0 && done[0].size() >= planned;
+}
+
 Result<RoundPlan> Rendezvous::Join(const ResumeOffer& offer, const std::function<bool()>& stop,
                                    const std::function<void(const std::string&)>& waiting) {
-  const Clock::time_point deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+  Clock::time_point deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                                         std::chrono::duration<double>(config_.join_timeout_seconds));
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -285,6 +411,9 @@ Result<RoundPlan> Rendezvous::Join(const ResumeOffer& offer, const std::function
   size_t seen_members = 0;
   Clock::time_point last_change = Clock::now();
   bool closed_without_me = false;
+  size_t planned_without_me = 0;  // the nodes of the round that closed without this node
+  std::vector<std::string> previous;  // the names of the nodes of the round before the one joined
+  std::string unplaced_note;      // why this node was not placed, once said
   // One look at etcd: the plan once the round closed with this node in it, nullopt to look again.
   auto step = [&]() -> Result<std::optional<RoundPlan>> {
     LL_ASSIGN_OR_RETURN(std::optional<EtcdKeyValue> gave_up, client_->Get(Key("give_up")));
@@ -301,6 +430,8 @@ Result<RoundPlan> Rendezvous::Join(const ResumeOffer& offer, const std::function
       me.requested_rank = config_.node_rank;
       me.master_port = PickFreePort();
       me.replica_port = config_.replica_port;
+      me.name = node_name_;
+      me.standby = config_.standby;
       me.resume = offer;
       entry_key = Key("rounds/" + std::to_string(*round) + "/nodes/" + node_id_);
       {
@@ -311,14 +442,44 @@ Result<RoundPlan> Rendezvous::Join(const ResumeOffer& offer, const std::function
       LL_RETURN_IF_ERROR(client_->Put(entry_key, NodeJson(me).dump(), lease_.load()));
       seen_members = 0;
       last_change = Clock::now();
+      previous.clear();
+      if (*round > 0) {
+        LL_ASSIGN_OR_RETURN(std::optional<EtcdKeyValue> prev, client_->Get(Key("rounds/" + std::to_string(*round - 1) + "/plan")));
+        if (prev) {
+          Result<RoundPlan> p = ClosedPlan(*round - 1, prev->value);
+          if (p.ok())
+            for (const RoundNode& n : p->nodes) previous.push_back(n.Name());
+        }
+      }
     }
-    if (closed_without_me) return std::optional<RoundPlan>();  // wait for the next round
+    if (closed_without_me) {  // wait for the next round, or the job's end
+      LL_ASSIGN_OR_RETURN(bool ended, EndedWithout(*round, planned_without_me));
+      if (!ended) return std::optional<RoundPlan>();
+      RoundPlan done;
+      done.round = *round;
+      done.finished = true;
+      return std::optional<RoundPlan>(std::move(done));
+    }
     const std::string round_dir = "rounds/" + std::to_string(*round) + "/";
     LL_ASSIGN_OR_RETURN(std::optional<EtcdKeyValue> plan_kv, client_->Get(Key(round_dir + "plan")));
     if (plan_kv) {
       LL_ASSIGN_OR_RETURN(RoundPlan plan, ClosedPlan(*round, plan_kv->value));
       if (plan.group_rank >= 0) return std::optional<RoundPlan>(std::move(plan));
       closed_without_me = true;  // full, or closed before this node came: the next round
+      planned_without_me = plan.nodes.size();
+      std::string note = "round " + std::to_string(*round) + " formed without this node (" + node_name_ + ")";
+      for (const ExcludedNode& x : plan.excluded)
+        if (x.name == node_name_)
+          note = "this node (" + node_name_ + ") is excluded from round " + std::to_string(*round) + " as bad: its ranks caused " +
+                 std::to_string(x.failures) + " restarts within " +
+                 std::to_string(static_cast<int>(config_.exclude_window_seconds)) + " s (last: " + x.last_cause +
+                 "); it waits as a spare until an operator readmits it (lifeline-agent ctl SOCKET readmit " + node_name_ +
+                 ") or the job ends";
+      if (config_.standby && note.find("excluded") == std::string::npos)
+        note = "this node (" + node_name_ + ") is a spare, not placed in round " + std::to_string(*round) +
+               "; it waits for a place or the job's end";
+      if (waiting && note != unplaced_note) waiting(note);
+      unplaced_note = note;
       return std::optional<RoundPlan>();
     }
     LL_ASSIGN_OR_RETURN(std::vector<EtcdKeyValue> members, client_->GetPrefix(Key(round_dir + "nodes/")));
@@ -326,16 +487,15 @@ Result<RoundPlan> Rendezvous::Join(const ResumeOffer& offer, const std::function
       seen_members = members.size();
       last_change = Clock::now();
     }
-    if (members.size() >= config_.max_nodes ||
-        (members.size() >= config_.min_nodes && SecondsSince(last_change) >= config_.last_call_seconds))
-      LL_RETURN_IF_ERROR(TryClose(*round, members));
+    if (members.size() >= config_.min_nodes || members.size() >= config_.max_nodes)
+      LL_RETURN_IF_ERROR(TryClose(*round, members, SecondsSince(last_change) >= config_.last_call_seconds, previous));
     return std::optional<RoundPlan>();
   };
   const Clock::time_point began = Clock::now();
   Clock::time_point said{};
   while (Clock::now() < deadline) {
     if (stop && stop()) return Status::Aborted("rendezvous", "the agent was stopped");
-    if (waiting && SecondsSince(began) >= 2 && (said == Clock::time_point{} || SecondsSince(said) >= 10)) {
+    if (waiting && !closed_without_me && SecondsSince(began) >= 2 && (said == Clock::time_point{} || SecondsSince(said) >= 10)) {
       said = Clock::now();
       waiting(std::to_string(seen_members) + " of at least " + std::to_string(config_.min_nodes) +
               " nodes joined round " + (round ? std::to_string(*round) : std::string("?")) + "; waiting up to " +
@@ -343,6 +503,9 @@ Result<RoundPlan> Rendezvous::Join(const ResumeOffer& offer, const std::function
               (last_error.ok() ? std::string() : " (etcd: " + last_error.ToString() + ")"));
     }
     Result<std::optional<RoundPlan>> looked = step();
+    if (closed_without_me) deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                         std::chrono::duration<double>(config_.join_timeout_seconds));
+    if (looked.ok() && looked->has_value() && (*looked)->finished) return std::move(**looked);
     if (looked.ok() && looked->has_value()) {
       RoundPlan plan = std::move(**looked);
       std::lock_guard<std::mutex> lock(mu_);

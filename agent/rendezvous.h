@@ -9,10 +9,18 @@
 //                            MASTER_ADDR/MASTER_PORT, the resume step, the launch id
 //   rounds/R/failures/<node> when a rank of the node first failed in round R (unix ms, leased)
 //   give_up                  why the job ended (a spent budget, a relaunch that cannot help)
-// A round closes when MAX nodes joined, or when at least MIN did and no other joined for the
-// last-call time; any agent may close it (the first to create the plan wins). Global ranks go node
-// by node: nodes that asked for a --node-rank first, in that order, then the others in the order
-// they joined. A restart decided on any node moves `round` on (compare-and-swap, so two nodes
+//   node_failures/<name>/R   a node (by its lasting name) whose ranks caused round R's restart:
+//                            when, the cause and the ranks (kept with the job, not leased)
+//   readmitted/<name>        an operator took the node back (unix ms): earlier failures do not count
+// A round closes when MAX nodes joined, or (a restart's round) when every place of the previous
+// round is filled again, or when at least MIN did and no other joined for the last-call time; any
+// agent may close it (the first to create the plan wins). Global ranks go node by node: nodes that
+// asked for a --node-rank first, in that order, then the others in the order they joined.
+// Bad nodes are left out: a node whose ranks caused `exclude_after` restarts within the window is
+// excluded while the other nodes make MIN; spares (--standby) are placed only to fill the places
+// of the previous round (the first round: MIN) that the other nodes leave empty. The plan names
+// the excluded nodes and the unplaced spares. A node not placed waits for the next round, and
+// leaves when the job ends (its placed nodes all finished, or it gave up). A restart decided on any node moves `round` on (compare-and-swap, so two nodes
 // deciding at once open one round); every agent sees it, stops its ranks and joins the new round.
 // An agent that dies stops renewing its lease; its entry vanishes and the others report the node
 // lost. The last agent to leave removes the job's keys.
@@ -61,6 +69,18 @@ struct RendezvousConfig {
   double poll_seconds = 0.25;      // how often the watcher reads the round
   double progress_seconds = 1.0;   // how often a node publishes its progress, and the leader reads all
   uint32_t replica_port = 0;       // where this node's agent receives snapshot replicas (0: none)
+  std::string node_name;           // the node's lasting name (failures are remembered by it); "": host
+  bool standby = false;            // a spare (--standby)
+  uint32_t exclude_after = 2;      // failures within the window that leave a node out (0: never)
+  double exclude_window_seconds = 3600;
+};
+
+// A node the plan left out as bad.
+struct ExcludedNode {
+  std::string name;
+  uint32_t failures = 0;     // restarts its ranks caused within the window
+  std::string last_cause;    // the newest one's kind and ranks
+  bool kept = false;         // excluded, but placed anyway: the others did not make MIN
 };
 
 struct RoundNode {
@@ -71,7 +91,10 @@ struct RoundNode {
   uint32_t master_port = 0;
   uint32_t replica_port = 0;       // its agent's replica receiver (0: it takes none)
   int64_t joined_revision = 0;
+  std::string name;                // its lasting name ("" from an older agent: its host)
+  bool standby = false;
   ResumeOffer resume;
+  const std::string& Name() const { return name.empty() ? host : name; }
 };
 
 struct RoundPlan {
@@ -89,6 +112,9 @@ struct RoundPlan {
   std::string checkpoint_dir;    // the ranks' checkpoint directory as the first node that knew it
                                  // said (shared storage: the same path everywhere); "" when unknown
   std::string launch_id;         // the same on every node of the round
+  std::vector<ExcludedNode> excluded;  // nodes left out as bad (or kept, short of MIN)
+  std::vector<std::string> spares;     // spares joined and not placed
+  bool finished = false;         // Join: the job ended without this node (it was not placed)
 
   // The global ranks of node `group` ("" when out of range).
   std::vector<int> RanksOf(int group) const;
@@ -122,8 +148,19 @@ class Rendezvous {
   // (polled) became true; Unavailable when too few nodes came within the join timeout.
   // `waiting` (when given) hears what the round waits for ("1 of at least 2 nodes joined round 3")
   // after 2 s without it forming, then every 10 s.
+  // A node not placed (a spare, or excluded) waits on; when the job ends meanwhile, the plan comes
+  // back with `finished` set and no place (group_rank -1).
   Result<RoundPlan> Join(const ResumeOffer& offer, const std::function<bool()>& stop = nullptr,
                          const std::function<void(const std::string&)>& waiting = nullptr);
+
+  // The restart of round `round` was caused by ranks of the node named `node` (`cause`: the
+  // anomaly's kind and ranks): remembered with the job, once per node and round.
+  Status RecordNodeFailure(uint64_t round, const std::string& node, const std::string& cause);
+  // Takes back a node excluded as bad: its failures until now no longer count.
+  Status Readmit(const std::string& node);
+  // The nodes the next round would leave out as bad, with their failures, as of now.
+  Result<std::vector<ExcludedNode>> BadNodes();
+  const std::string& node_name() const { return node_name_; }
 
   // Moves the job past `round` (a restart decided here): the round the job is in afterwards,
   // opened by this call or by another node's at the same time. While etcd does not answer it
@@ -164,12 +201,18 @@ class Rendezvous {
   Status RenewOrRejoin();
   void Watch();
   Result<RoundPlan> ClosedPlan(uint64_t round, const std::string& text) const;
-  Status TryClose(uint64_t round, const std::vector<EtcdKeyValue>& members);
+  // Closes `round` when its members make a job (see the top): `last_call` when no node joined for
+  // the last-call time; `previous` the names of the previous round's nodes (empty: none).
+  Status TryClose(uint64_t round, const std::vector<EtcdKeyValue>& members, bool last_call,
+                  const std::vector<std::string>& previous);
+  // Whether the job ended after `round` closed without this node: every node of its plan finished.
+  Result<bool> EndedWithout(uint64_t round, size_t planned);
 
   const RendezvousConfig config_;
   const std::unique_ptr<EtcdClient> client_;
   const std::string prefix_;   // "/lifeline/<job>/"
   const std::string node_id_;  // host:pid:nonce
+  const std::string node_name_;  // the lasting name (config_.node_name, else the host)
 
   std::atomic<int64_t> lease_{0};
   std::string node_entry_;      // this node's entry in the round it joined (re-put after a lost lease)

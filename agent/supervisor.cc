@@ -2,6 +2,8 @@
 
 #include <sys/wait.h>
 
+#include <csignal>
+
 #include <algorithm>
 #include <cmath>
 #include <utility>
@@ -40,14 +42,104 @@ void Supervisor::Launched(const SupervisedLaunch& launch) {
   if (job_view_ != nullptr && plan_) job_view_->Reset(static_cast<int>(plan_->world_size));
   wait_status_.assign(static_cast<size_t>(world_), 0);
   exited_.assign(static_cast<size_t>(world_), false);
+  exited_ns_.assign(static_cast<size_t>(world_), 0);
+  exit_hung_.assign(static_cast<size_t>(world_), false);
   named_.clear();
   held_.reset();
+  ledger_.Launched(world_, launch.now_ns);
+  if (MultiNode()) multi_node_job_ = true;
+}
+
+std::string Supervisor::NodeOfRank(int global) const {
+  if (plan_) {
+    for (size_t g = 0; g < plan_->nodes.size(); ++g) {
+      const std::vector<int> ranks = plan_->RanksOf(static_cast<int>(g));
+      if (std::find(ranks.begin(), ranks.end(), global) != ranks.end()) return plan_->nodes[g].Name();
+    }
+    return "";
+  }
+  return config_.rendezvous.node_name;
+}
+
+void Supervisor::RecordFault(const Anomaly& reason, uint64_t now_ns) {
+  // When the fault happened: a death when its exit was seen; a hang or a stuck exit when the
+  // culprits last said anything; a lost node a lease before its loss was named.
+  uint64_t fault = reason.detected_ns != 0 ? reason.detected_ns : now_ns;
+  if (reason.kind == "hang" || reason.kind == "exit_hang") {
+    uint64_t last = 0;
+    for (int global : reason.ranks)
+      if (const int r = LocalRank(global); r >= 0 && r < timeline_.world())
+        last = std::max(last, timeline_.rank(r).last_event_ns);
+    if (last == 0 && reason.evidence.contains("waited_seconds") && reason.evidence["waited_seconds"].is_number())
+      last = fault - std::min(fault, Nanos(reason.evidence["waited_seconds"].get<double>()));
+    if (last != 0) fault = std::min(fault, last);
+  } else if (reason.kind == "node_lost") {
+    fault -= std::min(fault, Nanos(config_.rendezvous.lease_seconds));
+  }
+  const std::string node = reason.ranks.empty() ? std::string() : NodeOfRank(reason.ranks.front());
+  ledger_.Fault(reason.kind, reason.ranks, node, fault, now_ns);
+  if (reason.kind == "elsewhere") return;
+  const int sig = reason.evidence.contains("signal") && reason.evidence["signal"].is_number_integer()
+                      ? reason.evidence["signal"].get<int>() : 0;
+  const bool machine = reason.kind == "node_lost" || reason.kind == "hang" || reason.kind == "exit_hang" ||
+                       (reason.kind == "dead" && (sig == SIGKILL || sig == SIGBUS));
+  faults_.push_back({node, machine});
+}
+
+bool Supervisor::RequeueMayHelp() const {
+  if (faults_.empty()) return false;
+  const bool all_machine = std::all_of(faults_.begin(), faults_.end(), [](const Fault& f) { return f.machine; });
+  std::set<std::string> nodes;
+  for (const Fault& f : faults_) nodes.insert(f.node);
+  const bool one_node = multi_node_job_ && nodes.size() == 1 && !nodes.begin()->empty();
+  return all_machine || one_node;
+}
+
+void Supervisor::StoppedForRound(uint64_t now_ns) { ledger_.Stopped(now_ns, 0); }
+
+void Supervisor::FindExitHangs(uint64_t now_ns, std::vector<Anomaly>* anomalies, PollDecision* out) {
+  if (config_.exit_hang_seconds <= 0 || world_ < 2) return;
+  uint64_t last_exit = 0;
+  int running = 0;
+  for (int r = 0; r < world_; ++r) {
+    if (!exited_[static_cast<size_t>(r)]) {
+      ++running;
+      continue;
+    }
+    const int status = wait_status_[static_cast<size_t>(r)];
+    if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) return;  // a failure: the detectors' matter
+    last_exit = std::max(last_exit, exited_ns_[static_cast<size_t>(r)]);
+  }
+  if (running == 0 || running == world_) return;
+  for (int r = 0; r < world_; ++r) {
+    if (exited_[static_cast<size_t>(r)] || exit_hung_[static_cast<size_t>(r)]) continue;
+    const uint64_t quiet_since = std::max(last_exit, timeline_.rank(r).last_event_ns);
+    if (now_ns < quiet_since + Nanos(config_.exit_hang_seconds)) continue;
+    exit_hung_[static_cast<size_t>(r)] = true;
+    Anomaly a;
+    a.kind = "exit_hang";
+    a.ranks = {timeline_.GlobalRank(r)};
+    a.detected_ns = now_ns;
+    a.evidence = {{"seconds_since_others_exited", Seconds(now_ns - last_exit)},
+                  {"seconds_since_last_event", timeline_.rank(r).last_event_ns == 0
+                                                   ? nlohmann::json(nullptr)
+                                                   : nlohmann::json(Seconds(now_ns - timeline_.rank(r).last_event_ns))},
+                  {"orderly_exit_recorded", timeline_.rank(r).finished}};
+    a.message = "rank " + std::to_string(a.ranks.front()) + " is still alive " +
+                std::to_string(static_cast<int>(Seconds(now_ns - last_exit))) +
+                " s after every other rank exited 0, with no event since: stuck in its exit (a collective "
+                "library's teardown); stopping it, the job ends with the others' status";
+    anomalies->push_back(std::move(a));
+    out->stop_ranks.push_back(r);
+  }
 }
 
 TimelineChange Supervisor::Observe(int rank, const trace::Event& event) {
   const TimelineChange change = timeline_.Apply(rank, event);
-  if (change.rank >= 0)
+  if (change.rank >= 0) {
     for (auto& d : detectors_) d->Observe(timeline_, change);
+    ledger_.Observe(rank, event);
+  }
   return change;
 }
 
@@ -64,12 +156,16 @@ PollDecision Supervisor::Poll(const PollInput& in) {
   Enter(PollMeter::Part::kDetectors);
   for (const RankExit& e : in.exits) {
     if (e.rank < 0 || e.rank >= world_) continue;
-    wait_status_[static_cast<size_t>(e.rank)] = e.wait_status;
+    const bool stopped_here = exit_hung_[static_cast<size_t>(e.rank)];
+    // A rank stopped as exit_hang ends as its peers did: its work was done.
+    wait_status_[static_cast<size_t>(e.rank)] = stopped_here ? 0 : e.wait_status;
     exited_[static_cast<size_t>(e.rank)] = true;
+    exited_ns_[static_cast<size_t>(e.rank)] = in.now_ns;
     timeline_.RankExited(e.rank);
-    for (auto& d : detectors_) d->RankExited(timeline_, e.rank, e.wait_status, /*expected=*/false, in.now_ns, &anomalies);
+    for (auto& d : detectors_) d->RankExited(timeline_, e.rank, e.wait_status, /*expected=*/stopped_here, in.now_ns, &anomalies);
   }
   for (auto& d : detectors_) d->Poll(timeline_, in.now_ns, &anomalies);
+  FindExitHangs(in.now_ns, &anomalies, &out);
   Leave(PollMeter::Part::kDetectors);
   bool moved = false;
   if (in.news != nullptr && plan_) {
@@ -82,10 +178,18 @@ PollDecision Supervisor::Poll(const PollInput& in) {
     // named and counted, not acted on; the restart under way covers them.
     out.round_moved = true;
     Name(&anomalies, /*may_restart=*/false, &out);
+    Anomaly elsewhere;
+    elsewhere.kind = "elsewhere";
+    RecordFault(elsewhere, in.now_ns);
     return out;
   }
   ScreenHostNoise(&anomalies, &out);
   Name(&anomalies, /*may_restart=*/true, &out);
+  if (out.restart) RecordFault(*out.restart, in.now_ns);
+  if (std::optional<RestartCost> cost = ledger_.Settle()) {
+    out.records.push_back(cost->ToJson());
+    out.restart_cost = std::move(cost);
+  }
   // A held failure is decided before the job's end.
   out.ranks_done = !out.restart && !held_ && std::all_of(exited_.begin(), exited_.end(), [](bool e) { return e; });
   return out;
@@ -321,6 +425,7 @@ RestartPlan Supervisor::PlanRestart(const Anomaly& reason, uint64_t now_ns, cons
     return plan;
   }
   plan.backoff_seconds = std::min(r.backoff_max_seconds, r.backoff_initial_seconds * std::pow(r.backoff_multiplier, restart_));
+  ledger_.Stopped(now_ns, plan.backoff_seconds);
   return plan;
 }
 

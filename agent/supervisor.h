@@ -33,6 +33,7 @@
 #include "agent/job_view.h"
 #include "agent/progress.h"
 #include "agent/rendezvous.h"
+#include "agent/time_ledger.h"
 #include "agent/timeline.h"
 #include "lifeline/status.h"
 #include "lifeline/trace.h"
@@ -111,6 +112,11 @@ struct PollDecision {
   std::string job_ended;  // ...or the job ended on another node, for this reason: stop, exit non-zero
   std::optional<std::string> progress;  // a multi-node job: this node's summary, to publish
   bool ranks_done = false;  // every rank has exited and no failure is held: see Conclude
+  // Local ranks stuck in their exit (exit_hang, in `raised`): stop them; the job ends with the
+  // others' status.
+  std::vector<int> stop_ranks;
+  // A restart's cost, settled in this poll (its "time_lost" record is in `records`).
+  std::optional<RestartCost> restart_cost;
 };
 
 // After the ranks were stopped for a restart: relaunch after `backoff_seconds`, or give up.
@@ -172,11 +178,23 @@ class Supervisor {
   // gives up (a relaunch cannot help); so does a spent budget. `ends`: per local rank, as the
   // launcher left it. Relaunching is the caller's, with SupervisedLaunch::restart one more.
   RestartPlan PlanRestart(const Anomaly& reason, uint64_t now_ns, const std::vector<RankEnd>& ends);
+  // The ranks were stopped at `now_ns` because another node moved the job to a new round (no
+  // PlanRestart here): for the time-lost account.
+  void StoppedForRound(uint64_t now_ns);
+
+  // Whether a batch system's requeue may help a job that spent its restart budget, by the
+  // restarts it decided: every failure was a fault of the machines (a node lost, a hang, a rank killed by
+  // SIGKILL or SIGBUS from outside), or they all came from one node of a multi-node job.
+  bool RequeueMayHelp() const;
 
   // Once PollDecision::ranks_done (and the last events observed): how the job ended.
   JobEnd Conclude() const;
 
   const Timeline& timeline() const { return timeline_; }
+  // Wall time, productive time and each restart's cost (agent/time_ledger.h).
+  const TimeLedger& ledger() const { return ledger_; }
+  // The node the job's rank `global` runs on, by name ("" when unknown).
+  std::string NodeOfRank(int global) const;
   uint64_t launched_ns() const { return launched_ns_; }
   // What the leader read of every node's summary at its last read of the job (empty when it read
   // none): lifeline-sim counts the collectives new to it.
@@ -213,6 +231,10 @@ class Supervisor {
   // restarts becomes the decision's restart when `may_restart`.
   void Name(std::vector<Anomaly>* anomalies, bool may_restart, PollDecision* out);
   std::string StartupFailure(const Anomaly& reason, uint64_t now_ns, const std::vector<RankEnd>& ends) const;
+  // Names ranks still alive exit_hang_seconds after every other rank exited 0, silent since.
+  void FindExitHangs(uint64_t now_ns, std::vector<Anomaly>* anomalies, PollDecision* out);
+  // The restart decided in this poll, into the ledger: when its fault happened.
+  void RecordFault(const Anomaly& reason, uint64_t now_ns);
 
   const AgentConfig config_;
   Surroundings* const around_;
@@ -233,6 +255,15 @@ class Supervisor {
   std::optional<RoundPlan> plan_;
   std::vector<int> wait_status_;  // per local rank, once it exited (0 until then)
   std::vector<bool> exited_;      // per local rank
+  std::vector<uint64_t> exited_ns_;   // per local rank: when its exit was seen (0: running)
+  std::vector<bool> exit_hung_;       // per local rank: named exit_hang and being stopped
+  TimeLedger ledger_;
+  struct Fault {
+    std::string node;
+    bool machine = false;  // a fault of the machines, not of the command
+  };
+  std::vector<Fault> faults_;  // every restart this Supervisor decided, in order
+  bool multi_node_job_ = false;  // some launch ran on more than one node
   std::set<int> named_;  // global ranks named hung or dead in this launch
   std::optional<HeldFailure> held_;
   uint64_t published_ns_ = 0;  // when this node last published its summary (0: never)

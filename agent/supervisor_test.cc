@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 
 #include <csignal>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -421,6 +422,105 @@ TEST(SupervisorTest, ARankDeadWhileAFailureIsHeldIsNotTheJobsEnd) {
   h.IntoCollective(0, 7, 1);
   const PollDecision d = h.Poll(10 * kMs, {{0, kExit1}, {1, 0}});
   EXPECT_FALSE(d.ranks_done) << "a held failure is decided first";
+}
+
+TEST(SupervisorTest, ARankStuckInItsExitIsNamedStoppedAndTheJobEndsWithTheOthersStatus) {
+  AgentConfig config = Config(2);
+  config.exit_hang_seconds = 5;
+  Harness h(2, std::nullopt, config);
+  h.FullStep(0, 9, 1);
+  h.FullStep(1, 9, 1);
+  EXPECT_FALSE(h.Poll(10 * kMs, {{0, 0}}).ranks_done);  // rank 1 is tearing down
+  PollDecision d = h.Poll(4 * kSec);
+  EXPECT_TRUE(d.raised.empty());
+  d = h.Poll(2 * kSec);  // 6 s after rank 0 exited, nothing from rank 1
+  ASSERT_EQ(d.raised.size(), 1u);
+  EXPECT_EQ(d.raised[0].anomaly.kind, "exit_hang");
+  EXPECT_EQ(d.raised[0].anomaly.ranks, std::vector<int>{1});
+  EXPECT_EQ(d.stop_ranks, std::vector<int>{1});
+  EXPECT_FALSE(d.restart.has_value());
+  EXPECT_TRUE(h.Poll(1 * kSec).raised.empty()) << "named once";
+  // The agent kills it: no rank named dead, the job ends as rank 0 did.
+  d = h.Poll(10 * kMs, {{1, SIGKILL}});
+  EXPECT_TRUE(d.raised.empty());
+  EXPECT_TRUE(d.ranks_done);
+  const JobEnd end = h.supervisor().Conclude();
+  EXPECT_TRUE(end.finished);
+  EXPECT_EQ(end.give_up, "");
+}
+
+TEST(SupervisorTest, NoExitHangAfterAFailedRankOrWhileTheRankStillSpeaks) {
+  AgentConfig config = Config(2);
+  config.exit_hang_seconds = 5;
+  config.policy["dead"] = Action::kLog;
+  {
+    Harness h(2, std::nullopt, config);
+    h.Poll(10 * kMs, {{0, kExit1}});  // a failure is the detectors' to judge
+    for (int i = 0; i < 10; ++i) EXPECT_TRUE(h.Poll(1 * kSec).stop_ranks.empty());
+  }
+  {
+    Harness h(2, std::nullopt, config);
+    h.Poll(10 * kMs, {{0, 0}});
+    for (uint64_t step = 1; step < 10; ++step) {  // rank 1 keeps working: an evaluation, a last save
+      h.FullStep(1, step, step);
+      EXPECT_TRUE(h.Poll(1 * kSec).stop_ranks.empty()) << step;
+    }
+  }
+}
+
+TEST(SupervisorTest, ARestartsCostIsSettledOnceTheRelaunchedRanksAllStep) {
+  Harness h(2, std::nullopt, Config(2));
+  for (uint64_t step = 1; step <= 5; ++step) {
+    h.FullStep(0, step, step);
+    h.FullStep(1, step, step);
+    h.now += 1 * kSec;
+  }
+  h.IntoCollective(0, 6, 6);
+  const PollDecision d = h.Poll(100 * kMs, {{1, SIGKILL}});
+  ASSERT_TRUE(d.restart.has_value());
+  EXPECT_FALSE(d.restart_cost.has_value());
+  h.now += 2 * kSec;  // stopping the ranks
+  const RestartPlan plan = h.supervisor().PlanRestart(*d.restart, h.now, {{SIGTERM, ""}, {SIGKILL, ""}});
+  h.now += static_cast<uint64_t>(plan.backoff_seconds * 1e9) + 500 * kMs;
+  h.Launch(2, std::nullopt, 1);
+  h.now += 1 * kSec;
+  h.FullStep(0, 4, 1);  // resumed at step 4: steps 4 and 5 are computed again
+  EXPECT_FALSE(h.Poll(10 * kMs).restart_cost.has_value()) << "rank 1 has not stepped yet";
+  h.FullStep(1, 4, 1);
+  const PollDecision settled = h.Poll(10 * kMs);
+  ASSERT_TRUE(settled.restart_cost.has_value());
+  EXPECT_EQ(settled.restart_cost->cause, "dead");
+  EXPECT_EQ(settled.restart_cost->steps_redone, 2u);
+  EXPECT_NEAR(settled.restart_cost->stop_seconds, 2.0, 1e-6);
+  EXPECT_NEAR(settled.restart_cost->backoff_seconds, plan.backoff_seconds, 1e-9);
+  // Two steps at the launch's mean (4.003 s from step 1's begin to step 5's end, over 5 steps),
+  // and the 0.1 s of step 6 before rank 1 died.
+  EXPECT_NEAR(settled.restart_cost->redo_seconds, 2 * 4.003 / 5 + 0.1, 1e-6);
+  ASSERT_FALSE(settled.records.empty());
+  EXPECT_EQ(settled.records.back()["action"], "time_lost");
+  EXPECT_LT(h.supervisor().ledger().ettr(h.now), 1.0);
+}
+
+TEST(SupervisorTest, ARequeueMayHelpFaultsOfTheMachinesNotAFailingCommand) {
+  AgentConfig config = Config(2);
+  config.restart.max_restarts = 1;
+  auto spend = [&](int wait_status) {
+    auto h = std::make_unique<Harness>(2, std::nullopt, config);
+    for (uint32_t restart = 0; restart <= 1; ++restart) {
+      h->IntoCollective(0, 10, 1);
+      const PollDecision d = h->Poll(1 * kSec, {{0, wait_status}});
+      EXPECT_TRUE(d.restart.has_value());
+      const RestartPlan plan = h->supervisor().PlanRestart(*d.restart, h->now, {{wait_status, ""}, {SIGTERM, ""}});
+      if (restart == 1) {
+        EXPECT_TRUE(plan.job_wide) << plan.give_up;
+      }
+      h->Launch(2, std::nullopt, restart + 1);
+    }
+    return h->supervisor().RequeueMayHelp();
+  };
+  EXPECT_TRUE(spend(SIGKILL)) << "killed from outside (the OOM killer, a health check): another node may do";
+  EXPECT_FALSE(spend(kExit1)) << "the command fails by itself: it would fail again";
+  EXPECT_FALSE(spend(SIGSEGV));
 }
 
 }  // namespace

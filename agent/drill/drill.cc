@@ -23,7 +23,8 @@
 // A checkpoint of step k therefore resumes at step k + 1, and a run that crashed and was
 // relaunched ends with exactly the state of a run that never failed: the last line,
 // "final rank=R step=S checksum=HEX" (XXH3-64 of the parameter then the momentum bytes), is the
-// same on every rank and in both runs. Faults apply only when LIFELINE_RESTART is 0 or unset.
+// same on every rank and in both runs. Faults apply only when LIFELINE_RESTART is 0 or unset
+// (--fault-every-launch: at every launch).
 //
 // The allreduce runs through shared memory when every rank is on this node (LOCAL_WORLD_SIZE equal
 // to WORLD_SIZE, or unset), and over TCP through global rank 0 at MASTER_ADDR:MASTER_PORT when the
@@ -59,6 +60,7 @@
 #include "agent/drill/shm_allreduce.h"
 #include "agent/drill/tcp_allreduce.h"
 #include "lifeline/checkpoint.h"
+#include "lifeline/internal/trace_ring.h"
 #include "lifeline/log.h"
 #include "lifeline/trace.h"
 
@@ -335,6 +337,7 @@ struct Flags {
   bool busy_compute = false;
   double jitter_ms = 1;
   std::vector<std::string> faults;
+  bool fault_every_launch = false;
   bool no_memory_tier = false;
   bool quiet = false;
   double join_timeout_s = 60;
@@ -452,7 +455,7 @@ int Run(const Flags& flags, const Launch& l) {
     all_faults.push_back(f);
   }
   FaultPlan plan;
-  if (l.restart == 0) {
+  if (l.restart == 0 || flags.fault_every_launch) {
     for (const Fault& f : all_faults)
       if (f.rank == rank) plan.faults.push_back(f);
   }
@@ -489,10 +492,12 @@ int Run(const Flags& flags, const Launch& l) {
     return kExitFailure;
   }
   bool from_memory = false;
+  uint64_t load_began = 0;
   if (*has) {
     LoadRequest load;
     load.tensors.push_back(TensorShard::Whole("params", DType::kF32, {n}, model.params.data()));
     load.tensors.push_back(TensorShard::Whole("momentum", DType::kF32, {n}, model.momentum.data()));
+    load_began = trace::MonotonicNanos();
     Result<LoadResult> r = ckpt->Load(std::nullopt, load);
     if (!r.ok()) {
       std::fprintf(stderr, "lifeline-drill: rank %u: cannot load the newest checkpoint in %s: %s\n", rank,
@@ -512,7 +517,8 @@ int Run(const Flags& flags, const Launch& l) {
   }
   trace::ProcessStart(resumed, resumed == trace::kNoStep ? trace::ResumeSource::kUnknown
                                : from_memory              ? trace::ResumeSource::kMemoryTier
-                                                          : trace::ResumeSource::kDisk);
+                                                          : trace::ResumeSource::kDisk,
+                      load_began == 0 ? 0 : trace::MonotonicNanos() - load_began);
   if (resumed == trace::kNoStep) {
     std::printf("rank %u starting fresh\n", rank);
   } else {
@@ -665,6 +671,8 @@ int main(int argc, char** argv) {
                  "crash@RANK:STEP, hang@RANK:STEP, slow@RANK:STEP:MS or slowcomm@RANK:STEP:MS; repeatable; "
                  "first launch only")
       ->allow_extra_args(false);
+  app.add_flag("--fault-every-launch", flags.fault_every_launch,
+               "Apply the faults at every launch, not only the first (a node that fails whatever is done)");
   app.add_flag("--no-memory-tier", flags.no_memory_tier, "Checkpoint without the shared-memory tier");
   app.add_flag("--quiet", flags.quiet, "Only the resume and final lines (and errors)");
   app.add_option("--join-timeout", flags.join_timeout_s, "Seconds to wait for every rank to attach at start")

@@ -77,6 +77,21 @@ int main(int argc, char** argv) {
   app.add_flag("--json", json, "Print the report as JSON on stdout");
   app.add_option("--json-out", json_out, "Also write the JSON report to this file");
   app.add_option("--plot", plot, "Write a PNG of accuracy and latency by fault kind (tools/sim_plot.py)");
+  app.add_option("--relaunch-seconds", config.relaunch_seconds,
+                 "Time lost: a relaunch's interpreters, imports and process groups, seconds (assumed)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--load-seconds", config.load_seconds, "Time lost: the checkpoint load, seconds (assumed)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--checkpoint-every", config.checkpoint_every,
+                 "Time lost: the ranks checkpoint every this many steps and resume from the newest")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000000));
+  app.add_option("--mtbf-seconds", config.mtbf_seconds,
+                 "Time lost: the job fails once in this long on average (the ETTR it keeps at the drills' cost)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--hang-timeout", config.agent.hang.floor_seconds,
                  "The hang timeout's floor, seconds (the agent's --hang-timeout; the job-wide view's timeout)")
       ->capture_default_str()
@@ -159,6 +174,16 @@ int main(int argc, char** argv) {
       std::printf("\n");
     }
     for (const auto& m : report["misses"]) std::printf("  miss: %s\n", m.dump().c_str());
+    const nlohmann::json& lost = report["time_lost"];
+    std::printf("time lost: drills' ETTR %.4f; %zu restarts, %.2f s each on average (", lost["drills_ettr"].get<double>(),
+                lost["restarts"].get<size_t>(), lost["mean_seconds_per_restart"].get<double>());
+    const char* sep = "";
+    for (const char* phase : lifeline::agent::kLostPhases) {
+      std::printf("%s%s %.2f s", sep, phase, lost["mean_seconds_by_phase"][phase].get<double>());
+      sep = ", ";
+    }
+    std::printf("); a job failing every %.0f s keeps ETTR %.4f\n", lost["mtbf_seconds"].get<double>(),
+                lost["ettr_at_mtbf"].get<double>());
     std::printf("cpu: %s\n", report["cpu"].dump().c_str());
   }
   std::string json_path = json_out;

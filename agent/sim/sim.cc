@@ -338,7 +338,68 @@ class JobSimulation {
     out.view_cpu_seconds = meter_.cpu_seconds[2];
     out.echoes = echoes_;
     Score(&out);
+    Recover(now, &out);
     return out;
+  }
+
+  // The restart the drill ended with, carried through on the node that decided it as
+  // Agent::Restart does (stop, back-off, relaunch, load, the first step again), for its time-lost
+  // account; with no restart, the account of the run as it stands.
+  void Recover(double now, DrillResult* out) {
+    if (restart_node_ < 0) {
+      const TimeLedger& ledger = nodes_[0].supervisor->ledger();
+      out->ettr = ledger.ettr(Ns(now));
+      out->wall_seconds = ledger.wall_seconds(Ns(now));
+      return;
+    }
+    NodeAgent& n = nodes_[restart_node_];
+    double t = restart_at_ + c_.stop_seconds;
+    std::vector<RankEnd> ends;
+    for (int local = 0; local < per_node_; ++local) ends.push_back({ranks_.wait_status(n.base + local), ""});
+    // The newest step its ranks began: the next launch resumes from the checkpoint before it.
+    uint64_t interrupted = 0;
+    for (const RankTimeline& v : n.supervisor->timeline().ranks())
+      if (v.step != trace::kNoStep) interrupted = std::max(interrupted, v.step);
+    const RestartPlan plan = n.supervisor->PlanRestart(restart_reason_, Ns(t), ends);
+    if (!plan.give_up.empty()) return;
+    t += plan.backoff_seconds + c_.relaunch_seconds;
+    SupervisedLaunch launch;
+    launch.world = per_node_;
+    launch.rank_base = n.base;
+    launch.restart = 1;
+    launch.now_ns = Ns(t);
+    launch.plan = plan_;
+    launch.plan->round = 1;
+    launch.plan->group_rank = n.group;
+    launch.plan->rank_base = static_cast<uint32_t>(n.base);
+    n.supervisor->Launched(launch);
+    // Every rank loads the newest checkpoint before the interrupted step and steps on from it.
+    const uint64_t every = static_cast<uint64_t>(std::max(1, c_.checkpoint_every));
+    const uint64_t checkpoint = interrupted / every * every;
+    t += c_.load_seconds;
+    for (int local = 0; local < per_node_; ++local) {
+      trace::Event start;
+      start.type = trace::EventType::kProcessStart;
+      start.time_ns = Ns(t);
+      start.step = checkpoint;
+      start.duration_ns = Ns(c_.load_seconds);
+      n.supervisor->Observe(local, start);
+      trace::Event begin;
+      begin.type = trace::EventType::kStepBegin;
+      begin.time_ns = Ns(t + 0.001);
+      begin.step = checkpoint + 1;
+      n.supervisor->Observe(local, begin);
+    }
+    PollInput in;
+    in.now_ns = Ns(t + 0.002);
+    in.unix_ms = UnixMs(n, t + 0.002);
+    RendezvousNews quiet;
+    in.news = &quiet;
+    const PollDecision settled = n.supervisor->Poll(in);
+    out->restart_cost = settled.restart_cost;
+    const TimeLedger& ledger = n.supervisor->ledger();
+    out->ettr = ledger.ettr(in.now_ns);
+    out->wall_seconds = ledger.wall_seconds(in.now_ns);
   }
 
  private:
@@ -430,7 +491,11 @@ class JobSimulation {
     for (RaisedAnomaly& r : decision.raised) out->raised.push_back(Raised{std::move(r.anomaly), n.group, t});
     // A restart opens the next round (Agent::Restart); a round moved elsewhere is joined: either
     // way Agent::Run stops this node's ranks from here on.
-    if (decision.restart) restart_at_ = std::min(restart_at_, t);
+    if (decision.restart && restart_at_ == kNever) {
+      restart_at_ = t;
+      restart_node_ = n.group;
+      restart_reason_ = *decision.restart;
+    }
     if (decision.restart || decision.round_moved || !decision.job_ended.empty()) {
       n.moved = true;
       n.moved_at = t;
@@ -519,6 +584,8 @@ class JobSimulation {
   std::vector<int64_t> failures_;      // per node: when its first rank failed (unix ms), -1: none
   int leader_ = -1;
   double restart_at_ = kNever;  // when a node opened the next round
+  int restart_node_ = -1;       // ...which one, and why
+  Anomaly restart_reason_;
   double now_ = 0;              // the simulation's clock
   // What the run cost and saw.
   CpuMeter meter_;
@@ -756,6 +823,38 @@ std::vector<Drill> MakeDrills(const SimConfig& config, int count, int clean, uin
   return out;
 }
 
+namespace {
+
+// The drills' ETTR, the mean restart's cost by phase, and the ETTR a job failing once per MTBF
+// keeps at that cost: 1 - mean cost / MTBF (the restarts' cost only; start-up and checkpoints
+// are the job's own).
+nlohmann::json TimeLostReport(const SimConfig& config, double wall, double productive,
+                              const std::map<std::string, double>& lost_by_phase,
+                              const std::vector<double>& lost_per_restart) {
+  const size_t n = lost_per_restart.size();
+  nlohmann::json phases = nlohmann::json::object();
+  double mean = 0;
+  for (const char* phase : kLostPhases) {
+    const double total = lost_by_phase.count(phase) ? lost_by_phase.at(phase) : 0.0;
+    phases[phase] = n ? std::round(total / n * 1000) / 1000 : 0.0;
+    mean += n ? total / n : 0.0;
+  }
+  return {{"drills_ettr", wall > 0 ? std::round(productive / wall * 10000) / 10000 : 1.0},
+          {"restarts", n},
+          {"mean_seconds_per_restart", std::round(mean * 1000) / 1000},
+          {"mean_seconds_by_phase", phases},
+          {"seconds_per_restart", Latency(lost_per_restart)},
+          {"mtbf_seconds", config.mtbf_seconds},
+          {"ettr_at_mtbf", config.mtbf_seconds > 0 ? std::round((1 - mean / config.mtbf_seconds) * 10000) / 10000 : 1.0},
+          {"assumed",
+           {{"stop_seconds", config.stop_seconds},
+            {"relaunch_seconds", config.relaunch_seconds},
+            {"load_seconds", config.load_seconds},
+            {"checkpoint_every_steps", config.checkpoint_every}}}};
+}
+
+}  // namespace
+
 nlohmann::json Report(const SimConfig& config, const std::vector<DrillResult>& results, uint64_t seed,
                       double wall_seconds) {
   int drills = 0, correct = 0, clean = 0, false_alarms = 0, wrong_kind = 0, unattributed = 0, preempted = 0;
@@ -768,8 +867,22 @@ nlohmann::json Report(const SimConfig& config, const std::vector<DrillResult>& r
   nlohmann::json misses = nlohmann::json::array();
   uint64_t node_events = 0, summary_ranks = 0, view_reads = 0, view_samples = 0;
   double node_cpu = 0, summary_cpu = 0, view_cpu = 0, simulated = 0;
+  // The time-lost account: the drills' ETTR (wall and productive time summed over them), and
+  // each restart's cost by phase.
+  double ettr_wall = 0, ettr_productive = 0;
+  std::map<std::string, double> lost_by_phase;
+  std::vector<double> lost_per_restart;
   for (size_t i = 0; i < results.size(); ++i) {
     const DrillResult& r = results[i];
+    ettr_wall += r.wall_seconds;
+    ettr_productive += r.ettr * r.wall_seconds;
+    if (r.restart_cost) {
+      const RestartCost& c = *r.restart_cost;
+      const double phases[] = {c.detection_seconds, c.stop_seconds, c.backoff_seconds,
+                               c.relaunch_seconds,  c.load_seconds, c.redo_seconds};
+      for (size_t k = 0; k < std::size(kLostPhases); ++k) lost_by_phase[kLostPhases[k]] += phases[k];
+      lost_per_restart.push_back(c.total_seconds());
+    }
     node_events += r.node_events;
     node_cpu += r.node_cpu_seconds;
     summary_ranks += r.summary_ranks;
@@ -852,6 +965,7 @@ nlohmann::json Report(const SimConfig& config, const std::vector<DrillResult>& r
           {"cpu_seconds", view_cpu},
           {"ms_per_read", view_reads ? std::round(view_cpu / view_reads * 1e3 * 100) / 100 : 0.0},
           {"ns_per_replayed_event", per_event(view_cpu, view_samples * 3)}}}}},
+      {"time_lost", TimeLostReport(config, ettr_wall, ettr_productive, lost_by_phase, lost_per_restart)},
       {"simulated_seconds", std::round(simulated * 10) / 10},
       {"wall_seconds", std::round(wall_seconds * 10) / 10},
       {"misses", misses},

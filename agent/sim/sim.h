@@ -20,6 +20,7 @@
 #define LIFELINE_AGENT_SIM_SIM_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,7 @@
 
 #include "agent/config.h"
 #include "agent/detector.h"
+#include "agent/time_ledger.h"
 
 namespace lifeline::agent::sim {
 
@@ -86,6 +88,16 @@ struct SimConfig {
   double progress_seconds = 1.0;    // RendezvousConfig::progress_seconds
   // After a fault that stops the job, how long to wait for a verdict before calling it missed.
   double give_up_seconds = 30;
+  // The restart after the verdict, for the time-lost account (agent/time_ledger.h): how long the
+  // agent takes to stop the ranks, the relaunch (interpreters, imports, process groups) and the
+  // checkpoint load; the ranks checkpoint every `checkpoint_every` steps and resume from the newest.
+  double stop_seconds = 0.5;
+  double relaunch_seconds = 3.0;
+  double load_seconds = 1.0;
+  int checkpoint_every = 50;
+  // A job of the simulated size fails once in this long on average (the largest published runs:
+  // under two hours): the ETTR such a job keeps, given the time a restart costs in the drills.
+  double mtbf_seconds = 7200;
 };
 
 // One anomaly as some agent raised it.
@@ -125,6 +137,12 @@ struct DrillResult {
   uint64_t view_reads = 0;         // leader reads of every summary
   uint64_t view_samples = 0;       // ended collectives new to the leader (what JobView replays, x3 events)
   double view_cpu_seconds = 0;     // DecodeProgress + JobView::Update
+  // The time-lost account of the node that decided the restart (or node 0's, with no restart):
+  // wall time from the first launch to the relaunched ranks' first step, productive time, and the
+  // restart's cost by phase.
+  double ettr = 1;
+  double wall_seconds = 0;
+  std::optional<RestartCost> restart_cost;
 };
 
 // Runs one drill to its end: a restart decided by some agent (and seen by all), or the ranks'

@@ -159,5 +159,49 @@ TEST(SimTest, EchoesOfACrashOnOtherNodesAreHeldNotNamed) {
   EXPECT_EQ(echoes, (std::vector<int>{30, 50})) << Describe(r);
 }
 
+// Issue 35, item 4: a drill's restart is carried through (stop, back-off, relaunch, load, the first
+// step again) and its cost is accounted by phase: a crash is detected at once, a hang a timeout
+// after its culprit's last event; the steps since the newest checkpoint are redone; the drill's
+// ETTR falls below 1 by what the restart cost. The report sums it up.
+TEST(SimTest, ARestartsTimeLostIsAccountedByPhase) {
+  const SimConfig config = SmallJob();
+  std::vector<DrillResult> results;
+  bool saw_crash = false, saw_hang = false;
+  for (const Drill& d : MakeDrills(config, 20, 2, /*seed=*/7)) {
+    const DrillResult r = RunDrill(config, d);
+    results.push_back(r);
+    if (d.faults.size() != 1) continue;
+    const FaultKind kind = d.faults[0].kind;
+    if (kind != FaultKind::kCrash && kind != FaultKind::kHang) continue;
+    ASSERT_TRUE(r.restart_cost.has_value()) << Describe(r);
+    const RestartCost& c = *r.restart_cost;
+    EXPECT_EQ(c.cause, kind == FaultKind::kCrash ? "dead" : "hang") << Describe(r);
+    EXPECT_NEAR(c.stop_seconds, config.stop_seconds, 1e-6);
+    EXPECT_NEAR(c.load_seconds, config.load_seconds, 1e-6);
+    EXPECT_GE(c.relaunch_seconds, config.relaunch_seconds - 1e-6);
+    // The fault's step, less the newest checkpoint's, were computed for nothing.
+    const uint64_t every = static_cast<uint64_t>(config.checkpoint_every);
+    EXPECT_EQ(c.resumed_step, c.interrupted_step / every * every + 1) << Describe(r);
+    EXPECT_GT(c.redo_seconds, 0);
+    if (kind == FaultKind::kCrash) {
+      saw_crash = true;
+      EXPECT_LT(c.detection_seconds, 0.1) << "a death is seen at the next poll";
+    } else {
+      saw_hang = true;
+      EXPECT_GE(c.detection_seconds, config.agent.hang.floor_seconds) << "a hang waits its timeout";
+    }
+    EXPECT_LT(r.ettr, 1.0);
+    EXPECT_GT(r.ettr, 0.0);
+  }
+  EXPECT_TRUE(saw_crash && saw_hang);
+  const nlohmann::json report = Report(config, results, 7, 1.0);
+  const nlohmann::json& lost = report["time_lost"];
+  EXPECT_GT(lost["restarts"].get<int>(), 0);
+  EXPECT_GT(lost["mean_seconds_per_restart"].get<double>(), config.relaunch_seconds);
+  EXPECT_LT(lost["drills_ettr"].get<double>(), 1.0);
+  EXPECT_NEAR(lost["ettr_at_mtbf"].get<double>(),
+              1 - lost["mean_seconds_per_restart"].get<double>() / config.mtbf_seconds, 1e-3);
+}
+
 }  // namespace
 }  // namespace lifeline::agent::sim

@@ -654,12 +654,13 @@ PYBIND11_MODULE(_lifeline, m) {
   m.def("trace_collective_posted", [](uint64_t seq, uint32_t comm) { trace::CollectivePosted(seq, comm); });
   m.def("trace_collective_end", [](uint64_t seq, uint32_t comm) { trace::CollectiveEnd(seq, comm); });
   m.def("trace_heartbeat", [] { trace::Heartbeat(); });
-  m.def("trace_process_start", [](std::optional<uint64_t> step, const std::string& source) {
+  m.def("trace_process_start", [](std::optional<uint64_t> step, const std::string& source, double load_seconds) {
     const trace::ResumeSource where = source == "memory" ? trace::ResumeSource::kMemoryTier
                                       : source == "disk" ? trace::ResumeSource::kDisk
                                                          : trace::ResumeSource::kUnknown;
-    trace::ProcessStart(step ? *step : trace::kNoStep, where);
-  }, py::arg("step"), py::arg("source") = "");
+    trace::ProcessStart(step ? *step : trace::kNoStep, where,
+                        load_seconds > 0 ? static_cast<uint64_t>(load_seconds * 1e9) : 0);
+  }, py::arg("step"), py::arg("source") = "", py::arg("load_seconds") = 0.0);
   m.def("trace_process_exit", [] { trace::ProcessExit(); });
   m.def("trace_dropped", [] { return trace::Dropped(); });
   m.def("trace_dump", [](const std::string& path, uint64_t max_events) {

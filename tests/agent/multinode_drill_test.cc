@@ -24,6 +24,7 @@
 
 #include "agent/etcd/etcd_client.h"
 #include "agent/etcd/etcd_test_server.h"
+#include "agent/rendezvous.h"
 #include "agent/resume.h"
 #include "lifeline/internal/replication_record.h"
 
@@ -470,10 +471,12 @@ TEST_F(MultiNodeTest, ASlowLinkIsNamedByTheLeader) {
                              "slow_collective", 1);
 }
 
+// The drill's crash is a SIGKILL from outside: a fault of the machine, so every node exits 3 (a
+// requeue may help), the node that gave up and the one that learnt it from etcd alike.
 TEST_F(MultiNodeTest, ASpentBudgetEndsTheJobOnEveryNodeWithTheReason) {
   std::vector<NodeRun> runs = RunJob("budget", "--max-restarts 0", std::string(kSteps) + " --fault crash@1:30");
   for (const NodeRun& r : runs) {
-    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_EQ(r.exit_code, 3) << r.output;
     EXPECT_NE(r.output.find("restart budget spent"), std::string::npos) << r.output;
   }
   EXPECT_TRUE(JobKeys("budget").empty());
@@ -878,6 +881,102 @@ TEST_F(MultiNodeTest, AnUnreachableEtcdIsAClearErrorNamingTheEndpoint) {
   EXPECT_NE(run.output.find(endpoint), std::string::npos) << run.output;
   EXPECT_NE(run.output.find("unreachable"), std::string::npos) << run.output;
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20));
+}
+
+// Issue 35, item 3: a node whose rank dies at every launch is excluded after its second failure
+// (exclude_after 2), and the spare waiting beside the job (--standby) takes its place in the
+// third round; the job ends as a clean run of 4 ranks does, the bad node's agent and the spare's
+// leave with status 0, and every agent's log says who was excluded, why, and what the restarts cost.
+TEST_F(MultiNodeTest, ANodeFailingEveryRoundIsExcludedAfterTwoAndASpareTakesItsPlace) {
+  const std::string steps = "--steps 600 --ckpt-every 50 --compute-ms 2";
+  const auto single = SingleNodeFinals(steps);
+  const std::string flags = "--max-restarts 4";
+  const pid_t good = Spawn(AgentCommand("bad", 0, "bad", flags + " --node-rank 0 --node-name good-a", steps), Out("bad", 0));
+  const pid_t bad = Spawn(AgentCommand("bad", 1, "bad", flags + " --node-rank 1 --node-name bad-b",
+                                       steps + " --fault crash@2:30 --fault-every-launch"),
+                          Out("bad", 1));
+  const pid_t spare = Spawn(AgentCommand("bad", 2, "bad", flags + " --standby --node-name spare-c", steps), Out("bad", 2));
+  std::vector<NodeRun> runs(3);
+  const pid_t pids[] = {good, bad, spare};
+  for (int n = 0; n < 3; ++n) {
+    runs[n].exit_code = WaitFor(pids[n], 180);
+    Read("bad", n, &runs[n]);
+  }
+  for (int n = 0; n < 3; ++n) ASSERT_EQ(runs[n].exit_code, 0) << "node " << n << "\n" << runs[n].output;
+  // The job's final state: ranks 0-1 on the good node, 2-3 on the spare in the last round.
+  std::map<int, std::string> finals = runs[0].finals;
+  finals.insert(runs[2].finals.begin(), runs[2].finals.end());
+  EXPECT_EQ(finals, single);
+  std::vector<nlohmann::json> rounds;
+  for (const auto& a : runs[0].actions)
+    if (a.value("action", "") == "rendezvous") rounds.push_back(a);
+  ASSERT_EQ(rounds.size(), 3u) << Dump(runs[0].actions);
+  EXPECT_TRUE(rounds[1]["excluded"].empty()) << "one failure is not enough: " << rounds[1].dump();
+  ASSERT_EQ(rounds[2]["excluded"].size(), 1u) << rounds[2].dump();
+  EXPECT_EQ(rounds[2]["excluded"][0]["node"], "bad-b") << rounds[2].dump();
+  EXPECT_EQ(rounds[2]["excluded"][0]["failures"], 2) << rounds[2].dump();
+  EXPECT_EQ(rounds[2]["excluded"][0]["kept"], false) << rounds[2].dump();
+  EXPECT_EQ(Count(runs[0].actions, "action", "node_excluded"), 1) << Dump(runs[0].actions);
+  // Both restarts were caused by bad-b's rank 2, and cost something the log accounts for.
+  int restarts = 0, costs = 0;
+  for (const auto& a : runs[0].actions) {
+    if (a.value("action", "") == "time_lost") {
+      ++costs;
+      EXPECT_GT(a["seconds"].get<double>(), 0) << a.dump();
+      for (const char* phase : {"detection", "stop", "backoff", "relaunch", "load", "redo"})
+        EXPECT_GE(a[std::string(phase) + "_seconds"].get<double>(), 0) << a.dump();
+    }
+  }
+  for (const auto& log : {runs[0].actions, runs[1].actions})
+    for (const auto& a : log)
+      if (a.value("action", "") == "restart") {
+        ++restarts;
+        EXPECT_EQ(a["node"], "bad-b") << a.dump();
+      }
+  EXPECT_EQ(restarts, 2) << Dump(runs[0].actions) << Dump(runs[1].actions);
+  EXPECT_EQ(costs, 2) << Dump(runs[0].actions);
+  // The bad node was told, waited as a spare, and left when the job finished without it.
+  EXPECT_NE(runs[1].output.find("is excluded from round 2 as bad"), std::string::npos) << runs[1].output;
+  EXPECT_EQ(Count(runs[1].actions, "action", "finished_without_this_node"), 1) << Dump(runs[1].actions);
+  // The finished line carries the job's time account.
+  for (const auto& a : runs[0].actions)
+    if (a.value("action", "") == "finished") {
+      const double ettr = a["time"]["ettr"].get<double>();
+      EXPECT_GT(ettr, 0) << a.dump();
+      EXPECT_LT(ettr, 1) << a.dump();
+    }
+  EXPECT_TRUE(JobKeys("bad").empty());
+}
+
+// Issue 35, item 3: the failures are kept per node with the job; an operator's readmit makes the
+// earlier ones not count.
+TEST_F(MultiNodeTest, AnOperatorReadmitsAnExcludedNode) {
+  RendezvousConfig rc;
+  rc.endpoint = etcd_.endpoint();
+  rc.job = "readmit";
+  rc.host = "127.0.0.1";
+  rc.node_name = "judge";
+  Result<std::unique_ptr<Rendezvous>> r = Rendezvous::Connect(rc);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  Rendezvous& z = **r;
+  ASSERT_TRUE(z.RecordNodeFailure(0, "flaky", "dead (ranks 2)").ok());
+  ASSERT_TRUE(z.RecordNodeFailure(0, "flaky", "dead (ranks 2)").ok());  // the same round again: once
+  ASSERT_TRUE(z.BadNodes().ok());
+  EXPECT_TRUE(z.BadNodes()->empty()) << "one round's failure";
+  ASSERT_TRUE(z.RecordNodeFailure(1, "flaky", "hang (ranks 3)").ok());
+  ASSERT_TRUE(z.RecordNodeFailure(1, "steady", "dead (ranks 0)").ok());
+  Result<std::vector<ExcludedNode>> bad = z.BadNodes();
+  ASSERT_TRUE(bad.ok());
+  ASSERT_EQ(bad->size(), 1u);
+  EXPECT_EQ((*bad)[0].name, "flaky");
+  EXPECT_EQ((*bad)[0].failures, 2u);
+  EXPECT_EQ((*bad)[0].last_cause, "hang (ranks 3)");
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));  // the readmit comes after the failures
+  ASSERT_TRUE(z.Readmit("flaky").ok());
+  EXPECT_TRUE(z.BadNodes()->empty());
+  EXPECT_FALSE(z.Readmit("a/b").ok());
+  z.Leave(/*finished=*/false);
+  EXPECT_TRUE(JobKeys("readmit").empty());
 }
 
 }  // namespace

@@ -100,11 +100,13 @@ LIFELINE_EXPORT uint64_t CollectiveBegin(Op op, uint64_t bytes, uint32_t comm = 
 LIFELINE_EXPORT void CollectivePosted(uint64_t seq, uint32_t comm = 0);
 LIFELINE_EXPORT void CollectiveEnd(uint64_t seq, uint32_t comm = 0);
 LIFELINE_EXPORT void Heartbeat();
-// The process resumed from `step` (kNoStep: started fresh). Drills and integrations call it once
-// after loading, so the agent can time a restart until training resumed.
 // Where a process resumed from, as its load found it (kProcessStart's seq).
 enum class ResumeSource : uint64_t { kUnknown = 0, kDisk = 1, kMemoryTier = 2 };
-LIFELINE_EXPORT void ProcessStart(uint64_t resumed_step, ResumeSource source = ResumeSource::kUnknown);
+// The process resumed from `step` (kNoStep: started fresh), its load having taken `load_ns`
+// (kProcessStart's duration_ns; 0: not measured). Drills and integrations call it once after
+// loading, so the agent can time a restart until training resumed, and tell its load apart.
+LIFELINE_EXPORT void ProcessStart(uint64_t resumed_step, ResumeSource source = ResumeSource::kUnknown,
+                                  uint64_t load_ns = 0);
 // An orderly end: the agent tells it apart from a crash that happens to exit 0.
 LIFELINE_EXPORT void ProcessExit();
 // Records `event` as given (time_ns filled in when 0, step when kNoStep: the step the process is

@@ -20,6 +20,7 @@ lifeline.torch.load(ckpt, model, optimizer) loads it. See docs/python.md.
 import json as _json
 import os as _os
 import sys as _sys
+import time as _time
 import warnings as _warnings
 
 from . import _lifeline
@@ -290,6 +291,7 @@ class Checkpointer:
         been saved with any world size and layout: each tensor or Shard gets its region of the
         stored global tensor. `last_load` then holds step, from_memory_tier, saved_world_size,
         bytes_read, metadata and missing_objects."""
+        self._load_began = _time.monotonic()
         targets = _state.LoadTargets(state)
         if step is None and self._dist is not None and not self._pinned:
             result = self._load_agreed(targets.specs, objects_of_rank)
@@ -383,7 +385,8 @@ class Checkpointer:
         # restarts by it and checks the step against the one the launch was to resume from.
         if not self._announced:
             self._announced = True
-            trace.process_start(step, source)
+            began = getattr(self, "_load_began", None)
+            trace.process_start(step, source, None if began is None else _time.monotonic() - began)
 
     # ---- housekeeping ----
 

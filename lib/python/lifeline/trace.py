@@ -70,10 +70,12 @@ def heartbeat():
     _lifeline.trace_heartbeat()
 
 
-def process_start(resumed_step=None, source=None):
+def process_start(resumed_step=None, source=None, load_seconds=None):
     """This process resumed from `resumed_step` (None: started fresh), read from `source` ("memory"
-    for the memory tier, "disk", or None: not said). Checkpointer.load calls it."""
-    _lifeline.trace_process_start(None if resumed_step is None else int(resumed_step), source or "")
+    for the memory tier, "disk", or None: not said), its load having taken `load_seconds` (None:
+    not measured; the agent then counts the load in the relaunch). Checkpointer.load calls it."""
+    _lifeline.trace_process_start(None if resumed_step is None else int(resumed_step), source or "",
+                                  float(load_seconds or 0.0))
 
 
 def process_exit():

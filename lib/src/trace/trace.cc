@@ -286,7 +286,7 @@ void Heartbeat() {
   Emit(t, e);
 }
 
-void ProcessStart(uint64_t resumed_step, ResumeSource source) {
+void ProcessStart(uint64_t resumed_step, ResumeSource source, uint64_t load_ns) {
   Tracer* t = Get();
   if (t == nullptr) return;
   Event e;
@@ -294,6 +294,7 @@ void ProcessStart(uint64_t resumed_step, ResumeSource source) {
   e.step = resumed_step;
   e.aux = static_cast<uint64_t>(getpid());
   e.seq = static_cast<uint64_t>(source);
+  e.duration_ns = load_ns;
   Emit(t, e);
 }
 
