@@ -119,8 +119,9 @@ struct AgentConfig {
   uint32_t dump_events = 1000;           // events per rank in a diagnostic dump
   // A rank still alive this long after every other local rank exited 0, with no event since, is
   // stuck in its exit (a collective library's teardown): named exit_hang and stopped; the job ends
-  // with the others' status. 0: never.
-  double exit_hang_seconds = 60;
+  // with the others' status. Long enough for a last export by one rank; one that takes longer says
+  // it is alive (lifeline.trace.heartbeat()). 0: never.
+  double exit_hang_seconds = 300;
   // What the scheduler's environment said (agent/scheduler_env.h), for the events log: its name,
   // the variables read, the allocation's hosts and how often it was requeued.
   std::string scheduler;

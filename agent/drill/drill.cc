@@ -182,7 +182,7 @@ std::optional<std::string> ReadLaunch(Launch* l) {
 
 // ---- faults ----
 
-enum class FaultKind { kCrash, kHang, kSlow, kSlowComm };
+enum class FaultKind { kCrash, kHang, kSlow, kSlowComm, kExitHang };
 
 struct Fault {
   FaultKind kind = FaultKind::kCrash;
@@ -193,8 +193,8 @@ struct Fault {
 
 std::optional<std::string> ParseFault(const std::string& spec, uint32_t world_size, uint64_t steps, Fault* f) {
   const std::string usage = "--fault '" + spec +
-                            "': expected crash@RANK:STEP, hang@RANK:STEP, slow@RANK:STEP:MS or "
-                            "slowcomm@RANK:STEP:MS";
+                            "': expected crash@RANK:STEP, hang@RANK:STEP, slow@RANK:STEP:MS, "
+                            "slowcomm@RANK:STEP:MS or exithang@RANK:STEP";
   const size_t at = spec.find('@');
   if (at == std::string::npos) return usage;
   const std::string kind = spec.substr(0, at);
@@ -214,6 +214,8 @@ std::optional<std::string> ParseFault(const std::string& spec, uint32_t world_si
     f->kind = FaultKind::kSlow, want = 3;
   } else if (kind == "slowcomm") {
     f->kind = FaultKind::kSlowComm, want = 3;
+  } else if (kind == "exithang") {
+    f->kind = FaultKind::kExitHang, want = 2;
   } else {
     return usage + " (unknown kind '" + kind + "')";
   }
@@ -237,6 +239,10 @@ struct FaultPlan {
 
   bool Crash(uint64_t k) const { return Has(FaultKind::kCrash, k); }
   bool Hang(uint64_t k) const { return Has(FaultKind::kHang, k); }
+  // After its final line the rank never exits, as a collective library's teardown that deadlocks.
+  bool ExitHang() const {
+    return std::any_of(faults.begin(), faults.end(), [](const Fault& f) { return f.kind == FaultKind::kExitHang; });
+  }
   // Milliseconds added from the fault's step on; several faults of a kind add up.
   uint64_t ExtraMs(FaultKind kind, uint64_t k) const {
     uint64_t ms = 0;
@@ -641,6 +647,10 @@ int Run(const Flags& flags, const Launch& l) {
   const uint64_t last = resumed != trace::kNoStep && resumed > flags.steps ? resumed : flags.steps;
   std::printf("final rank=%u step=%" PRIu64 " checksum=%016" PRIx64 "\n", rank, last, Checksum(model));
   std::fflush(stdout);
+  if (plan.ExitHang()) {
+    std::fprintf(stderr, "lifeline-drill: rank %u: fault: never exits\n", rank);
+    for (;;) pause();
+  }
   return kExitOk;
 }
 
@@ -668,8 +678,8 @@ int main(int argc, char** argv) {
   app.add_option("--jitter-ms", flags.jitter_ms, "Up to this much extra compute per step, drawn from (rank, step)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--fault", flags.faults,
-                 "crash@RANK:STEP, hang@RANK:STEP, slow@RANK:STEP:MS or slowcomm@RANK:STEP:MS; repeatable; "
-                 "first launch only")
+                 "crash@RANK:STEP, hang@RANK:STEP, slow@RANK:STEP:MS, slowcomm@RANK:STEP:MS or exithang@RANK:STEP "
+                 "(after its final line the rank never exits); repeatable; first launch only")
       ->allow_extra_args(false);
   app.add_flag("--fault-every-launch", flags.fault_every_launch,
                "Apply the faults at every launch, not only the first (a node that fails whatever is done)");

@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -166,6 +167,28 @@ TEST_F(DrillTest, SlowLinkIsNamedASlowCollective) {
     EXPECT_EQ(a["ranks"], nlohmann::json::array({1})) << a.dump();
     EXPECT_EQ(a.value("op", ""), "allreduce") << a.dump();
   }
+}
+
+// Issue 35, item 5: rank 1 prints its final line and never exits (a teardown that deadlocks). The
+// agent names it exit_hang once the others have been gone exit_hang_seconds, stops it, and the
+// job ends as the others did: status 0, the clean run's state, no restart.
+TEST_F(DrillTest, ARankStuckInItsExitIsNamedStoppedAndTheJobEndsWell) {
+  const auto& clean = CleanFinals();
+  const std::string config = dir_ + "/exit-hang.yaml";
+  std::ofstream(config) << "exit_hang_seconds: 2\n";
+  const auto t0 = std::chrono::steady_clock::now();
+  Outcome o = Run("exithang", "--config " + config, "--steps 200 --ckpt-every 20 --fault exithang@1:200");
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  ASSERT_EQ(o.anomalies.size(), 1u) << Dump(o.anomalies);
+  EXPECT_EQ(o.anomalies[0]["kind"], "exit_hang") << Dump(o.anomalies);
+  EXPECT_EQ(o.anomalies[0]["ranks"], nlohmann::json::array({1})) << Dump(o.anomalies);
+  EXPECT_EQ(Count(o.actions, "action", "restart"), 0) << Dump(o.actions);
+  EXPECT_EQ(Count(o.actions, "action", "finished"), 1) << Dump(o.actions);
+  bool stopped = false;
+  for (const auto& a : o.actions) stopped = stopped || (a.value("action", "") == "stop" && a.value("reason", "") == "exit_hang");
+  EXPECT_TRUE(stopped) << Dump(o.actions);
+  EXPECT_EQ(o.finals, clean);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(60)) << "the stuck rank was not waited for";
 }
 
 TEST_F(DrillTest, SpentRestartBudgetEndsTheJobWithTheReason) {

@@ -888,14 +888,43 @@ TEST_F(MultiNodeTest, AnUnreachableEtcdIsAClearErrorNamingTheEndpoint) {
 // third round; the job ends as a clean run of 4 ranks does, the bad node's agent and the spare's
 // leave with status 0, and every agent's log says who was excluded, why, and what the restarts cost.
 TEST_F(MultiNodeTest, ANodeFailingEveryRoundIsExcludedAfterTwoAndASpareTakesItsPlace) {
-  const std::string steps = "--steps 600 --ckpt-every 50 --compute-ms 2";
+  const std::string steps = "--steps 1500 --ckpt-every 50 --compute-ms 2";
   const auto single = SingleNodeFinals(steps);
   const std::string flags = "--max-restarts 4";
-  const pid_t good = Spawn(AgentCommand("bad", 0, "bad", flags + " --node-rank 0 --node-name good-a", steps), Out("bad", 0));
+  const std::string run_dir = dir_ + "/bad.run.0";
+  const pid_t good = Spawn(AgentCommand("bad", 0, "bad", flags + " --node-rank 0 --node-name good-a --run-dir " + run_dir, steps),
+                           Out("bad", 0));
   const pid_t bad = Spawn(AgentCommand("bad", 1, "bad", flags + " --node-rank 1 --node-name bad-b",
                                        steps + " --fault crash@2:30 --fault-every-launch"),
                           Out("bad", 1));
   const pid_t spare = Spawn(AgentCommand("bad", 2, "bad", flags + " --standby --node-name spare-c", steps), Out("bad", 2));
+  // While the third round runs, the good node's control socket says who was excluded and why,
+  // and takes the operator's readmit.
+  nlohmann::json status, readmitted;
+  const auto ask = [&](const std::string& request) {
+    std::string out;
+    if (FILE* p = popen((std::string(LIFELINE_AGENT_BIN) + " ctl " + run_dir + "/control.sock " + request + " 2>/dev/null").c_str(), "r")) {
+      char buf[4096];
+      while (fgets(buf, sizeof(buf), p) != nullptr) out += buf;
+      pclose(p);
+    }
+    return nlohmann::json::parse(out, nullptr, /*allow_exceptions=*/false);
+  };
+  for (int status_code = 0; waitpid(good, &status_code, WNOHANG) == 0;) {
+    const nlohmann::json s = ask("status");
+    if (s.is_object() && s.contains("excluded") && !s["excluded"].empty()) {
+      status = s;
+      readmitted = ask("readmit bad-b");
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(status.is_object()) << "the good node never said a node was excluded";
+  EXPECT_EQ(status["excluded"][0]["node"], "bad-b") << status.dump();
+  EXPECT_EQ(status["excluded"][0]["failures"], 2) << status.dump();
+  EXPECT_NE(status["excluded"][0]["last_cause"].get<std::string>().find("dead"), std::string::npos) << status.dump();
+  EXPECT_EQ(status["round"], 2) << status.dump();
+  EXPECT_EQ(readmitted.value("ok", false), true) << readmitted.dump();
   std::vector<NodeRun> runs(3);
   const pid_t pids[] = {good, bad, spare};
   for (int n = 0; n < 3; ++n) {
@@ -917,6 +946,7 @@ TEST_F(MultiNodeTest, ANodeFailingEveryRoundIsExcludedAfterTwoAndASpareTakesItsP
   EXPECT_EQ(rounds[2]["excluded"][0]["failures"], 2) << rounds[2].dump();
   EXPECT_EQ(rounds[2]["excluded"][0]["kept"], false) << rounds[2].dump();
   EXPECT_EQ(Count(runs[0].actions, "action", "node_excluded"), 1) << Dump(runs[0].actions);
+  EXPECT_EQ(Count(runs[0].actions, "action", "node_readmitted"), 1) << Dump(runs[0].actions);
   // Both restarts were caused by bad-b's rank 2, and cost something the log accounts for.
   int restarts = 0, costs = 0;
   for (const auto& a : runs[0].actions) {

@@ -24,6 +24,7 @@ Layout of the state (the tensor paths are what the checkpoint holds):
                                         their hyperparameters and parameter names
 """
 
+import time as _time
 from collections.abc import Mapping as _Mapping
 
 import torch as _torch  # the real torch: imports are absolute
@@ -369,6 +370,7 @@ def load(ckpt, model, optimizer=None, *, strict=True, step=None, required=False)
     strict=True raises lifeline.Error InvalidArgument listing every missing and every unexpected
     key, before anything is loaded; strict=False loads the keys both sides have and reports the
     others in the result's missing_keys / unexpected_keys. A dtype or shape mismatch always raises."""
+    ckpt._load_began = _time.monotonic()  # the agent's account of a restart times the load
     tensors, _replica, name_of, _buffers = _model_tensors(model)
     plans = {}
 

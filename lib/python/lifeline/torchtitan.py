@@ -52,6 +52,7 @@ from __future__ import annotations
 import dataclasses as _dataclasses
 import os as _os
 import sys as _sys
+import time as _time
 from typing import Any, Literal
 
 import torch as _torch
@@ -193,6 +194,7 @@ class LifelineCheckpointManager(BaseCheckpointManager):
 
     @_torch.no_grad()
     def _load(self, step: int = -1) -> bool:
+        self._checkpointer._load_began = _time.monotonic()  # the agent's account of a restart times the load
         if step == -1:
             step = self._resume_step()
         elif step not in self._complete_steps():
