@@ -55,7 +55,10 @@ struct CheckpointConfig {
 struct RestartConfig {
   uint32_t max_restarts = 3;          // --max-restarts; then the agent exits non-zero with the reason
   double grace_seconds = 10;          // SIGTERM, then SIGKILL after this long
-  double backoff_initial_seconds = 1; // wait before the first relaunch
+  // The wait before a relaunch: none after a launch that ran (every rank began a step, or it lived
+  // a minute) and failed; for launches failing in a row before that, backoff_initial x
+  // multiplier^(n-1) for the n-th, at most backoff_max.
+  double backoff_initial_seconds = 1;
   double backoff_multiplier = 2;
   double backoff_max_seconds = 60;
 };

@@ -174,8 +174,10 @@ class Supervisor {
   PollDecision Poll(const PollInput& in);
 
   // After the ranks were stopped for `reason` (PollDecision::restart) at `now_ns`: whether to
-  // relaunch. A command that failed before its first step the same way at two launches in a row
-  // gives up (a relaunch cannot help); so does a spent budget. `ends`: per local rank, as the
+  // relaunch, and after what back-off: none when the failed launch ran (every rank began a step,
+  // or it lived a minute), else backoff_initial x multiplier^(n-1) for the n-th such failure in a
+  // row, at most backoff_max. A command that failed before its first step the same way at two
+  // launches in a row gives up (a relaunch cannot help); so does a spent budget. `ends`: per local rank, as the
   // launcher left it. Relaunching is the caller's, with SupervisedLaunch::restart one more.
   RestartPlan PlanRestart(const Anomaly& reason, uint64_t now_ns, const std::vector<RankEnd>& ends);
   // The ranks were stopped at `now_ns` because another node moved the job to a new round (no
@@ -270,6 +272,10 @@ class Supervisor {
   // How the previous launch failed when it failed before any step: the exit codes and last lines
   // of the ranks that died ("" otherwise). The same again means a relaunch cannot help.
   std::string startup_failure_;
+  // Launches that failed in a row before they ran (every rank stepping, or a minute): the back-off
+  // grows with them; a launch that ran and failed is relaunched at once.
+  uint32_t failed_in_a_row_ = 0;
+  static constexpr uint64_t kRanSeconds = 60;
 };
 
 }  // namespace lifeline::agent

@@ -302,6 +302,41 @@ TEST(SupervisorTest, BackOffGrowsWithTheRestartsAndTheBudgetEndsTheJob) {
   EXPECT_TRUE(plan.job_wide);
 }
 
+// Issue 36, item 4: a launch that ran and then failed is relaunched at once; only launches failing
+// in a row before they ran back off, and a launch that runs again resets the back-off.
+TEST(SupervisorTest, OnlyFailuresInARowBackOff) {
+  AgentConfig config = Config(2);
+  config.restart.max_restarts = 10;
+  config.restart.backoff_initial_seconds = 1;
+  config.restart.backoff_multiplier = 2;
+  config.restart.backoff_max_seconds = 60;
+  Harness h(2, std::nullopt, config);
+  uint32_t restart = 0;
+  auto fail = [&](bool ran) {
+    if (ran) {
+      h.FullStep(0, 10, 1);
+      h.FullStep(1, 10, 1);
+    } else {
+      h.IntoCollective(0, 10, 1);  // rank 1 never got to a step
+    }
+    const PollDecision d = h.Poll(1 * kSec, {{0, SIGKILL}});
+    EXPECT_TRUE(d.restart.has_value());
+    const RestartPlan plan = h.supervisor().PlanRestart(*d.restart, h.now, {{SIGKILL, ""}, {SIGTERM, ""}});
+    EXPECT_EQ(plan.give_up, "");
+    h.Launch(2, std::nullopt, ++restart);
+    return plan.backoff_seconds;
+  };
+  EXPECT_EQ(fail(/*ran=*/true), 0.0) << "a fault once in a while: no wait";
+  EXPECT_EQ(fail(false), 1.0);
+  EXPECT_EQ(fail(false), 2.0);
+  EXPECT_EQ(fail(false), 4.0);
+  EXPECT_EQ(fail(true), 0.0) << "it ran again: the back-off starts over";
+  EXPECT_EQ(fail(false), 1.0);
+  // A launch that lived a minute ran, stepping or not (a command the agent cannot see step).
+  h.now += 61 * kSec;
+  EXPECT_EQ(fail(false), 0.0);
+}
+
 TEST(SupervisorTest, TheSameFailureBeforeTheFirstStepAtTwoLaunchesInARowGivesUp) {
   Harness h(2, std::nullopt, Config(2));
   const std::vector<RankEnd> import_error = {{kExit1, "ModuleNotFoundError: No module named 'trainer'"}, {SIGTERM, ""}};
