@@ -106,12 +106,6 @@ std::string FindPythonStartupDir(std::string* looked) {
   return "";
 }
 
-std::string HostName() {
-  char buf[256] = {};
-  if (gethostname(buf, sizeof(buf) - 1) != 0 || buf[0] == '\0') return "localhost";
-  return buf;
-}
-
 // A rank ended by SIGTERM, SIGINT or SIGHUP that the agent did not send: maybe the scheduler's
 // stop of the whole job, which reaches the agent too.
 bool KilledByATermination(const Anomaly& a) {

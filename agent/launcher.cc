@@ -250,6 +250,12 @@ bool Launcher::Signal(int rank, int sig) {
   return false;
 }
 
+std::string HostName() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof(buf) - 1) != 0 || buf[0] == '\0') return "localhost";
+  return buf;
+}
+
 uint32_t PickFreePort() {
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return 29500;

@@ -65,6 +65,9 @@ class Launcher {
 // none can be found).
 uint32_t PickFreePort();
 
+// This machine's hostname ("localhost" when it has none).
+std::string HostName();
+
 // "SIGKILL", "SIGSEGV", ... ("signal N" when unnamed).
 std::string SignalName(int sig);
 // "exit code 3" or "killed by SIGKILL".

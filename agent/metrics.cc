@@ -16,6 +16,8 @@
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 
+#include "agent/launcher.h"
+
 #ifndef LIFELINE_VERSION
 #define LIFELINE_VERSION "unknown"
 #endif
@@ -216,8 +218,7 @@ AgentMetrics::AgentMetrics(const std::string& job, int world, const std::string&
   for (const char* cause : {"dead", "hang", "node_lost"})
     restarts_by_cause_->Add({{"cause", cause}, {"node", node.empty() ? "unknown" : node}});
   nodes_excluded_ = &gauge("lifeline_nodes_excluded")->Add({});
-  char host[256] = {};
-  JoinedRound(gethostname(host, sizeof(host) - 1) == 0 && host[0] != '\0' ? host : "localhost", 0);  // one node
+  JoinedRound(HostName(), 0);  // one node
   // Every kind appears from the start, so a rate() over it is defined before the first anomaly.
   for (const char* kind : {"dead", "hang", "straggler", "slow_collective", "checkpoint", "node_lost"})
     anomalies_->Add({{"kind", kind}, {"rank", "none"}});

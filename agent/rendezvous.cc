@@ -142,12 +142,6 @@ int64_t UnixMillis() {
       .count();
 }
 
-std::string HostName() {
-  char buf[256] = {};
-  if (gethostname(buf, sizeof(buf) - 1) != 0 || buf[0] == '\0') return "localhost";
-  return buf;
-}
-
 }  // namespace
 
 std::vector<int> RoundPlan::RanksOf(int group) const {
