@@ -307,13 +307,18 @@ class _TracedWork:
 # run in four. So each callback holds a _Pending token, freed with the callback, and at exit
 # (before finalization) the interpreter waits for every token, for at most _EXIT_WAIT_S. The
 # worker thread goes on to release the finished work (and the tensors it held) just after our
-# callback; _EXIT_GRACE_S more lets it: without it, 2 runs in 30 of a DDP script still aborted on
-# 2 cores under load, with it none in 40.
+# callback, which may need the GIL once more: a fixed 50 ms for it (2 runs in 30 of a DDP script
+# aborted without it, none in 40 with it) still lost one FSDP2 run in a full test suite on 2 busy
+# cores, where a worker can wait longer than that for a core. So after the tokens the exit waits
+# until no other thread of the process is runnable (state R in /proc: running, or ready and waiting
+# for a core) twice in a row, for at most _EXIT_QUIET_S: a worker still on its way to the GIL is
+# runnable, one parked on its queue is not.
 
 _pending = set()  # ids of the live tokens; set.add and set.discard are atomic under the GIL
 _used = False     # whether any callback was ever given to a torch future
 _EXIT_WAIT_S = 1.0  # a collective still in flight at exit will not finish for us; its callback is not waited on longer
-_EXIT_GRACE_S = 0.05
+_EXIT_GRACE_S = 0.01
+_EXIT_QUIET_S = 0.5
 
 
 class _Pending:
@@ -328,13 +333,45 @@ class _Pending:
         _pending.discard(id(self))
 
 
+def _runnable_threads(me):
+    """Threads of this process other than `me` (a native id) that are running or ready to run;
+    None where /proc cannot tell."""
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    busy = 0
+    for tid in tids:
+        if tid == str(me):
+            continue
+        try:
+            with open(f"/proc/self/task/{tid}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue  # ended meanwhile
+        # "tid (comm) S ...": the state follows the last ')', as comm may hold anything.
+        if stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3] == b"R":
+            busy += 1
+    return busy
+
+
 def _wait_for_callbacks():
     import time
     deadline = time.monotonic() + _EXIT_WAIT_S
     while _pending and time.monotonic() < deadline:
         time.sleep(0.001)  # lets the communication threads take the GIL and finish
-    if _used:
-        time.sleep(_EXIT_GRACE_S)
+    if not _used:
+        return
+    time.sleep(_EXIT_GRACE_S)
+    me = threading.get_native_id()
+    quiet, deadline = 0, time.monotonic() + _EXIT_QUIET_S
+    while quiet < 2 and time.monotonic() < deadline:
+        busy = _runnable_threads(me)
+        if busy is None:
+            time.sleep(0.05)  # no /proc: the old fixed grace
+            return
+        quiet = quiet + 1 if busy == 0 else 0
+        time.sleep(0.002)
 
 
 def _track(work, seq, comm, proxy=True):
