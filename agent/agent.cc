@@ -175,10 +175,11 @@ void Agent::Cleanup() {
   if (rdzv_ != nullptr) {
     rdzv_->Leave(finished_);  // the last node out removes the job's keys from etcd
     if (!usage.is_null()) {
-      const EtcdTraffic t = rdzv_->client().traffic();
+      const EtcdTraffic t = rdzv_->traffic();
       usage["etcd_requests"] = t.requests;
       usage["etcd_bytes_sent"] = t.bytes_sent;
       usage["etcd_bytes_received"] = t.bytes_received;
+      usage["etcd_watch_events"] = rdzv_->watch_events();
     }
     rdzv_.reset();
   }
@@ -249,6 +250,7 @@ Status Agent::Setup() {
     rc.lease_seconds = z.lease_seconds;
     rc.last_call_seconds = z.last_call_seconds;
     rc.join_timeout_seconds = z.join_timeout_seconds;
+    rc.watch = z.watch;
     if (config_.replication.enabled) {
       replication::ReplicationSettings rs;
       rs.bandwidth_bytes_per_second = static_cast<uint64_t>(config_.replication.bandwidth_mb_per_second * 1e6);

@@ -320,6 +320,7 @@ Status ReadDocument(const YamlReader& r, const YAML::Node& root, AgentConfig* c)
         if (f == "lease_seconds") return r.Double(fk, fv, key, &z.lease_seconds);
         if (f == "last_call_seconds") return r.Double(fk, fv, key, &z.last_call_seconds);
         if (f == "join_timeout_seconds") return r.Double(fk, fv, key, &z.join_timeout_seconds);
+        if (f == "watch") return r.Bool(fk, fv, key, &z.watch);
         if (f == "failure_grace_seconds") return r.Double(fk, fv, key, &z.failure_grace_seconds);
         return r.UnknownKey(fk, key);
       });

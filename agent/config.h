@@ -85,6 +85,9 @@ struct RendezvousSettings {
   double lease_seconds = 10;       // an agent silent this long is taken for lost (node_lost)
   double last_call_seconds = 3;    // with MIN nodes in, how long a round waits for more (up to MAX)
   double join_timeout_seconds = 900;
+  // How the agent follows etcd: one watch stream (etcd's load grows with the job's changes), or,
+  // false, polls of the same keys every 0.25 s (for a proxy in between that does not pass streams).
+  bool watch = true;
   // A rank of this node that exits with a status (or aborts) is held back this long before it is
   // acted on: it is often the echo of a failure on another node (its collective's connection
   // closed under it), and the node that failed first, by the failure times reported in etcd,

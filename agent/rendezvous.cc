@@ -170,9 +170,10 @@ Status ParseNodeRange(const std::string& text, uint32_t* min_nodes, uint32_t* ma
   return Status::OK();
 }
 
-Rendezvous::Rendezvous(RendezvousConfig config, std::unique_ptr<EtcdClient> client)
+Rendezvous::Rendezvous(RendezvousConfig config, std::unique_ptr<EtcdClient> client, std::unique_ptr<EtcdMirror> mirror)
     : config_(std::move(config)),
       client_(std::move(client)),
+      mirror_(std::move(mirror)),
       prefix_("/lifeline/" + config_.job + "/"),
       node_id_(config_.host + ":" + std::to_string(getpid()) + ":" + NewLaunchNonce().substr(0, 8)),
       node_name_(!config_.node_name.empty() ? config_.node_name : config_.host) {}
@@ -189,7 +190,12 @@ Result<std::unique_ptr<Rendezvous>> Rendezvous::Connect(RendezvousConfig config)
   if (Status s = client->Ping(); !s.ok())
     return Status::Unavailable("rendezvous", "etcd at " + config.endpoint + " is unreachable (" + s.ToString() +
                                                  "); start etcd or correct --rdzv-endpoint");
-  auto r = std::unique_ptr<Rendezvous>(new Rendezvous(std::move(config), std::move(client)));
+  EtcdMirrorOptions mirror_options;
+  mirror_options.watch = config.watch;
+  mirror_options.poll_seconds = config.poll_seconds;
+  mirror_options.request_timeout_seconds = std::max(1.0, config.lease_seconds / 4);
+  LL_ASSIGN_OR_RETURN(std::unique_ptr<EtcdMirror> mirror, EtcdMirror::Start(config.endpoint, mirror_options));
+  auto r = std::unique_ptr<Rendezvous>(new Rendezvous(std::move(config), std::move(client), std::move(mirror)));
   LL_ASSIGN_OR_RETURN(int64_t lease, r->client_->GrantLease(static_cast<int64_t>(std::max(2.0, r->config_.lease_seconds))));
   r->lease_ = lease;
   LL_RETURN_IF_ERROR(r->client_->PutIfAbsent(r->Key("round"), "0").status());
@@ -202,8 +208,16 @@ Rendezvous::~Rendezvous() {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
   if (watcher_.joinable()) watcher_.join();
+}
+
+EtcdTraffic Rendezvous::traffic() const {
+  EtcdTraffic t = client_->traffic();
+  const EtcdTraffic m = mirror_->traffic();
+  t.requests += m.requests;
+  t.bytes_sent += m.bytes_sent;
+  t.bytes_received += m.bytes_received;
+  return t;
 }
 
 Result<uint64_t> Rendezvous::CurrentRound() {
@@ -386,9 +400,34 @@ Status Rendezvous::TryClose(uint64_t round, const std::vector<EtcdKeyValue>& mem
 }
 
 Result<bool> Rendezvous::EndedWithout(uint64_t round, size_t planned) {
-  LL_ASSIGN_OR_RETURN(std::vector<std::vector<EtcdKeyValue>> done,
-                      client_->ReadMany({{Key("rounds/" + std::to_string(round) + "/finished/"), /*keys_only=*/true}}));
-  return planned > 0 && done[0].size() >= planned;
+  const std::vector<EtcdKeyValue> done = mirror_->Under(Key("rounds/" + std::to_string(round) + "/finished/"));
+  return planned > 0 && done.size() >= planned;
+}
+
+void Rendezvous::Refocus() {
+  std::vector<std::string> ranges = {Key("round"), Key("give_up")};
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const std::optional<uint64_t> focus = in_round_ ? std::optional<uint64_t>(my_round_) : joining_;
+    if (focus) {
+      const std::string dir = Key("rounds/" + std::to_string(*focus) + "/");
+      // The plan (every node's entry: the largest value of the job) only until it is read.
+      if (in_round_) ranges.push_back(dir + "leader");
+      else ranges.insert(ranges.end(), {dir + "closer", dir + "plan"});
+      // The round's entries for whoever judges them: the closer before the plan, the leader after.
+      if ((!in_round_ && closer_ && !unplaced_) || (in_round_ && leader_)) ranges.push_back(dir + "nodes/");
+      if ((in_round_ && leader_) || unplaced_) ranges.push_back(dir + "finished/");
+    }
+  }
+  mirror_->Track(std::move(ranges));
+}
+
+Result<uint64_t> Rendezvous::MirroredRound() const {
+  const std::optional<EtcdKeyValue> kv = mirror_->Get(Key("round"));
+  if (!kv) return uint64_t{0};
+  const std::optional<uint64_t> round = ParseDecimal(kv->value);
+  if (!round) return Status::Corruption("etcd key " + Key("round"), "'" + kv->value + "' is not a round number");
+  return *round;
 }
 
 Result<RoundPlan> Rendezvous::Join(const ResumeOffer& offer, const std::function<bool()>& stop,
@@ -398,21 +437,31 @@ Result<RoundPlan> Rendezvous::Join(const ResumeOffer& offer, const std::function
   {
     std::lock_guard<std::mutex> lock(mu_);
     in_round_ = false;
+    joining_.reset();
+    closer_ = false;
+    unplaced_ = false;
   }
+  Refocus();
   Status last_error;
   std::optional<uint64_t> round;
   std::string entry_key;
   size_t seen_members = 0;
+  bool members_known = false;     // seen_members counts (this node closes, or it asked etcd)
   Clock::time_point last_change = Clock::now();
   bool closed_without_me = false;
   size_t planned_without_me = 0;  // the nodes of the round that closed without this node
   std::vector<std::string> previous;  // the names of the nodes of the round before the one joined
   std::string unplaced_note;      // why this node was not placed, once said
-  // One look at etcd: the plan once the round closed with this node in it, nullopt to look again.
+  // One look at the mirror (and what follows from it): the plan once the round closed with this
+  // node in it, nullopt to look again.
   auto step = [&]() -> Result<std::optional<RoundPlan>> {
-    LL_ASSIGN_OR_RETURN(std::optional<EtcdKeyValue> gave_up, client_->Get(Key("give_up")));
-    if (gave_up) return Status::Aborted("job " + config_.job, "another node ended it: " + gave_up->value);
-    LL_ASSIGN_OR_RETURN(uint64_t current, CurrentRound());
+    if (!mirror_->ready()) {
+      if (!mirror_->connected()) return Status::Unavailable("etcd at " + config_.endpoint, "not answering");
+      return std::optional<RoundPlan>();
+    }
+    if (const std::optional<EtcdKeyValue> gave_up = mirror_->Get(Key("give_up")))
+      return Status::Aborted("job " + config_.job, "another node ended it: " + gave_up->value);
+    LL_ASSIGN_OR_RETURN(uint64_t current, MirroredRound());
     if (!round || current > *round) {  // (re)join the job's current round
       if (!entry_key.empty()) client_->Delete(entry_key).IgnoreError();
       round = current;
@@ -432,9 +481,13 @@ Result<RoundPlan> Rendezvous::Join(const ResumeOffer& offer, const std::function
         std::lock_guard<std::mutex> lock(mu_);
         node_entry_key_ = entry_key;
         node_entry_ = NodeJson(me).dump();
+        joining_ = *round;
+        closer_ = false;
+        unplaced_ = false;
       }
       LL_RETURN_IF_ERROR(client_->Put(entry_key, NodeJson(me).dump(), lease_.load()));
       seen_members = 0;
+      members_known = false;
       last_change = Clock::now();
       previous.clear();
       if (*round > 0) {
@@ -445,7 +498,10 @@ Result<RoundPlan> Rendezvous::Join(const ResumeOffer& offer, const std::function
             for (const RoundNode& n : p->nodes) previous.push_back(n.Name());
         }
       }
+      Refocus();
+      return std::optional<RoundPlan>();
     }
+    const std::string round_dir = "rounds/" + std::to_string(*round) + "/";
     if (closed_without_me) {  // wait for the next round, or the job's end
       LL_ASSIGN_OR_RETURN(bool ended, EndedWithout(*round, planned_without_me));
       if (!ended) return std::optional<RoundPlan>();
@@ -454,13 +510,16 @@ Result<RoundPlan> Rendezvous::Join(const ResumeOffer& offer, const std::function
       done.finished = true;
       return std::optional<RoundPlan>(std::move(done));
     }
-    const std::string round_dir = "rounds/" + std::to_string(*round) + "/";
-    LL_ASSIGN_OR_RETURN(std::optional<EtcdKeyValue> plan_kv, client_->Get(Key(round_dir + "plan")));
-    if (plan_kv) {
+    if (const std::optional<EtcdKeyValue> plan_kv = mirror_->Get(Key(round_dir + "plan"))) {
       LL_ASSIGN_OR_RETURN(RoundPlan plan, ClosedPlan(*round, plan_kv->value));
       if (plan.group_rank >= 0) return std::optional<RoundPlan>(std::move(plan));
       closed_without_me = true;  // full, or closed before this node came: the next round
       planned_without_me = plan.nodes.size();
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        unplaced_ = true;
+      }
+      Refocus();
       std::string note = "round " + std::to_string(*round) + " formed without this node (" + node_name_ + ")";
       for (const ExcludedNode& x : plan.excluded)
         if (x.name == node_name_)
@@ -476,9 +535,28 @@ Result<RoundPlan> Rendezvous::Join(const ResumeOffer& offer, const std::function
       unplaced_note = note;
       return std::optional<RoundPlan>();
     }
-    LL_ASSIGN_OR_RETURN(std::vector<EtcdKeyValue> members, client_->GetPrefix(Key(round_dir + "nodes/")));
-    if (members.size() != seen_members) {
+    // One agent closes the round: the first to claim it, or the first after its claim lapsed.
+    const std::optional<EtcdKeyValue> closer = mirror_->Get(Key(round_dir + "closer"));
+    if (!closer) {
+      LL_RETURN_IF_ERROR(client_->PutIfAbsent(Key(round_dir + "closer"), node_id_, lease_.load()).status());
+      return std::optional<RoundPlan>();  // the mirror says who won
+    }
+    bool closing;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      closing = closer->value == node_id_;
+      if (closing != closer_) {
+        closer_ = closing;
+        members_known = false;
+      }
+    }
+    if (!closing) return std::optional<RoundPlan>();
+    Refocus();
+    if (!mirror_->ready()) return std::optional<RoundPlan>();
+    const std::vector<EtcdKeyValue> members = mirror_->Under(Key(round_dir + "nodes/"));
+    if (!members_known || members.size() != seen_members) {
       seen_members = members.size();
+      members_known = true;
       last_change = Clock::now();
     }
     if (members.size() >= config_.min_nodes || members.size() >= config_.max_nodes)
@@ -487,10 +565,15 @@ Result<RoundPlan> Rendezvous::Join(const ResumeOffer& offer, const std::function
   };
   const Clock::time_point began = Clock::now();
   Clock::time_point said{};
+  uint64_t seen = mirror_->version();
   while (Clock::now() < deadline) {
     if (stop && stop()) return Status::Aborted("rendezvous", "the agent was stopped");
     if (waiting && !closed_without_me && SecondsSince(began) >= 2 && (said == Clock::time_point{} || SecondsSince(said) >= 10)) {
       said = Clock::now();
+      if (!members_known && round) {  // the closer counts; the others ask etcd, once per message
+        Result<int64_t> n = client_->CountPrefix(Key("rounds/" + std::to_string(*round) + "/nodes/"));
+        if (n.ok()) seen_members = static_cast<size_t>(*n);
+      }
       waiting(std::to_string(seen_members) + " of at least " + std::to_string(config_.min_nodes) +
               " nodes joined round " + (round ? std::to_string(*round) : std::string("?")) + "; waiting up to " +
               std::to_string(static_cast<int>(config_.join_timeout_seconds - SecondsSince(began))) + " s more" +
@@ -502,23 +585,31 @@ Result<RoundPlan> Rendezvous::Join(const ResumeOffer& offer, const std::function
     if (looked.ok() && looked->has_value() && (*looked)->finished) return std::move(**looked);
     if (looked.ok() && looked->has_value()) {
       RoundPlan plan = std::move(**looked);
-      std::lock_guard<std::mutex> lock(mu_);
-      my_round_ = plan.round;
-      my_group_ = plan.group_rank;
-      my_nodes_.clear();
-      for (const RoundNode& n : plan.nodes) my_nodes_.push_back(n.id);
-      in_round_ = true;
-      leader_ = false;
-      progress_out_.clear();
-      news_ = RendezvousNews{};
-      reported_lost_.clear();
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        my_round_ = plan.round;
+        my_group_ = plan.group_rank;
+        my_nodes_.clear();
+        for (const RoundNode& n : plan.nodes) my_nodes_.push_back(n.id);
+        in_round_ = true;
+        joining_.reset();
+        closer_ = false;
+        leader_ = false;
+        progress_out_.clear();
+        news_ = RendezvousNews{};
+        reported_lost_.clear();
+      }
+      Refocus();
       return plan;
     }
     if (!looked.ok()) {
       if (looked.status().code() == StatusCode::kAborted || looked.status().IsCorruption()) return looked.status();
       last_error = looked.status();  // etcd restarting: keep trying until the deadline
+    } else {
+      last_error = Status::OK();
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    // Woken by a change the mirror saw, or after 100 ms (the last call's clock, `stop`).
+    seen = mirror_->WaitForChange(seen, 0.1);
   }
   std::string why = "round " + (round ? std::to_string(*round) : std::string("?")) + " of job " + config_.job +
                     " did not form within " + std::to_string(static_cast<int>(config_.join_timeout_seconds)) +
@@ -632,36 +723,45 @@ Status Rendezvous::RenewOrRejoin() {
 void Rendezvous::Watch() {
   Clock::time_point last_renewal = Clock::now();
   Clock::time_point last_progress = Clock::now();
+  bool renewed = true;  // the last renewal went through
+  uint64_t seen = 0;
   for (;;) {
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_for(lock, std::chrono::duration<double>(config_.poll_seconds), [&] { return stopping_; });
+      std::lock_guard<std::mutex> lock(mu_);
       if (stopping_) return;
     }
-    bool reachable = true;
+    // Woken by a change the mirror saw, or every 100 ms for the clocks below (none reads etcd).
+    seen = mirror_->WaitForChange(seen, 0.1);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return;
+    }
     if (SecondsSince(last_renewal) >= config_.lease_seconds / 3) {
-      if (RenewOrRejoin().ok()) {
-        last_renewal = Clock::now();
-      } else {
-        reachable = false;
-      }
+      const bool was = renewed;
+      renewed = RenewOrRejoin().ok();
+      if (renewed) last_renewal = Clock::now();
+      // etcd failed and answers again: a stream that outlived the outage may have missed nothing,
+      // or everything (an etcd restored from a backup); a fresh read settles it.
+      if (renewed && !was) mirror_->Resync();
     }
     uint64_t mine;
     bool in_round;
     int my_group;
     std::vector<std::string> nodes;
+    bool leader;
     {
       std::lock_guard<std::mutex> lock(mu_);
       mine = my_round_;
       in_round = in_round_;
       nodes = my_nodes_;
       my_group = my_group_;
+      leader = leader_ && in_round_;
     }
     // About once a second: this node's progress out, and (the leader) everyone's in.
     const std::string round_dir = "rounds/" + std::to_string(mine) + "/";
-    bool progress_tick = false;
+    bool reachable = renewed;
+    std::optional<std::vector<EtcdKeyValue>> progress;
     if (in_round && SecondsSince(last_progress) >= config_.progress_seconds) {
-      progress_tick = true;
       last_progress = Clock::now();
       std::string summary;
       {
@@ -670,52 +770,66 @@ void Rendezvous::Watch() {
       }
       if (!summary.empty())
         reachable = client_->Put(Key(round_dir + "progress/" + node_id_), summary, lease_.load()).ok() && reachable;
+      if (leader) {
+        Result<std::vector<EtcdKeyValue>> read = client_->GetPrefix(Key(round_dir + "progress/"));
+        if (read.ok()) progress = std::move(*read);
+        reachable = reachable && read.ok();
+      }
     }
-    bool leader;
+    const bool ready = mirror_->ready();
+    reachable = reachable && mirror_->connected();
+    std::optional<uint64_t> round;
+    if (ready) {
+      Result<uint64_t> r = MirroredRound();
+      if (r.ok()) round = *r;
+    }
+    const std::optional<EtcdKeyValue> leader_kv = ready && in_round ? mirror_->Get(Key(round_dir + "leader")) : std::nullopt;
+    // No leader yet: the node of group rank 0 takes it at once; the others only when it has been
+    // missing for a lease (that node is gone), so the leader is predictable. A leader that was
+    // there and is gone (its lease ran out, or it left) is replaced at once, by whoever is first:
+    // the new one follows the round's entries and names the old one lost, if it was.
+    if (ready && in_round && leader_seen_round_ && *leader_seen_round_ != mine) leader_seen_round_.reset();
+    if (ready && in_round && !leader_kv) {
+      if (leader_missing_since_ == Clock::time_point{}) leader_missing_since_ = Clock::now();
+      if (my_group == 0 || leader_seen_round_ || SecondsSince(leader_missing_since_) >= config_.lease_seconds)
+        client_->PutIfAbsent(Key(round_dir + "leader"), node_id_, lease_.load()).status().IgnoreError();
+    } else if (ready && in_round) {
+      leader_missing_since_ = Clock::time_point{};
+      leader_seen_round_ = mine;
+    }
+    const bool now_leader = leader_kv && leader_kv->value == node_id_;
+    // The leader's view of its round's entries: alive (nodes/, leased) or finished.
+    std::set<std::string> present;
+    if (leader && ready) {
+      for (const char* dir : {"nodes/", "finished/"}) {
+        const std::string prefix = Key(round_dir + dir);
+        for (const EtcdKeyValue& kv : mirror_->Under(prefix)) present.insert(kv.key.substr(prefix.size()));
+      }
+    }
+    bool refocus = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      leader = leader_ && in_round_;
-    }
-    // One request: the round, the give-up reason, the keys of the round's entries (nodes/<id>,
-    // leased, and finished/<id>, a node whose ranks all ended; keys only, so a poll stays small)
-    // and its leader; the leader's reads every summary too, once a second.
-    std::vector<EtcdClient::Range> ranges = {
-        {Key("round")}, {Key("give_up")}, {Key(round_dir + "nodes/"), /*keys_only=*/true},
-        {Key(round_dir + "finished/"), /*keys_only=*/true}, {Key(round_dir + "leader")}};
-    if (leader && progress_tick) ranges.push_back({Key(round_dir + "progress/")});
-    Result<std::vector<std::vector<EtcdKeyValue>>> read = client_->ReadMany(ranges);
-    // No leader: the node of group rank 0 takes it at once; the others only when it has been
-    // missing for a lease (that node is gone), so the leader is predictable.
-    if (read.ok() && in_round && (*read)[4].empty()) {
-      if (leader_missing_since_ == Clock::time_point{}) leader_missing_since_ = Clock::now();
-      if (my_group == 0 || SecondsSince(leader_missing_since_) >= config_.lease_seconds)
-        client_->PutIfAbsent(Key(round_dir + "leader"), node_id_, lease_.load()).status().IgnoreError();
-    } else if (read.ok()) {
-      leader_missing_since_ = Clock::time_point{};
-    }
-    std::optional<uint64_t> round;
-    if (read.ok() && !(*read)[0].empty()) round = ParseDecimal((*read)[0][0].value);
-    reachable = reachable && read.ok();
-    std::lock_guard<std::mutex> lock(mu_);
-    news_.etcd_unreachable = !reachable;
-    if (!read.ok()) continue;
-    if (round && in_round && *round > mine) news_.round = *round;
-    if (!(*read)[1].empty()) news_.give_up = (*read)[1][0].value;
-    leader_ = !(*read)[4].empty() && (*read)[4][0].value == node_id_;
-    news_.leader = leader_;
-    if (read->size() > 5) news_.progress = (*read)[5];
-    if (in_round && in_round_ && my_round_ == mine) {
-      std::set<std::string> present;  // alive or finished
-      for (size_t k : {size_t{2}, size_t{3}}) {
-        const std::string dir = Key(round_dir + (k == 2 ? "nodes/" : "finished/"));
-        for (const EtcdKeyValue& kv : (*read)[k]) present.insert(kv.key.substr(dir.size()));
-      }
-      for (const std::string& id : nodes) {
-        if (present.count(id) || std::count(reported_lost_.begin(), reported_lost_.end(), id)) continue;
-        reported_lost_.push_back(id);
-        news_.lost_nodes.push_back(id);
+      news_.etcd_unreachable = !reachable;
+      if (!ready) continue;
+      if (round && in_round && *round > mine) news_.round = *round;
+      if (const std::optional<EtcdKeyValue> g = mirror_->Get(Key("give_up"))) news_.give_up = g->value;
+      if (in_round && in_round_ && my_round_ == mine) {
+        refocus = leader_ != now_leader;
+        leader_ = now_leader;
+        news_.leader = leader_;
+        if (progress) news_.progress = std::move(*progress);
+        // Judged only once the mirror holds the entries (it follows them from the moment this
+        // node leads).
+        if (leader && !refocus) {
+          for (const std::string& id : nodes) {
+            if (present.count(id) || std::count(reported_lost_.begin(), reported_lost_.end(), id)) continue;
+            reported_lost_.push_back(id);
+            news_.lost_nodes.push_back(id);
+          }
+        }
       }
     }
+    if (refocus) Refocus();
   }
 }
 
@@ -729,17 +843,20 @@ void Rendezvous::Leave(bool finished) {
     in_round = in_round_;
     in_round_ = false;
   }
-  cv_.notify_all();
   if (watcher_.joinable()) watcher_.join();
   // Finished is not lost: the others must not restart the job when this node's lease ends.
   if (finished && in_round)
     client_->Put(Key("rounds/" + std::to_string(round) + "/finished/" + node_id_), "1").IgnoreError();
   client_->RevokeLease(lease_.load()).IgnoreError();
   // The last agent out removes the job's keys; one still in (its entry is leased) keeps them.
-  Result<std::vector<EtcdKeyValue>> left = client_->GetPrefix(Key("rounds/"));
-  if (!left.ok()) return;
-  for (const EtcdKeyValue& kv : *left)
-    if (kv.key.find("/nodes/") != std::string::npos) return;
+  // Agents are in the job's current round, or still in this node's (about to move): counted by
+  // etcd, so a thousand agents leaving read no thousand entries each.
+  Result<uint64_t> current = CurrentRound();
+  if (!current.ok()) return;
+  for (uint64_t r : {round, *current}) {
+    Result<int64_t> left = client_->CountPrefix(Key("rounds/" + std::to_string(r) + "/nodes/"));
+    if (!left.ok() || *left > 0) return;
+  }
   client_->DeletePrefix(prefix_).status().IgnoreError();
 }
 

@@ -13,24 +13,33 @@
 //                            when, the cause and the ranks (kept with the job, not leased)
 //   readmitted/<name>        an operator took the node back (unix ms): earlier failures do not count
 // A round closes when MAX nodes joined, or (a restart's round) when every place of the previous
-// round is filled again, or when at least MIN did and no other joined for the last-call time; any
-// agent may close it (the first to create the plan wins). Global ranks go node by node: nodes that
-// asked for a --node-rank first, in that order, then the others in the order they joined.
+// round is filled again, or when at least MIN did and no other joined for the last-call time.
+// One agent closes it: the round's closer (rounds/R/closer, leased: the first agent to join, or
+// the first after the closer's lease ran out), which alone follows the round's entries; the
+// others follow only the plan. Global ranks go node by node: nodes that asked for a --node-rank
+// first, in that order, then the others in the order they joined.
 // Bad nodes are left out: a node whose ranks caused `exclude_after` restarts within the window is
 // excluded while the other nodes make MIN; spares (--standby) are placed only to fill the places
 // of the previous round (the first round: MIN) that the other nodes leave empty. The plan names
 // the excluded nodes and the unplaced spares. A node not placed waits for the next round, and
 // leaves when the job ends (its placed nodes all finished, or it gave up). A restart decided on any node moves `round` on (compare-and-swap, so two nodes
 // deciding at once open one round); every agent sees it, stops its ranks and joins the new round.
-// An agent that dies stops renewing its lease; its entry vanishes and the others report the node
-// lost. The last agent to leave removes the job's keys.
+// An agent that dies stops renewing its lease; its entry vanishes and the round's leader reports
+// the node lost. The last agent to leave removes the job's keys.
 //
 // The round's leader (rounds/R/leader, leased: the node of group rank 0, or another one when that
-// node is gone) reads every node's progress summary about once a second and runs the job-wide
-// detectors (agent/detectors/job_hang_detector.h).
+// node is gone) follows the round's entries, reads every node's progress summary about once a
+// second and runs the job-wide detectors (agent/detectors/job_hang_detector.h).
 //
-// A background thread renews the lease and watches the round (polling, so an etcd restart needs
-// no stream to be re-established); the agent's loop reads what it saw without blocking.
+// etcd carries membership, not traffic (issue 36): each agent learns of changes through one watch
+// stream (agent/etcd/etcd_mirror.h) of the few keys its part needs: every agent the round and the
+// give-up, then the plan and the closer of the round it joins, then its round's leader; the closer
+// and the leader the round's entries too. What etcd does grows with the changes to the job (joins, plans, restarts), not with nodes x
+// time; the one steady cost is each agent's lease renewal, every lease/3. `watch: false` polls the
+// same keys every poll_seconds instead (for a proxy that does not pass streams).
+//
+// A background thread renews the lease and turns what the mirror holds into news; the agent's
+// loop reads that news without blocking.
 //
 // Thread safety: the public methods are called from one thread (the agent's); the watcher runs
 // alone on its own.
@@ -50,6 +59,7 @@
 #include <vector>
 
 #include "agent/etcd/etcd_client.h"
+#include "agent/etcd/etcd_mirror.h"
 #include "agent/resume.h"
 #include "lifeline/status.h"
 
@@ -66,7 +76,8 @@ struct RendezvousConfig {
   double lease_seconds = 10;       // an agent silent this long is taken for lost
   double last_call_seconds = 3;    // with MIN nodes in, how long a round waits for more
   double join_timeout_seconds = 900;
-  double poll_seconds = 0.25;      // how often the watcher reads the round
+  bool watch = true;               // follow etcd by a watch stream; false: by polls every poll_seconds
+  double poll_seconds = 0.25;      // the polls' interval (watch false)
   double progress_seconds = 1.0;   // how often a node publishes its progress, and the leader reads all
   uint32_t replica_port = 0;       // where this node's agent receives snapshot replicas (0: none)
   std::string node_name;           // the node's lasting name (failures are remembered by it); "": host
@@ -126,7 +137,7 @@ struct RendezvousNews {
   bool leader = false;                    // this node runs the job-wide detectors of its round
   std::vector<EtcdKeyValue> progress;     // the leader's: every node's newest progress summary
   std::string give_up;                    // the job ended: why
-  std::vector<std::string> lost_nodes;    // nodes of the agent's round whose lease expired
+  std::vector<std::string> lost_nodes;    // the leader's: nodes of its round whose lease expired
   bool etcd_unreachable = false;          // etcd did not answer the last poll
 };
 
@@ -140,6 +151,10 @@ class Rendezvous {
   Rendezvous& operator=(const Rendezvous&) = delete;
 
   const std::string& node_id() const { return node_id_; }
+  // What this agent sent to etcd and received from it: requests, the mirror's reads and streams
+  // (a stream counts as one request), with the events that came through them.
+  EtcdTraffic traffic() const;
+  uint64_t watch_events() const { return mirror_->events(); }
   const RendezvousConfig& config() const { return config_; }
   EtcdClient& client() { return *client_; }
 
@@ -195,7 +210,11 @@ class Rendezvous {
   void Leave(bool finished);
 
  private:
-  explicit Rendezvous(RendezvousConfig config, std::unique_ptr<EtcdClient> client);
+  explicit Rendezvous(RendezvousConfig config, std::unique_ptr<EtcdClient> client, std::unique_ptr<EtcdMirror> mirror);
+  // Points the mirror at what this agent's part needs now (see the top).
+  void Refocus();
+  // The round's number as the mirror holds it (0 when absent); Corruption for a value not ours.
+  Result<uint64_t> MirroredRound() const;
   std::string Key(const std::string& tail) const { return prefix_ + tail; }
   Result<uint64_t> CurrentRound();
   Status RenewOrRejoin();
@@ -210,6 +229,7 @@ class Rendezvous {
 
   const RendezvousConfig config_;
   const std::unique_ptr<EtcdClient> client_;
+  const std::unique_ptr<EtcdMirror> mirror_;
   const std::string prefix_;   // "/lifeline/<job>/"
   const std::string node_id_;  // host:pid:nonce
   const std::string node_name_;  // the lasting name (config_.node_name, else the host)
@@ -219,17 +239,20 @@ class Rendezvous {
   std::string node_entry_key_;
 
   std::mutex mu_;
-  std::condition_variable cv_;
   bool stopping_ = false;                 // GUARDED_BY(mu_)
   uint64_t my_round_ = 0;                 // GUARDED_BY(mu_): the round of the last plan
   int my_group_ = -1;                     // GUARDED_BY(mu_): this node's group rank in it
   std::vector<std::string> my_nodes_;     // GUARDED_BY(mu_): that plan's nodes
   bool in_round_ = false;                 // GUARDED_BY(mu_)
+  std::optional<uint64_t> joining_;       // GUARDED_BY(mu_): the round Join is in, before its plan
+  bool closer_ = false;                   // GUARDED_BY(mu_): this node closes the round it joins
+  bool unplaced_ = false;                 // GUARDED_BY(mu_): that round closed without this node
   RendezvousNews news_;                   // GUARDED_BY(mu_)
   std::vector<std::string> reported_lost_;  // GUARDED_BY(mu_)
   std::string progress_out_;              // GUARDED_BY(mu_): the newest summary not yet published
   bool leader_ = false;                   // GUARDED_BY(mu_): this node holds rounds/R/leader
   std::chrono::steady_clock::time_point leader_missing_since_{};  // the watcher's own
+  std::optional<uint64_t> leader_seen_round_;  // the watcher's own: the round in which it saw a leader
   std::thread watcher_;
 };
 

@@ -307,6 +307,11 @@ void Supervisor::HoldFailureEchoes(const PollInput& in, bool moved, std::vector<
     it = anomalies->erase(it);
   }
   if (!held_ || now - held_->since_ns < Nanos(grace)) return;
+  // etcd is asked four times a second, not at every poll: a lost node holds the failures of every
+  // node that talked to it, and a thousand agents polling etcd 100 times a second each would be
+  // the control plane's worst moment.
+  if (held_->asked_ns != 0 && now - held_->asked_ns < Nanos(0.25)) return;
+  held_->asked_ns = now;
   // Still here after the grace: act, unless another node failed first and is about to (it gets
   // a few graces more, in case its agent is gone).
   Result<bool> earlier = around_->FailedEarlierElsewhere(plan_->round, static_cast<uint64_t>(held_->unix_ms));

@@ -208,6 +208,7 @@ class Supervisor {
     Anomaly anomaly;
     int64_t unix_ms = 0;    // when it was seen, as reported in etcd
     uint64_t since_ns = 0;  // held since
+    uint64_t asked_ns = 0;  // when etcd was last asked about the other nodes' failures
   };
 
   bool MultiNode() const { return plan_.has_value() && plan_->nodes.size() > 1; }

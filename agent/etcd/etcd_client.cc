@@ -8,15 +8,6 @@
 namespace lifeline::agent {
 namespace {
 
-// The gateway writes int64 fields as JSON strings, and leaves out fields that are zero.
-int64_t Int64Field(const nlohmann::json& j, const char* name) {
-  const auto it = j.find(name);
-  if (it == j.end()) return 0;
-  if (it->is_number_integer()) return it->get<int64_t>();
-  if (it->is_string()) return std::strtoll(it->get<std::string>().c_str(), nullptr, 10);
-  return 0;
-}
-
 size_t AppendBody(char* data, size_t size, size_t count, void* out) {
   static_cast<std::string*>(out)->append(data, size * count);
   return size * count;
@@ -27,6 +18,17 @@ void InitCurlOnce() {
   (void)init;
 }
 
+}  // namespace
+
+// The gateway writes int64 fields as JSON strings, and leaves out fields that are zero.
+int64_t GatewayInt64(const nlohmann::json& j, const char* name) {
+  const auto it = j.find(name);
+  if (it == j.end()) return 0;
+  if (it->is_number_integer()) return it->get<int64_t>();
+  if (it->is_string()) return std::strtoll(it->get<std::string>().c_str(), nullptr, 10);
+  return 0;
+}
+
 Result<EtcdKeyValue> DecodeKeyValue(const nlohmann::json& kv) {
   EtcdKeyValue out;
   Result<std::string> key = Base64Decode(kv.value("key", ""));
@@ -34,13 +36,11 @@ Result<EtcdKeyValue> DecodeKeyValue(const nlohmann::json& kv) {
   if (!key.ok() || !value.ok()) return Status::Corruption("etcd answer", "a key or value that is not base64");
   out.key = std::move(*key);
   out.value = std::move(*value);
-  out.create_revision = Int64Field(kv, "create_revision");
-  out.mod_revision = Int64Field(kv, "mod_revision");
-  out.lease = Int64Field(kv, "lease");
+  out.create_revision = GatewayInt64(kv, "create_revision");
+  out.mod_revision = GatewayInt64(kv, "mod_revision");
+  out.lease = GatewayInt64(kv, "lease");
   return out;
 }
-
-}  // namespace
 
 std::string PrefixEnd(std::string_view prefix) {
   std::string end(prefix);
@@ -137,7 +137,7 @@ Status EtcdClient::Ping() { return Call("/v3/maintenance/status", nlohmann::json
 
 Result<int64_t> EtcdClient::GrantLease(int64_t ttl_seconds) {
   LL_ASSIGN_OR_RETURN(nlohmann::json a, Call("/v3/lease/grant", {{"TTL", std::to_string(ttl_seconds)}}));
-  const int64_t id = Int64Field(a, "ID");
+  const int64_t id = GatewayInt64(a, "ID");
   if (id == 0) return Status::Unavailable("etcd at " + endpoint_, "lease grant: " + a.value("error", "no lease id"));
   return id;
 }
@@ -145,7 +145,7 @@ Result<int64_t> EtcdClient::GrantLease(int64_t ttl_seconds) {
 Status EtcdClient::KeepAlive(int64_t lease) {
   LL_ASSIGN_OR_RETURN(nlohmann::json a, Call("/v3/lease/keepalive", {{"ID", std::to_string(lease)}}));
   const nlohmann::json result = a.value("result", nlohmann::json::object());
-  if (Int64Field(result, "TTL") <= 0) return Status::NotFound("etcd lease " + std::to_string(lease), "expired");
+  if (GatewayInt64(result, "TTL") <= 0) return Status::NotFound("etcd lease " + std::to_string(lease), "expired");
   return Status::OK();
 }
 
@@ -171,7 +171,7 @@ Result<std::optional<EtcdKeyValue>> EtcdClient::Get(std::string_view key) {
 Result<std::vector<EtcdKeyValue>> EtcdClient::GetPrefix(std::string_view prefix, int64_t* revision) {
   LL_ASSIGN_OR_RETURN(nlohmann::json a,
                       Call("/v3/kv/range", {{"key", Base64Encode(prefix)}, {"range_end", Base64Encode(PrefixEnd(prefix))}}));
-  if (revision != nullptr) *revision = Int64Field(a.value("header", nlohmann::json::object()), "revision");
+  if (revision != nullptr) *revision = GatewayInt64(a.value("header", nlohmann::json::object()), "revision");
   std::vector<EtcdKeyValue> out;
   const nlohmann::json kvs = a.value("kvs", nlohmann::json::array());
   if (!kvs.is_array()) return out;
@@ -182,7 +182,14 @@ Result<std::vector<EtcdKeyValue>> EtcdClient::GetPrefix(std::string_view prefix,
   return out;
 }
 
-Result<std::vector<std::vector<EtcdKeyValue>>> EtcdClient::ReadMany(const std::vector<Range>& ranges) {
+Result<int64_t> EtcdClient::CountPrefix(std::string_view prefix) {
+  LL_ASSIGN_OR_RETURN(nlohmann::json a, Call("/v3/kv/range", {{"key", Base64Encode(prefix)},
+                                                             {"range_end", Base64Encode(PrefixEnd(prefix))},
+                                                             {"count_only", true}}));
+  return GatewayInt64(a, "count");
+}
+
+Result<std::vector<std::vector<EtcdKeyValue>>> EtcdClient::ReadMany(const std::vector<Range>& ranges, int64_t* revision) {
   nlohmann::json ops = nlohmann::json::array();
   for (const Range& r : ranges) {
     nlohmann::json range = {{"key", Base64Encode(r.key)}};
@@ -191,6 +198,7 @@ Result<std::vector<std::vector<EtcdKeyValue>>> EtcdClient::ReadMany(const std::v
     ops.push_back({{"request_range", range}});
   }
   LL_ASSIGN_OR_RETURN(nlohmann::json a, Call("/v3/kv/txn", {{"success", ops}}));
+  if (revision != nullptr) *revision = GatewayInt64(a.value("header", nlohmann::json::object()), "revision");
   const nlohmann::json responses = a.value("responses", nlohmann::json::array());
   if (!responses.is_array() || responses.size() != ranges.size())
     return Status::Corruption("etcd at " + endpoint_, "a transaction answered " + std::to_string(responses.size()) +
@@ -211,7 +219,7 @@ Result<std::vector<std::vector<EtcdKeyValue>>> EtcdClient::ReadMany(const std::v
 Result<int64_t> EtcdClient::DeletePrefix(std::string_view prefix) {
   LL_ASSIGN_OR_RETURN(nlohmann::json a, Call("/v3/kv/deleterange", {{"key", Base64Encode(prefix)},
                                                                   {"range_end", Base64Encode(PrefixEnd(prefix))}}));
-  return Int64Field(a, "deleted");
+  return GatewayInt64(a, "deleted");
 }
 
 Status EtcdClient::Delete(std::string_view key) {

@@ -67,14 +67,16 @@ class EtcdClient {
   Result<std::optional<EtcdKeyValue>> Get(std::string_view key);
   // Every key starting with `prefix`, in key order; `revision` receives the store's revision.
   Result<std::vector<EtcdKeyValue>> GetPrefix(std::string_view prefix, int64_t* revision = nullptr);
+  // How many keys start with `prefix` (etcd counts; no key travels).
+  Result<int64_t> CountPrefix(std::string_view prefix);
   // Several reads in one request (a transaction with no condition), all at one revision: for
   // each of `ranges`, the key itself, or every key under it when it ends with '/' (keys only,
-  // with empty values, when `keys_only`).
+  // with empty values, when `keys_only`); `revision` receives the revision they were read at.
   struct Range {
     std::string key;
     bool keys_only = false;
   };
-  Result<std::vector<std::vector<EtcdKeyValue>>> ReadMany(const std::vector<Range>& ranges);
+  Result<std::vector<std::vector<EtcdKeyValue>>> ReadMany(const std::vector<Range>& ranges, int64_t* revision = nullptr);
 
   // Deletes every key starting with `prefix`; returns how many were deleted.
   Result<int64_t> DeletePrefix(std::string_view prefix);
@@ -100,6 +102,13 @@ class EtcdClient {
   void* curl_ = nullptr;  // CURL*, GUARDED_BY(mu_)
   EtcdTraffic traffic_;   // GUARDED_BY(mu_)
 };
+
+// An int64 field of a gateway answer (written as a JSON string; left out when zero).
+int64_t GatewayInt64(const nlohmann::json& j, const char* name);
+
+// A key-value as the gateway writes it (base64 key and value, revisions as strings); Corruption
+// for one that is not.
+Result<EtcdKeyValue> DecodeKeyValue(const nlohmann::json& kv);
 
 // The key just past every key starting with `prefix` (etcd's range_end for a prefix).
 std::string PrefixEnd(std::string_view prefix);

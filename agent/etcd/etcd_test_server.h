@@ -71,6 +71,7 @@ class EtcdTestServer {
   bool ok() const { return error_.empty(); }
   const std::string& error() const { return error_; }
   std::string endpoint() const { return "127.0.0.1:" + std::to_string(client_port_); }
+  pid_t pid() const { return pid_; }
 
   // SIGKILL, as a crashed etcd; Start() brings it back on the same ports with the same data.
   void Stop() {

@@ -261,6 +261,17 @@ TEST_F(MultiNodeTest, TwoNodesFormOneWorldAndEndLikeOneNodeLeavingNothingInEtcd)
   EXPECT_EQ(first_ranks, (std::vector<int>{0, 2}));
   EXPECT_EQ(finals, single);
   EXPECT_TRUE(JobKeys("clean").empty()) << "the job's keys stay in etcd";
+  // Issue 36: the agents learned of the round through their watch streams, and etcd's work
+  // followed the job's changes: a join, a plan, the summaries once a second and a lease renewal
+  // every lease/3 (an agent polling etcd four times a second, as before, made more than 5 a second).
+  for (const NodeRun& r : runs) {
+    ASSERT_EQ(Count(r.actions, "action", "usage"), 1) << Dump(r.actions);
+    for (const auto& a : r.actions) {
+      if (a.value("action", "") != "usage") continue;
+      EXPECT_GT(a.value("etcd_watch_events", 0), 0) << a.dump();
+      EXPECT_LT(a["etcd_requests"].get<double>(), 30 + 2.5 * a["seconds"].get<double>()) << a.dump();
+    }
+  }
   // Nor anything in memory: the ranks withdrew their snapshots, the agents the replicas they
   // held, and the records of what was replicated are gone with them.
   for (int node = 0; node < 2; ++node)
@@ -274,9 +285,11 @@ TEST_F(MultiNodeTest, TwoNodesFormOneWorldAndEndLikeOneNodeLeavingNothingInEtcd)
 // The crash of global rank 3 (node 1's second rank) in a job of `nnodes` nodes of 2 ranks: only
 // node 1 names it; every node goes to round 1 together, resumes from one step, and the job ends
 // like one node of as many ranks, leaving nothing in etcd.
-void ExpectACrashRestartsEveryNodeTogether(MultiNodeTest* t, const std::string& name, int nnodes) {
+void ExpectACrashRestartsEveryNodeTogether(MultiNodeTest* t, const std::string& name, int nnodes,
+                                           const std::string& flags = "") {
   const auto single = t->SingleNodeFinals(kSteps, 2 * nnodes);
-  std::vector<NodeRun> runs = t->RunJob(name, "--max-restarts 2", std::string(kSteps) + " --fault crash@3:50", nnodes);
+  std::vector<NodeRun> runs =
+      t->RunJob(name, "--max-restarts 2 " + flags, std::string(kSteps) + " --fault crash@3:50", nnodes);
   std::map<int, std::string> finals;
   std::vector<int> first_ranks, want_first_ranks;
   std::set<std::string> resumed;
@@ -312,6 +325,14 @@ void ExpectACrashRestartsEveryNodeTogether(MultiNodeTest* t, const std::string& 
 
 TEST_F(MultiNodeTest, ACrashOnOneNodeRestartsEveryNodeInTheNextRoundNamingTheGlobalRank) {
   ExpectACrashRestartsEveryNodeTogether(this, "crash", 2);
+}
+
+// `rendezvous: {watch: false}` (a proxy in between that does not pass streams): the same job,
+// with the agents polling etcd.
+TEST_F(MultiNodeTest, WithPollsInsteadOfWatchesACrashRestartsEveryNodeTogether) {
+  const std::string config = dir_ + "/poll.yaml";
+  std::ofstream(config) << "rendezvous:\n  watch: false\n";
+  ExpectACrashRestartsEveryNodeTogether(this, "poll", 2, "--config " + config);
 }
 
 TEST_F(MultiNodeTest, ThreeNodesActTogetherOnACrashAndEndLikeOneNodeOfSixRanks) {
