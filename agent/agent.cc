@@ -180,6 +180,8 @@ void Agent::Cleanup() {
       usage["etcd_bytes_sent"] = t.bytes_sent;
       usage["etcd_bytes_received"] = t.bytes_received;
       usage["etcd_watch_events"] = rdzv_->watch_events();
+      usage["summary_bytes_sent"] = rdzv_->summary_bytes_sent();
+      usage["summary_bytes_received"] = rdzv_->summary_bytes_received();
     }
     rdzv_.reset();
   }

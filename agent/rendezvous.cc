@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <map>
 #include <set>
 #include <utility>
@@ -19,6 +20,12 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double SecondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::string FormatSeconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f", s);
+  return buf;
+}
 
 // A decimal number as the agents write them (rounds, times); nullopt for anything else.
 std::optional<uint64_t> ParseDecimal(const std::string& v) {
@@ -38,6 +45,7 @@ nlohmann::json NodeJson(const RoundNode& n) {
   nlohmann::json j = {{"id", n.id},           {"host", n.host},
                       {"nproc", n.nproc},     {"requested_rank", n.requested_rank},
                       {"master_port", n.master_port}, {"replica_port", n.replica_port}, {"joined_revision", n.joined_revision},
+                      {"summary_port", n.summary_port},
                       {"resume", OfferJson(n.resume)}};
   if (!n.name.empty()) j["name"] = n.name;
   if (n.standby) j["standby"] = true;
@@ -54,6 +62,7 @@ Result<RoundNode> ParseNode(const nlohmann::json& j, const std::string& what) {
     n.requested_rank = j.value("requested_rank", -1);
     n.master_port = j.at("master_port").get<uint32_t>();
     n.replica_port = j.value("replica_port", uint32_t{0});
+    n.summary_port = j.value("summary_port", uint32_t{0});
     n.joined_revision = j.value("joined_revision", int64_t{0});
     n.name = j.value("name", "");
     n.standby = j.value("standby", false);
@@ -170,10 +179,12 @@ Status ParseNodeRange(const std::string& text, uint32_t* min_nodes, uint32_t* ma
   return Status::OK();
 }
 
-Rendezvous::Rendezvous(RendezvousConfig config, std::unique_ptr<EtcdClient> client, std::unique_ptr<EtcdMirror> mirror)
+Rendezvous::Rendezvous(RendezvousConfig config, std::unique_ptr<EtcdClient> client, std::unique_ptr<EtcdMirror> mirror,
+                       std::unique_ptr<SummaryReceiver> summaries)
     : config_(std::move(config)),
       client_(std::move(client)),
       mirror_(std::move(mirror)),
+      summaries_(std::move(summaries)),
       prefix_("/lifeline/" + config_.job + "/"),
       node_id_(config_.host + ":" + std::to_string(getpid()) + ":" + NewLaunchNonce().substr(0, 8)),
       node_name_(!config_.node_name.empty() ? config_.node_name : config_.host) {}
@@ -195,7 +206,10 @@ Result<std::unique_ptr<Rendezvous>> Rendezvous::Connect(RendezvousConfig config)
   mirror_options.poll_seconds = config.poll_seconds;
   mirror_options.request_timeout_seconds = std::max(1.0, config.lease_seconds / 4);
   LL_ASSIGN_OR_RETURN(std::unique_ptr<EtcdMirror> mirror, EtcdMirror::Start(config.endpoint, mirror_options));
-  auto r = std::unique_ptr<Rendezvous>(new Rendezvous(std::move(config), std::move(client), std::move(mirror)));
+  LL_ASSIGN_OR_RETURN(std::unique_ptr<SummaryReceiver> summaries, SummaryReceiver::Start(config.job));
+  auto r = std::unique_ptr<Rendezvous>(
+      new Rendezvous(std::move(config), std::move(client), std::move(mirror), std::move(summaries)));
+  r->sender_ = std::make_unique<SummarySender>(r->config_.job, r->node_id_);
   LL_ASSIGN_OR_RETURN(int64_t lease, r->client_->GrantLease(static_cast<int64_t>(std::max(2.0, r->config_.lease_seconds))));
   r->lease_ = lease;
   LL_RETURN_IF_ERROR(r->client_->PutIfAbsent(r->Key("round"), "0").status());
@@ -473,6 +487,7 @@ Result<RoundPlan> Rendezvous::Join(const ResumeOffer& offer, const std::function
       me.requested_rank = config_.node_rank;
       me.master_port = PickFreePort();
       me.replica_port = config_.replica_port;
+      me.summary_port = summaries_->port();
       me.name = node_name_;
       me.standby = config_.standby;
       me.resume = offer;
@@ -590,12 +605,17 @@ Result<RoundPlan> Rendezvous::Join(const ResumeOffer& offer, const std::function
         my_round_ = plan.round;
         my_group_ = plan.group_rank;
         my_nodes_.clear();
-        for (const RoundNode& n : plan.nodes) my_nodes_.push_back(n.id);
+        summary_to_.clear();
+        for (const RoundNode& n : plan.nodes) {
+          my_nodes_.push_back(n.id);
+          summary_to_[n.id] = {n.host, n.summary_port};
+        }
         in_round_ = true;
         joining_.reset();
         closer_ = false;
         leader_ = false;
         progress_out_.clear();
+        own_summary_.clear();
         news_ = RendezvousNews{};
         reported_lost_.clear();
       }
@@ -724,6 +744,7 @@ void Rendezvous::Watch() {
   Clock::time_point last_renewal = Clock::now();
   Clock::time_point last_progress = Clock::now();
   bool renewed = true;  // the last renewal went through
+  Clock::time_point last_hello{};  // the last try to connect to the leader before a summary
   uint64_t seen = 0;
   for (;;) {
     {
@@ -757,25 +778,55 @@ void Rendezvous::Watch() {
       my_group = my_group_;
       leader = leader_ && in_round_;
     }
-    // About once a second: this node's progress out, and (the leader) everyone's in.
+    // About once a second: this node's progress out, straight to the leader (not through etcd),
+    // and (the leader) everyone's in, as its receiver holds them.
     const std::string round_dir = "rounds/" + std::to_string(mine) + "/";
     bool reachable = renewed;
     std::optional<std::vector<EtcdKeyValue>> progress;
     if (in_round && SecondsSince(last_progress) >= config_.progress_seconds) {
       last_progress = Clock::now();
-      std::string summary;
+      std::string summary, leader_id;
+      std::pair<std::string, uint32_t> to;
       {
         std::lock_guard<std::mutex> lock(mu_);
         summary.swap(progress_out_);
+        if (leader) own_summary_ = summary.empty() ? own_summary_ : summary;
+        if (const std::optional<EtcdKeyValue> l = mirror_->Get(Key(round_dir + "leader"))) leader_id = l->value;
+        const auto it = summary_to_.find(leader_id);
+        if (it != summary_to_.end()) to = it->second;
       }
-      if (!summary.empty())
-        reachable = client_->Put(Key(round_dir + "progress/" + node_id_), summary, lease_.load()).ok() && reachable;
+      if (!summary.empty() && !leader && to.second != 0)
+        sender_->Send(to.first, static_cast<uint16_t>(to.second), mine, summary).IgnoreError();  // the next one retries
       if (leader) {
-        Result<std::vector<EtcdKeyValue>> read = client_->GetPrefix(Key(round_dir + "progress/"));
-        if (read.ok()) progress = std::move(*read);
-        reachable = reachable && read.ok();
+        std::vector<EtcdKeyValue> all;
+        for (ReceivedSummary& r : summaries_->Summaries(mine)) {
+          if (r.summary.empty()) continue;  // connected, nothing sent yet
+          EtcdKeyValue kv;
+          kv.key = "summary of node " + r.node;
+          kv.value = std::move(r.summary);
+          all.push_back(std::move(kv));
+        }
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!own_summary_.empty()) all.push_back({"summary of node " + node_id_, own_summary_});
+        progress = std::move(all);
       }
     }
+    // A follower connects to its leader as soon as it knows it, before its first summary: a node
+    // lost early is then a connection closed, not a silence.
+    if (in_round && !leader && !connected_to_leader_round_.has_value() && SecondsSince(last_hello) >= 1) {
+      last_hello = Clock::now();
+      std::pair<std::string, uint32_t> to;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (const std::optional<EtcdKeyValue> l = mirror_->Get(Key(round_dir + "leader"))) {
+          const auto it = summary_to_.find(l->value);
+          if (it != summary_to_.end() && l->value != node_id_) to = it->second;
+        }
+      }
+      if (to.second != 0 && sender_->Connect(to.first, static_cast<uint16_t>(to.second), mine).ok())
+        connected_to_leader_round_ = mine;
+    }
+    if (connected_to_leader_round_ && *connected_to_leader_round_ != mine) connected_to_leader_round_.reset();
     const bool ready = mirror_->ready();
     reachable = reachable && mirror_->connected();
     std::optional<uint64_t> round;
@@ -798,13 +849,19 @@ void Rendezvous::Watch() {
       leader_seen_round_ = mine;
     }
     const bool now_leader = leader_kv && leader_kv->value == node_id_;
-    // The leader's view of its round's entries: alive (nodes/, leased) or finished.
-    std::set<std::string> present;
+    // The leader's view of its round's entries: alive (nodes/, leased) or finished; and the nodes
+    // its summary receiver shows gone, confirmed by a probe, without waiting for their leases.
+    std::set<std::string> present, finished;
+    std::map<std::string, std::string> gone;
     if (leader && ready) {
       for (const char* dir : {"nodes/", "finished/"}) {
         const std::string prefix = Key(round_dir + dir);
-        for (const EtcdKeyValue& kv : mirror_->Under(prefix)) present.insert(kv.key.substr(prefix.size()));
+        for (const EtcdKeyValue& kv : mirror_->Under(prefix)) {
+          present.insert(kv.key.substr(prefix.size()));
+          if (dir[0] == 'f') finished.insert(kv.key.substr(prefix.size()));
+        }
       }
+      gone = FindLostByStream(mine, nodes, finished);
     }
     bool refocus = false;
     {
@@ -815,6 +872,7 @@ void Rendezvous::Watch() {
       if (const std::optional<EtcdKeyValue> g = mirror_->Get(Key("give_up"))) news_.give_up = g->value;
       if (in_round && in_round_ && my_round_ == mine) {
         refocus = leader_ != now_leader;
+        if (now_leader && !leader_) leading_since_ = Clock::now();
         leader_ = now_leader;
         news_.leader = leader_;
         if (progress) news_.progress = std::move(*progress);
@@ -822,15 +880,68 @@ void Rendezvous::Watch() {
         // node leads).
         if (leader && !refocus) {
           for (const std::string& id : nodes) {
-            if (present.count(id) || std::count(reported_lost_.begin(), reported_lost_.end(), id)) continue;
+            const auto how = gone.find(id);
+            if ((present.count(id) && how == gone.end()) || std::count(reported_lost_.begin(), reported_lost_.end(), id))
+              continue;
             reported_lost_.push_back(id);
             news_.lost_nodes.push_back(id);
+            if (how != gone.end() && present.count(id)) news_.lost_how[id] = how->second;
           }
         }
       }
     }
     if (refocus) Refocus();
   }
+}
+
+std::map<std::string, std::string> Rendezvous::FindLostByStream(uint64_t round, const std::vector<std::string>& nodes,
+                                                                const std::set<std::string>& finished) {
+  std::map<std::string, std::string> out;
+  // Summaries come every progress_seconds: twice that without one is a node to look at, once the
+  // senders had the time to find a new leader.
+  const double quiet = 2 * config_.progress_seconds;
+  const double leading = SecondsSince(leading_since_);
+  if (leading < quiet) return out;
+  std::map<std::string, ReceivedSummary> got;
+  for (ReceivedSummary& r : summaries_->Summaries(round, /*with_text=*/false)) got[r.node] = std::move(r);
+  std::vector<std::string> suspects, why;
+  std::vector<std::pair<std::string, uint16_t>> targets;
+  for (const std::string& id : nodes) {
+    if (id == node_id_ || finished.count(id)) continue;
+    const auto it = got.find(id);
+    std::string w;
+    if (it == got.end()) {
+      w = "it sent the leader no summary in " + FormatSeconds(leading) + " s";
+    } else if (!it->second.connected) {
+      w = "its summary connection to the leader closed";
+    } else if (const double age = SecondsSince(it->second.received); age > quiet) {
+      w = "it sent the leader no summary for " + FormatSeconds(age) + " s";
+    } else {
+      continue;
+    }
+    const auto p = probed_.find(id);
+    if (p != probed_.end() && SecondsSince(p->second) < 0.5) continue;
+    std::pair<std::string, uint32_t> to;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      const auto t = summary_to_.find(id);
+      if (t != summary_to_.end()) to = t->second;
+    }
+    if (to.second == 0) continue;  // an agent without a summary port: its lease decides
+    suspects.push_back(id);
+    why.push_back(std::move(w));
+    targets.emplace_back(to.first, static_cast<uint16_t>(to.second));
+  }
+  if (suspects.empty()) return out;
+  // A probe tells a node gone (nothing listens: refused; no machine: no answer) from one merely
+  // late (its agent busy, its connection being made again).
+  const std::vector<Status> probes = ProbeAll(targets, 0.5);
+  for (size_t k = 0; k < suspects.size(); ++k) {
+    probed_[suspects[k]] = Clock::now();
+    if (!probes[k].ok())
+      out[suspects[k]] = why[k] + ", and its agent did not accept a connection (" + probes[k].ToString() + ")";
+  }
+  return out;
 }
 
 void Rendezvous::Leave(bool finished) {

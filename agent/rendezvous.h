@@ -51,9 +51,11 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -61,6 +63,7 @@
 #include "agent/etcd/etcd_client.h"
 #include "agent/etcd/etcd_mirror.h"
 #include "agent/resume.h"
+#include "agent/summary_stream.h"
 #include "lifeline/status.h"
 
 namespace lifeline::agent {
@@ -101,6 +104,7 @@ struct RoundNode {
   int requested_rank = -1;
   uint32_t master_port = 0;
   uint32_t replica_port = 0;       // its agent's replica receiver (0: it takes none)
+  uint32_t summary_port = 0;       // its agent's summary receiver (agent/summary_stream.h; 0: none)
   int64_t joined_revision = 0;
   std::string name;                // its lasting name ("" from an older agent: its host)
   bool standby = false;
@@ -135,9 +139,11 @@ struct RoundPlan {
 struct RendezvousNews {
   std::optional<uint64_t> round;          // the job moved to this round (past the agent's)
   bool leader = false;                    // this node runs the job-wide detectors of its round
-  std::vector<EtcdKeyValue> progress;     // the leader's: every node's newest progress summary
+  std::vector<EtcdKeyValue> progress;     // the leader's: every node's newest progress summary (key:
+                                          // "summary of node <id>", value: the summary)
   std::string give_up;                    // the job ended: why
-  std::vector<std::string> lost_nodes;    // the leader's: nodes of its round whose lease expired
+  std::vector<std::string> lost_nodes;    // the leader's: nodes of its round found gone...
+  std::map<std::string, std::string> lost_how;  // ...and how, for those not found by their lease
   bool etcd_unreachable = false;          // etcd did not answer the last poll
 };
 
@@ -155,6 +161,9 @@ class Rendezvous {
   // (a stream counts as one request), with the events that came through them.
   EtcdTraffic traffic() const;
   uint64_t watch_events() const { return mirror_->events(); }
+  // The summaries' bytes on the wire: sent to the leader, and received as the leader.
+  uint64_t summary_bytes_sent() const { return sender_->wire_bytes(); }
+  uint64_t summary_bytes_received() const { return summaries_->wire_bytes(); }
   const RendezvousConfig& config() const { return config_; }
   EtcdClient& client() { return *client_; }
 
@@ -200,8 +209,9 @@ class Rendezvous {
   // What changed since the last call; never blocks.
   RendezvousNews TakeNews();
 
-  // This node's progress summary (agent/progress.h) for the round's leader; published by the
-  // watcher at most once per `progress_seconds`, never blocking the caller.
+  // This node's progress summary (agent/progress.h) for the round's leader; sent by the watcher
+  // straight to the leader (agent/summary_stream.h) at most once per `progress_seconds`, never
+  // blocking the caller.
   void PublishProgress(std::string summary);
 
   // Leaves the job: says so when this node's ranks `finished` (so the others do not take it for
@@ -210,7 +220,8 @@ class Rendezvous {
   void Leave(bool finished);
 
  private:
-  explicit Rendezvous(RendezvousConfig config, std::unique_ptr<EtcdClient> client, std::unique_ptr<EtcdMirror> mirror);
+  explicit Rendezvous(RendezvousConfig config, std::unique_ptr<EtcdClient> client, std::unique_ptr<EtcdMirror> mirror,
+                      std::unique_ptr<SummaryReceiver> summaries);
   // Points the mirror at what this agent's part needs now (see the top).
   void Refocus();
   // The round's number as the mirror holds it (0 when absent); Corruption for a value not ours.
@@ -230,6 +241,7 @@ class Rendezvous {
   const RendezvousConfig config_;
   const std::unique_ptr<EtcdClient> client_;
   const std::unique_ptr<EtcdMirror> mirror_;
+  const std::unique_ptr<SummaryReceiver> summaries_;  // what the nodes send this one as the leader
   const std::string prefix_;   // "/lifeline/<job>/"
   const std::string node_id_;  // host:pid:nonce
   const std::string node_name_;  // the lasting name (config_.node_name, else the host)
@@ -243,6 +255,7 @@ class Rendezvous {
   uint64_t my_round_ = 0;                 // GUARDED_BY(mu_): the round of the last plan
   int my_group_ = -1;                     // GUARDED_BY(mu_): this node's group rank in it
   std::vector<std::string> my_nodes_;     // GUARDED_BY(mu_): that plan's nodes
+  std::map<std::string, std::pair<std::string, uint32_t>> summary_to_;  // GUARDED_BY(mu_): their summary ports (id -> host, port)
   bool in_round_ = false;                 // GUARDED_BY(mu_)
   std::optional<uint64_t> joining_;       // GUARDED_BY(mu_): the round Join is in, before its plan
   bool closer_ = false;                   // GUARDED_BY(mu_): this node closes the round it joins
@@ -250,9 +263,19 @@ class Rendezvous {
   RendezvousNews news_;                   // GUARDED_BY(mu_)
   std::vector<std::string> reported_lost_;  // GUARDED_BY(mu_)
   std::string progress_out_;              // GUARDED_BY(mu_): the newest summary not yet published
+  std::string own_summary_;               // GUARDED_BY(mu_): the leader's own newest summary
   bool leader_ = false;                   // GUARDED_BY(mu_): this node holds rounds/R/leader
   std::chrono::steady_clock::time_point leader_missing_since_{};  // the watcher's own
   std::optional<uint64_t> leader_seen_round_;  // the watcher's own: the round in which it saw a leader
+  std::chrono::steady_clock::time_point leading_since_{};  // the watcher's own: when it began to lead its round
+  std::optional<uint64_t> connected_to_leader_round_;     // the watcher's own: the round whose leader it said hello to
+  std::map<std::string, std::chrono::steady_clock::time_point> probed_;  // the watcher's own: nodes probed, when
+  // The leader's quick look for lost nodes (issue 36, item 3): `nodes` of round `round` whose
+  // summary connection closed or went quiet, confirmed by a probe of their agent's port; each
+  // with how it was found.
+  std::map<std::string, std::string> FindLostByStream(uint64_t round, const std::vector<std::string>& nodes,
+                                                      const std::set<std::string>& finished);
+  std::unique_ptr<SummarySender> sender_;  // the watcher's own
   std::thread watcher_;
 };
 

@@ -213,7 +213,7 @@ void Supervisor::ReadRound(const PollInput& in, std::vector<Anomaly>* anomalies,
     Enter(PollMeter::Part::kJobView);
     job_progress_.clear();
     for (const EtcdKeyValue& kv : news.progress) {
-      Result<std::vector<RankProgress>> ranks = DecodeProgress(kv.value, "etcd key " + kv.key, in.unix_ms);
+      Result<std::vector<RankProgress>> ranks = DecodeProgress(kv.value, kv.key, in.unix_ms);
       if (!ranks.ok()) continue;  // not one of ours: no say in the verdict
       job_progress_.insert(job_progress_.end(), ranks->begin(), ranks->end());
     }
@@ -233,8 +233,15 @@ void Supervisor::ReadRound(const PollInput& in, std::vector<Anomaly>* anomalies,
     a.kind = "node_lost";
     a.ranks = plan_->RanksOf(group);
     a.evidence = {{"node", id}, {"host", plan_->nodes[group].host}, {"lease_seconds", config_.rendezvous.lease_seconds}};
-    a.message = "node " + std::to_string(group) + " (" + id + ") stopped renewing its etcd lease for " +
-                std::to_string(static_cast<int>(config_.rendezvous.lease_seconds)) + " s: its agent or machine is gone";
+    const auto how = news.lost_how.find(id);
+    if (how != news.lost_how.end()) {  // its summary stream, before its lease (issue 36, item 3)
+      a.evidence["found_by"] = "summary_stream";
+      a.message = "node " + std::to_string(group) + " (" + id + "): " + how->second + ": its agent or machine is gone";
+    } else {
+      a.evidence["found_by"] = "lease";
+      a.message = "node " + std::to_string(group) + " (" + id + ") stopped renewing its etcd lease for " +
+                  std::to_string(static_cast<int>(config_.rendezvous.lease_seconds)) + " s: its agent or machine is gone";
+    }
     a.detected_ns = in.now_ns;
     anomalies->push_back(std::move(a));
   }

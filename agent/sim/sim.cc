@@ -247,7 +247,11 @@ struct NodeAgent {
   std::string progress_out;
   bool leader = false;
   double leader_missing_since = -1;
+  bool leader_seen = false;  // a leader was there in this round (one gone is replaced at once)
+  double leading_since = 0;  // when this node began to lead
   std::vector<std::string> reported_lost;
+  // The leader's look at the summary streams: per node, since when it has been probed (-1: not).
+  std::vector<double> probing;
   // News for the agent (RendezvousNews), taken at its next poll.
   bool news_leader = false;
   bool news_moved = false;
@@ -296,8 +300,10 @@ class JobSimulation {
       n.next_watch = 1.0 + c.watch_seconds * uniform(rng);
       n.last_renewal = n.next_watch - c.watch_seconds;
       n.last_progress = n.next_watch - c.progress_seconds * uniform(rng);
+      n.probing.assign(c.nodes, -1);
     }
     progress_.assign(c.nodes, "");
+    summary_at_.assign(c.nodes, 1.0);
     failures_.assign(c.nodes, -1);
   }
 
@@ -418,7 +424,10 @@ class JobSimulation {
     if (t - n.last_progress >= c_.progress_seconds) {
       progress_tick = true;
       n.last_progress = t;
-      if (!n.progress_out.empty()) progress_[n.group] = std::move(n.progress_out);
+      if (!n.progress_out.empty()) {  // straight to the leader (agent/summary_stream.h)
+        progress_[n.group] = std::move(n.progress_out);
+        summary_at_[n.group] = t;
+      }
       n.progress_out.clear();
     }
     const bool leader = n.leader;
@@ -427,11 +436,13 @@ class JobSimulation {
     const bool i_am_leader = leader_present && leader_ == n.group;
     if (!leader_present) {
       if (n.leader_missing_since < 0) n.leader_missing_since = t;
-      if (n.group == 0 || t - n.leader_missing_since >= c_.agent.rendezvous.lease_seconds) leader_ = n.group;
+      if (n.group == 0 || n.leader_seen || t - n.leader_missing_since >= c_.agent.rendezvous.lease_seconds) leader_ = n.group;
     } else {
       n.leader_missing_since = -1;
+      n.leader_seen = true;
     }
     if (restart_at_ <= t) n.news_moved = true;
+    if (i_am_leader && !n.leader) n.leading_since = t;
     n.leader = i_am_leader;
     n.news_leader = i_am_leader;
     if (leader && progress_tick) {
@@ -439,8 +450,21 @@ class JobSimulation {
       for (int g = 0; g < c_.nodes; ++g)
         if (LeaseAlive(g, t) && !progress_[g].empty()) n.news_progress.push_back(progress_[g]);
     }
+    // Lost nodes are the leader's to find (Rendezvous::Watch): a lease gone, or, first, a node that
+    // sent no summary for twice the summaries' interval and does not answer a probe within 0.5 s
+    // (FindLostByStream; a machine gone without closing its connection: the slower case).
+    if (!leader) return;
+    const double quiet = 2 * c_.progress_seconds;
     for (int g = 0; g < c_.nodes; ++g) {
-      if (LeaseAlive(g, t)) continue;
+      if (g == n.group) continue;
+      bool lost = !LeaseAlive(g, t);
+      if (t - summary_at_[g] > quiet && t - n.leading_since > quiet + 1) {
+        if (n.probing[g] < 0) n.probing[g] = t;
+        lost = lost || (nodes_[g].gone && t - n.probing[g] >= 0.5);
+      } else {
+        n.probing[g] = -1;
+      }
+      if (!lost) continue;
       const std::string& id = nodes_[g].id;
       if (std::count(n.reported_lost.begin(), n.reported_lost.end(), id)) continue;
       n.reported_lost.push_back(id);
@@ -580,7 +604,8 @@ class JobSimulation {
   RoundPlan plan_;
   std::vector<NodeAgent> nodes_;
   // etcd.
-  std::vector<std::string> progress_;  // per node: its newest summary put
+  std::vector<std::string> progress_;  // per node: its newest summary sent to the leader
+  std::vector<double> summary_at_;     // ...and when it arrived
   std::vector<int64_t> failures_;      // per node: when its first rank failed (unix ms), -1: none
   int leader_ = -1;
   double restart_at_ = kNever;  // when a node opened the next round

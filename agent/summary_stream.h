@@ -1,0 +1,116 @@
+// The progress summaries of a multi-node job (agent/progress.h), sent by each node straight to the
+// round's leader over TCP instead of through etcd (issue 36, item 2): etcd keeps the job's
+// membership, and a summary a second from every node never touches it.
+//
+// Every agent of a multi-node job listens (SummaryReceiver, a port it advertises in its round
+// entry); a node that is not the leader sends its summary about once a second (SummarySender) to
+// the leader it finds in the plan. The wire, one TCP connection per sender, is a sequence of frames:
+//   u32  length of the rest, big-endian (at most kMaxSummaryFrame)
+//   u8   kind: 1 hello, 2 summary
+//   hello:   the text "<job>\n<round>\n<node id>" (the first frame, once per connection)
+//   summary: the summary text (formats/SPEC.md §17) compressed with zstd, one zstd frame
+// Nothing is answered. A frame that breaks these rules closes its connection, naming the peer in
+// `errors()`; the receiver keeps each node's newest summary for its round, when it came, and
+// whether the node's connection is open (what the leader needs to notice a node gone quiet).
+//
+// Thread safety: both are thread-safe; the receiver runs one thread of its own.
+#ifndef LIFELINE_AGENT_SUMMARY_STREAM_H_
+#define LIFELINE_AGENT_SUMMARY_STREAM_H_
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "lifeline/status.h"
+
+namespace lifeline::agent {
+
+inline constexpr uint32_t kMaxSummaryFrame = 16u << 20;    // compressed
+inline constexpr size_t kMaxSummaryBytes = 64u << 20;      // decompressed
+
+// A node's newest summary as the leader holds it.
+struct ReceivedSummary {
+  std::string node;          // the sender's node id
+  std::string summary;       // the summary text ("" until the first comes: connected only)
+  std::chrono::steady_clock::time_point received{};
+  bool connected = false;    // its connection is open now
+  uint64_t frames = 0;
+  uint64_t wire_bytes = 0;   // compressed bytes received from it
+};
+
+class SummaryReceiver {
+ public:
+  // Listens on `port` (0: any free one) of every interface, for the summaries of job `job`.
+  static Result<std::unique_ptr<SummaryReceiver>> Start(std::string job, uint16_t port = 0);
+  ~SummaryReceiver();
+  SummaryReceiver(const SummaryReceiver&) = delete;
+  SummaryReceiver& operator=(const SummaryReceiver&) = delete;
+
+  uint16_t port() const { return port_; }
+  // Every node that sent a summary for `round`, with its newest one (without its text: just when
+  // it came and whether the connection is open, cheap to ask often).
+  std::vector<ReceivedSummary> Summaries(uint64_t round, bool with_text = true) const;
+  // Connections closed for breaking the wire's rules, each naming the peer and why (the newest 16).
+  std::vector<std::string> errors() const;
+  uint64_t wire_bytes() const;
+
+ private:
+  SummaryReceiver(std::string job, int listen_fd, uint16_t port);
+  void Run();
+
+  struct Peer;
+  const std::string job_;
+  const int listen_fd_;
+  const uint16_t port_;
+  int wake_[2] = {-1, -1};  // a pipe: the destructor wakes the thread
+  mutable std::mutex mu_;
+  std::map<uint64_t, std::map<std::string, ReceivedSummary>> by_round_;  // GUARDED_BY(mu_)
+  std::vector<std::string> errors_;                                     // GUARDED_BY(mu_)
+  uint64_t wire_bytes_ = 0;                                             // GUARDED_BY(mu_)
+  std::thread thread_;
+};
+
+class SummarySender {
+ public:
+  SummarySender(std::string job, std::string node_id);
+  ~SummarySender();
+  SummarySender(const SummarySender&) = delete;
+  SummarySender& operator=(const SummarySender&) = delete;
+
+  // Sends `summary` as this node's for `round` to the leader at host:port, connecting (again) when
+  // the leader or the round changed or the connection broke; bounded by `timeout_seconds`.
+  // Unavailable naming the leader when it cannot be reached.
+  Status Send(const std::string& host, uint16_t port, uint64_t round, const std::string& summary,
+              double timeout_seconds = 1.0);
+  // Connects (and says hello) without a summary yet: the leader hears of this node from the start.
+  Status Connect(const std::string& host, uint16_t port, uint64_t round, double timeout_seconds = 1.0);
+  uint64_t wire_bytes() const { return wire_bytes_; }
+
+ private:
+  void Close();
+  Status ConnectLocked(const std::string& host, uint16_t port, uint64_t round,
+                       std::chrono::steady_clock::time_point deadline, double timeout_seconds);
+  const std::string job_;
+  const std::string node_id_;
+  std::mutex mu_;
+  int fd_ = -1;             // GUARDED_BY(mu_)
+  std::string to_;          // GUARDED_BY(mu_): "host:port round" of the open connection
+  void* zstd_ = nullptr;    // ZSTD_CCtx*, GUARDED_BY(mu_)
+  std::atomic<uint64_t> wire_bytes_{0};
+};
+
+// Whether each of `targets` (host, port) accepts a TCP connection within `timeout_seconds`, all
+// tried at once: OK, or why not (refused: nothing listens, the agent is gone; no answer: the
+// machine or its network is).
+std::vector<Status> ProbeAll(const std::vector<std::pair<std::string, uint16_t>>& targets, double timeout_seconds);
+
+}  // namespace lifeline::agent
+
+#endif  // LIFELINE_AGENT_SUMMARY_STREAM_H_
