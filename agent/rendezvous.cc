@@ -67,12 +67,15 @@ Result<RoundNode> ParseNode(const nlohmann::json& j, const std::string& what) {
     n.name = j.value("name", "");
     n.standby = j.value("standby", false);
     if (n.name.find('/') != std::string::npos) return Status::Corruption(what, "a node name with '/'");
-    const nlohmann::json& r = j.at("resume");
-    n.resume.directory = r.value("directory", "");
-    if (!r.at("disk_step").is_null()) n.resume.disk_step = r.at("disk_step").get<uint64_t>();
-    n.resume.memory_steps = r.at("memory_steps").get<std::vector<uint64_t>>();
-    if (r.contains("memory_incomplete_step") && !r["memory_incomplete_step"].is_null())
-      n.resume.memory_incomplete_step = r["memory_incomplete_step"].get<uint64_t>();
+    // A plan's nodes leave their offers out (the plan says what was chosen, and who holds it).
+    if (j.contains("resume")) {
+      const nlohmann::json& r = j.at("resume");
+      n.resume.directory = r.value("directory", "");
+      if (!r.at("disk_step").is_null()) n.resume.disk_step = r.at("disk_step").get<uint64_t>();
+      n.resume.memory_steps = r.at("memory_steps").get<std::vector<uint64_t>>();
+      if (r.contains("memory_incomplete_step") && !r["memory_incomplete_step"].is_null())
+        n.resume.memory_incomplete_step = r["memory_incomplete_step"].get<uint64_t>();
+    }
     if (n.nproc == 0 || n.nproc > 1024) return Status::Corruption(what, "a node with " + std::to_string(n.nproc) + " ranks");
     if (n.master_port == 0 || n.master_port > 65535) return Status::Corruption(what, "a node without a port");
     return n;
@@ -210,6 +213,7 @@ Result<std::unique_ptr<Rendezvous>> Rendezvous::Connect(RendezvousConfig config)
   auto r = std::unique_ptr<Rendezvous>(
       new Rendezvous(std::move(config), std::move(client), std::move(mirror), std::move(summaries)));
   r->sender_ = std::make_unique<SummarySender>(r->config_.job, r->node_id_);
+  LL_ASSIGN_OR_RETURN(r->lease_client_, EtcdClient::Create(r->config_.endpoint, std::max(1.0, r->config_.lease_seconds / 4)));
   LL_ASSIGN_OR_RETURN(int64_t lease, r->client_->GrantLease(static_cast<int64_t>(std::max(2.0, r->config_.lease_seconds))));
   r->lease_ = lease;
   LL_RETURN_IF_ERROR(r->client_->PutIfAbsent(r->Key("round"), "0").status());
@@ -227,10 +231,11 @@ Rendezvous::~Rendezvous() {
 
 EtcdTraffic Rendezvous::traffic() const {
   EtcdTraffic t = client_->traffic();
-  const EtcdTraffic m = mirror_->traffic();
-  t.requests += m.requests;
-  t.bytes_sent += m.bytes_sent;
-  t.bytes_received += m.bytes_received;
+  for (const EtcdTraffic& m : {mirror_->traffic(), lease_client_->traffic()}) {
+    t.requests += m.requests;
+    t.bytes_sent += m.bytes_sent;
+    t.bytes_received += m.bytes_received;
+  }
   return t;
 }
 
@@ -249,8 +254,11 @@ Result<RoundPlan> Rendezvous::ClosedPlan(uint64_t round, const std::string& text
     return Status::Corruption(what, "not a round plan of lifeline-agent");
   RoundPlan plan;
   plan.round = round;
+  std::optional<uint64_t> resume_step;
+  if (j.contains("resume_step") && j["resume_step"].is_number_unsigned()) resume_step = j["resume_step"].get<uint64_t>();
   for (const nlohmann::json& n : j["nodes"]) {
     LL_ASSIGN_OR_RETURN(RoundNode node, ParseNode(n, what));
+    if (resume_step && n.is_object() && n.value("holds_resume_step", false)) node.resume.memory_steps = {*resume_step};
     if (node.id == node_id_) {
       plan.group_rank = static_cast<int>(plan.nodes.size());
       plan.rank_base = plan.world_size;
@@ -387,8 +395,21 @@ Status Rendezvous::TryClose(uint64_t round, const std::vector<EtcdKeyValue>& mem
   } else if (!full && !last_call) {
     return Status::OK();
   }
+  std::optional<uint64_t> step;
+  std::string location, note;
+  ChooseResume(placed, &step, &location, &note);
+  // Every agent reads the plan once a round: each node as the others need it (about 200 bytes:
+  // at 2,048 nodes 0.4 MB, where the entries with their offers came to 0.9 MB), whether it holds
+  // the resume step in memory in place of its offer.
   nlohmann::json plan = {{"nodes", nlohmann::json::array()}};
-  for (const RoundNode& n : placed) plan["nodes"].push_back(NodeJson(n));
+  for (const RoundNode& n : placed) {
+    nlohmann::json entry = NodeJson(n);
+    entry.erase("resume");
+    entry.erase("joined_revision");
+    if (step && std::count(n.resume.memory_steps.begin(), n.resume.memory_steps.end(), *step))
+      entry["holds_resume_step"] = true;
+    plan["nodes"].push_back(std::move(entry));
+  }
   nlohmann::json out_bad = nlohmann::json::array();
   for (const ExcludedNode& x : bad) {
     const bool kept = kept_bad && std::any_of(placed.begin(), placed.end(), [&](const RoundNode& n) { return n.Name() == x.name; });
@@ -398,9 +419,6 @@ Status Rendezvous::TryClose(uint64_t round, const std::vector<EtcdKeyValue>& mem
   nlohmann::json unplaced = nlohmann::json::array();
   for (size_t k = spares_used; k < spares.size(); ++k) unplaced.push_back(spares[k].Name());
   if (!unplaced.empty()) plan["spares"] = unplaced;
-  std::optional<uint64_t> step;
-  std::string location, note;
-  ChooseResume(placed, &step, &location, &note);
   plan["resume_step"] = step ? nlohmann::json(*step) : nlohmann::json(nullptr);
   plan["resume_location"] = location;
   if (!note.empty()) plan["resume_note"] = note;
@@ -628,8 +646,9 @@ Result<RoundPlan> Rendezvous::Join(const ResumeOffer& offer, const std::function
     } else {
       last_error = Status::OK();
     }
-    // Woken by a change the mirror saw, or after 100 ms (the last call's clock, `stop`).
-    seen = mirror_->WaitForChange(seen, 0.1);
+    // Woken by a change the mirror saw, or after 100 ms (the closer's last-call clock) or 250 ms
+    // (`stop`, the waiting messages).
+    seen = mirror_->WaitForChange(seen, members_known ? 0.1 : 0.25);
   }
   std::string why = "round " + (round ? std::to_string(*round) : std::string("?")) + " of job " + config_.job +
                     " did not form within " + std::to_string(static_cast<int>(config_.join_timeout_seconds)) +
@@ -715,6 +734,8 @@ RendezvousNews Rendezvous::TakeNews() {
   RendezvousNews out = news_;
   news_.round.reset();
   news_.lost_nodes.clear();
+  news_.lost_how.clear();
+  news_.isolated.clear();
   news_.progress.clear();
   return out;
 }
@@ -725,7 +746,7 @@ void Rendezvous::PublishProgress(std::string summary) {
 }
 
 Status Rendezvous::RenewOrRejoin() {
-  Status s = client_->KeepAlive(lease_.load());
+  Status s = lease_client_->KeepAlive(lease_.load());
   if (!s.IsNotFound()) return s;
   // The lease expired (etcd was away longer than its TTL): a new one, and this node's entry again
   // so the round it is in still counts it.
@@ -745,14 +766,21 @@ void Rendezvous::Watch() {
   Clock::time_point last_progress = Clock::now();
   bool renewed = true;  // the last renewal went through
   Clock::time_point last_hello{};  // the last try to connect to the leader before a summary
+  Clock::time_point last_leader_contact = Clock::now();  // a summary sent, or a connection made
   uint64_t seen = 0;
   for (;;) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (stopping_) return;
     }
-    // Woken by a change the mirror saw, or every 100 ms for the clocks below (none reads etcd).
-    seen = mirror_->WaitForChange(seen, 0.1);
+    // Woken by a change the mirror saw, or for the clocks below (none reads etcd): every 100 ms
+    // on the leader, which looks for lost nodes, every 250 ms elsewhere.
+    bool leading;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      leading = leader_;
+    }
+    seen = mirror_->WaitForChange(seen, leading ? 0.1 : 0.25);
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (stopping_) return;
@@ -795,8 +823,9 @@ void Rendezvous::Watch() {
         const auto it = summary_to_.find(leader_id);
         if (it != summary_to_.end()) to = it->second;
       }
-      if (!summary.empty() && !leader && to.second != 0)
-        sender_->Send(to.first, static_cast<uint16_t>(to.second), mine, summary).IgnoreError();  // the next one retries
+      if (!summary.empty() && !leader && to.second != 0 &&
+          sender_->Send(to.first, static_cast<uint16_t>(to.second), mine, summary, 1.0, last_renewal).ok())
+        last_leader_contact = Clock::now();  // a failed one: the next retries
       if (leader) {
         std::vector<EtcdKeyValue> all;
         for (ReceivedSummary& r : summaries_->Summaries(mine)) {
@@ -823,10 +852,17 @@ void Rendezvous::Watch() {
           if (it != summary_to_.end() && l->value != node_id_) to = it->second;
         }
       }
-      if (to.second != 0 && sender_->Connect(to.first, static_cast<uint16_t>(to.second), mine).ok())
+      if (to.second != 0 && sender_->Connect(to.first, static_cast<uint16_t>(to.second), mine).ok()) {
         connected_to_leader_round_ = mine;
+        last_leader_contact = Clock::now();
+      }
     }
     if (connected_to_leader_round_ && *connected_to_leader_round_ != mine) connected_to_leader_round_.reset();
+    summaries_->set_last_renewal(last_renewal);
+    std::string cut_off;
+    if (in_round && nodes.size() > 1 && (!isolated_round_ || *isolated_round_ != mine))
+      cut_off = CutOff(mine, leader, nodes.size(), SecondsSince(last_renewal), last_leader_contact);
+    if (!cut_off.empty()) isolated_round_ = mine;
     const bool ready = mirror_->ready();
     reachable = reachable && mirror_->connected();
     std::optional<uint64_t> round;
@@ -867,6 +903,7 @@ void Rendezvous::Watch() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       news_.etcd_unreachable = !reachable;
+      if (!cut_off.empty() && in_round_ && my_round_ == mine) news_.isolated = cut_off;
       if (!ready) continue;
       if (round && in_round && *round > mine) news_.round = *round;
       if (const std::optional<EtcdKeyValue> g = mirror_->Get(Key("give_up"))) news_.give_up = g->value;
@@ -892,6 +929,45 @@ void Rendezvous::Watch() {
     }
     if (refocus) Refocus();
   }
+}
+
+std::string Rendezvous::CutOff(uint64_t round, bool leader, size_t nodes, double since_renewal,
+                               Clock::time_point last_leader_contact) {
+  // The lease runs out `lease_seconds` after the last renewal; the others may then go on without
+  // this node. Its ranks are stopped before: a margin of a renewal's interval (at most 1.5 s).
+  const double interval = config_.lease_seconds / 3;
+  const double margin = std::min(1.5, interval);
+  if (since_renewal < config_.lease_seconds - margin) return "";
+  const Clock::time_point mine = Clock::now() - std::chrono::duration_cast<Clock::duration>(
+                                                    std::chrono::duration<double>(since_renewal));
+  // Another node that renewed more than one renewal's interval (and some slack) after this one
+  // last could reaches etcd where this one does not: in an outage of etcd, no node renews after
+  // it began, and this node renewed at most an interval before that.
+  const auto later = [&](Clock::time_point theirs) {
+    return std::chrono::duration<double>(theirs - mine).count() > interval + 0.5;
+  };
+  const std::string etcd = "this node has not reached etcd for " + FormatSeconds(since_renewal) + " s (lease " +
+                           FormatSeconds(config_.lease_seconds) + " s)";
+  if (!leader) {
+    const std::optional<Clock::time_point> theirs = sender_->leader_renewed();
+    if (theirs && later(*theirs)) return etcd + " while the round's leader did since: the job will go on without it";
+    if (SecondsSince(last_leader_contact) >= 2 * config_.progress_seconds)
+      return etcd + ", nor the round's leader for " + FormatSeconds(SecondsSince(last_leader_contact)) + " s";
+    return "";  // the leader is cut off from etcd as long: etcd is away for all, and back soon
+  }
+  size_t heard = 0, reach = 0;
+  for (const ReceivedSummary& r : summaries_->Summaries(round, /*with_text=*/false)) {
+    if (!r.connected || r.frames == 0 || SecondsSince(r.received) >= 3 * config_.progress_seconds) continue;
+    ++heard;
+    const Clock::time_point theirs = r.received - std::chrono::duration_cast<Clock::duration>(
+                                                      std::chrono::duration<double>(r.etcd_age));
+    reach += later(theirs) ? 1 : 0;
+  }
+  if (heard == 0) return etcd + ", nor heard from any of the round's " + std::to_string(nodes - 1) + " other nodes";
+  if (2 * reach > heard)
+    return etcd + " while " + std::to_string(reach) + " of the " + std::to_string(heard) +
+           " nodes heard from did since: the job will go on without this node (its leader)";
+  return "";
 }
 
 std::map<std::string, std::string> Rendezvous::FindLostByStream(uint64_t round, const std::vector<std::string>& nodes,

@@ -145,6 +145,10 @@ struct RendezvousNews {
   std::vector<std::string> lost_nodes;    // the leader's: nodes of its round found gone...
   std::map<std::string, std::string> lost_how;  // ...and how, for those not found by their lease
   bool etcd_unreachable = false;          // etcd did not answer the last poll
+  // This node is cut off (issue 36, item 3): it has not renewed its lease for nearly its whole
+  // time while the job reaches etcd (the leader says so, or the other nodes tell the leader), or
+  // it reaches neither etcd nor the rest of the job. Why, once per round; "" otherwise.
+  std::string isolated;
 };
 
 class Rendezvous {
@@ -240,6 +244,7 @@ class Rendezvous {
 
   const RendezvousConfig config_;
   const std::unique_ptr<EtcdClient> client_;
+  std::unique_ptr<EtcdClient> lease_client_;  // renewals, on a connection of their own: never behind a join's request
   const std::unique_ptr<EtcdMirror> mirror_;
   const std::unique_ptr<SummaryReceiver> summaries_;  // what the nodes send this one as the leader
   const std::string prefix_;   // "/lifeline/<job>/"
@@ -269,6 +274,10 @@ class Rendezvous {
   std::optional<uint64_t> leader_seen_round_;  // the watcher's own: the round in which it saw a leader
   std::chrono::steady_clock::time_point leading_since_{};  // the watcher's own: when it began to lead its round
   std::optional<uint64_t> connected_to_leader_round_;     // the watcher's own: the round whose leader it said hello to
+  std::optional<uint64_t> isolated_round_;                // the watcher's own: the round it said it was cut off in
+  // Whether this node is cut off (RendezvousNews::isolated): why, or "".
+  std::string CutOff(uint64_t round, bool leader, size_t nodes, double since_renewal,
+                     std::chrono::steady_clock::time_point last_leader_contact);
   std::map<std::string, std::chrono::steady_clock::time_point> probed_;  // the watcher's own: nodes probed, when
   // The leader's quick look for lost nodes (issue 36, item 3): `nodes` of round `round` whose
   // summary connection closed or went quiet, confirmed by a probe of their agent's port; each

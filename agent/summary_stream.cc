@@ -114,7 +114,7 @@ void SummaryReceiver::Run() {
   auto frame = [&](Peer& p, const char* data, size_t n) -> bool {
     if (n < 1) return refuse(p, "an empty frame"), false;
     const uint8_t kind = static_cast<uint8_t>(data[0]);
-    const std::string_view body(data + 1, n - 1);
+    std::string_view body(data + 1, n - 1);
     if (!p.hello) {
       if (kind != kHello) return refuse(p, "no hello first"), false;
       const size_t a = body.find('\n'), b = a == std::string_view::npos ? a : body.find('\n', a + 1);
@@ -137,6 +137,9 @@ void SummaryReceiver::Run() {
       return true;
     }
     if (kind != kSummary) return refuse(p, "a frame of unknown kind " + std::to_string(kind)), false;
+    if (body.empty()) return refuse(p, "a summary without its lease's age"), false;
+    const uint8_t etcd_age = static_cast<uint8_t>(body[0]);
+    body.remove_prefix(1);
     const unsigned long long size = ZSTD_getFrameContentSize(body.data(), body.size());
     if (size == ZSTD_CONTENTSIZE_ERROR || size == ZSTD_CONTENTSIZE_UNKNOWN || size > kMaxSummaryBytes)
       return refuse(p, "a summary that is not one zstd frame of at most 64 MiB"), false;
@@ -149,6 +152,7 @@ void SummaryReceiver::Run() {
     s.summary = plain;
     s.received = Clock::now();
     s.connected = true;
+    s.etcd_age = etcd_age / 10.0;
     ++s.frames;
     s.wire_bytes += n + 4;
     wire_bytes_ += n + 4;
@@ -210,7 +214,14 @@ void SummaryReceiver::Run() {
           break;
         }
         if (p.in.size() - at - 4 < n) break;
-        if (!frame(p, p.in.data() + at + 4, n)) open = false;
+        if (!frame(p, p.in.data() + at + 4, n)) {
+          open = false;
+        } else if (p.in[at + 4] != static_cast<char>(kHello)) {
+          // The answer: when the leader last renewed its lease. A sender that does not read them
+          // fills its own buffer first; one lost answer is no harm.
+          const char answer = static_cast<char>(TenthsSince(Clock::time_point(Clock::duration(last_renewal_ns_.load()))));
+          (void)!send(p.fd, &answer, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+        }
         at += 4 + n;
       }
       p.in.erase(0, at);
@@ -238,22 +249,37 @@ void SummarySender::Close() {
   to_.clear();
 }
 
+uint8_t TenthsSince(Clock::time_point t) {
+  const double tenths = std::chrono::duration<double>(Clock::now() - t).count() * 10;
+  return static_cast<uint8_t>(std::clamp(tenths, 0.0, 255.0));
+}
+
+Clock::time_point TenthsBefore(Clock::time_point now, uint8_t tenths) {
+  return now - std::chrono::milliseconds(100 * static_cast<int>(tenths));
+}
+
+std::optional<Clock::time_point> SummarySender::leader_renewed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return leader_renewed_;
+}
+
 Status SummarySender::Send(const std::string& host, uint16_t port, uint64_t round, const std::string& summary,
-                           double timeout_seconds) {
+                           double timeout_seconds, Clock::time_point last_renewal) {
   const std::string who = "the leader's summary port at " + host + ":" + std::to_string(port);
   const Clock::time_point deadline =
       Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_seconds));
-  std::string frame(4 + 1, '\0');
+  std::string frame(4 + 2, '\0');
   frame[4] = static_cast<char>(kSummary);
+  frame[5] = static_cast<char>(TenthsSince(last_renewal));
   {
     std::lock_guard<std::mutex> lock(mu_);
     const size_t bound = ZSTD_compressBound(summary.size());
-    frame.resize(5 + bound);
-    const size_t n = ZSTD_compressCCtx(static_cast<ZSTD_CCtx*>(zstd_), frame.data() + 5, bound, summary.data(),
+    frame.resize(6 + bound);
+    const size_t n = ZSTD_compressCCtx(static_cast<ZSTD_CCtx*>(zstd_), frame.data() + 6, bound, summary.data(),
                                        summary.size(), 3);
     if (ZSTD_isError(n)) return Status::IOError("summary", std::string("zstd: ") + ZSTD_getErrorName(n));
-    frame.resize(5 + n);
-    const uint32_t length = htonl(static_cast<uint32_t>(1 + n));
+    frame.resize(6 + n);
+    const uint32_t length = htonl(static_cast<uint32_t>(2 + n));
     std::memcpy(frame.data(), &length, 4);
     LL_RETURN_IF_ERROR(ConnectLocked(host, port, round, deadline, timeout_seconds));
     if (Status s = net::SendAll(fd_, frame.data(), frame.size(), who); !s.ok()) {
@@ -262,6 +288,10 @@ Status SummarySender::Send(const std::string& host, uint16_t port, uint64_t roun
       to_.clear();
       return Status::Unavailable("summary", s.ToString());
     }
+    // The leader's answers so far (to this summary and the ones before): the newest counts.
+    char answers[256];
+    const ssize_t got = recv(fd_, answers, sizeof(answers), MSG_DONTWAIT);
+    if (got > 0) leader_renewed_ = TenthsBefore(Clock::now(), static_cast<uint8_t>(answers[got - 1]));
   }
   wire_bytes_ += frame.size();
   return Status::OK();

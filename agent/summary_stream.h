@@ -8,8 +8,13 @@
 //   u32  length of the rest, big-endian (at most kMaxSummaryFrame)
 //   u8   kind: 1 hello, 2 summary
 //   hello:   the text "<job>\n<round>\n<node id>" (the first frame, once per connection)
-//   summary: the summary text (formats/SPEC.md §17) compressed with zstd, one zstd frame
-// Nothing is answered. A frame that breaks these rules closes its connection, naming the peer in
+//   summary: u8 how long ago the sender last renewed its etcd lease, in tenths of a second (255:
+//            that long or longer), then the summary text (formats/SPEC.md §17) compressed with
+//            zstd, one zstd frame
+// Each summary is answered with one byte: how long ago the leader last renewed its lease, in the
+// same tenths. So a node cut off from etcd can tell whether it alone is (the others renewed after it
+// could not: it stops its ranks before its lease runs out) or etcd is away for all (it goes on).
+// A frame that breaks these rules closes its connection, naming the peer in
 // `errors()`; the receiver keeps each node's newest summary for its round, when it came, and
 // whether the node's connection is open (what the leader needs to notice a node gone quiet).
 //
@@ -23,6 +28,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -35,12 +41,17 @@ namespace lifeline::agent {
 inline constexpr uint32_t kMaxSummaryFrame = 16u << 20;    // compressed
 inline constexpr size_t kMaxSummaryBytes = 64u << 20;      // decompressed
 
+// Tenths of a second since `t`, as the wire carries them (0 to 255), and back.
+uint8_t TenthsSince(std::chrono::steady_clock::time_point t);
+std::chrono::steady_clock::time_point TenthsBefore(std::chrono::steady_clock::time_point now, uint8_t tenths);
+
 // A node's newest summary as the leader holds it.
 struct ReceivedSummary {
   std::string node;          // the sender's node id
   std::string summary;       // the summary text ("" until the first comes: connected only)
   std::chrono::steady_clock::time_point received{};
   bool connected = false;    // its connection is open now
+  double etcd_age = 0;       // how long before its newest summary it had last renewed its lease (s)
   uint64_t frames = 0;
   uint64_t wire_bytes = 0;   // compressed bytes received from it
 };
@@ -60,6 +71,8 @@ class SummaryReceiver {
   // Connections closed for breaking the wire's rules, each naming the peer and why (the newest 16).
   std::vector<std::string> errors() const;
   uint64_t wire_bytes() const;
+  // What the leader answers each summary with: when it last renewed its lease.
+  void set_last_renewal(std::chrono::steady_clock::time_point t) { last_renewal_ns_ = t.time_since_epoch().count(); }
 
  private:
   SummaryReceiver(std::string job, int listen_fd, uint16_t port);
@@ -70,6 +83,7 @@ class SummaryReceiver {
   const int listen_fd_;
   const uint16_t port_;
   int wake_[2] = {-1, -1};  // a pipe: the destructor wakes the thread
+  std::atomic<int64_t> last_renewal_ns_{0};  // steady clock
   mutable std::mutex mu_;
   std::map<uint64_t, std::map<std::string, ReceivedSummary>> by_round_;  // GUARDED_BY(mu_)
   std::vector<std::string> errors_;                                     // GUARDED_BY(mu_)
@@ -87,8 +101,12 @@ class SummarySender {
   // Sends `summary` as this node's for `round` to the leader at host:port, connecting (again) when
   // the leader or the round changed or the connection broke; bounded by `timeout_seconds`.
   // Unavailable naming the leader when it cannot be reached.
+  // `last_renewal`: when this node last renewed its lease, for the leader.
   Status Send(const std::string& host, uint16_t port, uint64_t round, const std::string& summary,
-              double timeout_seconds = 1.0);
+              double timeout_seconds = 1.0,
+              std::chrono::steady_clock::time_point last_renewal = std::chrono::steady_clock::now());
+  // When the leader last renewed its lease, as of its newest answer (nullopt: none yet).
+  std::optional<std::chrono::steady_clock::time_point> leader_renewed() const;
   // Connects (and says hello) without a summary yet: the leader hears of this node from the start.
   Status Connect(const std::string& host, uint16_t port, uint64_t round, double timeout_seconds = 1.0);
   uint64_t wire_bytes() const { return wire_bytes_; }
@@ -99,11 +117,12 @@ class SummarySender {
                        std::chrono::steady_clock::time_point deadline, double timeout_seconds);
   const std::string job_;
   const std::string node_id_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   int fd_ = -1;             // GUARDED_BY(mu_)
   std::string to_;          // GUARDED_BY(mu_): "host:port round" of the open connection
   void* zstd_ = nullptr;    // ZSTD_CCtx*, GUARDED_BY(mu_)
   std::atomic<uint64_t> wire_bytes_{0};
+  std::optional<std::chrono::steady_clock::time_point> leader_renewed_;  // GUARDED_BY(mu_)
 };
 
 // Whether each of `targets` (host, port) accepts a TCP connection within `timeout_seconds`, all

@@ -245,6 +245,16 @@ void Supervisor::ReadRound(const PollInput& in, std::vector<Anomaly>* anomalies,
     a.detected_ns = in.now_ns;
     anomalies->push_back(std::move(a));
   }
+  if (!news.isolated.empty()) {  // this node is cut off: its ranks stop before the job goes on without it
+    Anomaly a;
+    a.kind = "node_lost";
+    a.ranks = plan_->RanksOf(plan_->group_rank);
+    a.evidence = {{"node", node_id_}, {"found_by", "self"}, {"lease_seconds", config_.rendezvous.lease_seconds}};
+    a.message = "this node (" + std::to_string(plan_->group_rank) + ", " + node_id_ + ") is cut off: " + news.isolated +
+                "; its ranks are stopped";
+    a.detected_ns = in.now_ns;
+    anomalies->push_back(std::move(a));
+  }
   *moved = news.round.has_value() || !news.give_up.empty();
   out->job_ended = news.give_up;
 }

@@ -3,6 +3,7 @@
 #include <curl/curl.h>
 
 #include <chrono>
+#include <random>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -119,6 +120,14 @@ void EtcdMirror::WaitBeforeRetry(double seconds, uint64_t generation) {
 }
 
 void EtcdMirror::Run() {
+  // After a failure the next try waits 0.2 s, doubling to 5 s, each with up to half again at
+  // random: a thousand agents whose streams an etcd restart broke do not all come back at once.
+  std::mt19937 rng(std::random_device{}());
+  int failures = 0;
+  auto backoff = [&] {
+    const double base = std::min(5.0, 0.2 * static_cast<double>(1 << std::min(failures++, 5)));
+    return base * std::uniform_real_distribution<double>(1.0, 1.5)(rng);
+  };
   for (;;) {
     std::vector<std::string> ranges;
     uint64_t generation;
@@ -135,20 +144,24 @@ void EtcdMirror::Run() {
         std::lock_guard<std::mutex> lock(mu_);
         connected_ = false;
       }
-      WaitBeforeRetry(0.5, generation);
+      WaitBeforeRetry(backoff(), generation);
       continue;
     }
     if (!options_.watch) {
       WaitBeforeRetry(options_.poll_seconds, generation);
       continue;
     }
+    const auto began = std::chrono::steady_clock::now();
     Stream(ranges, *revision, generation);
+    if (std::chrono::steady_clock::now() - began > std::chrono::seconds(10)) failures = 0;  // it had held
     if (!Interrupted(generation)) {  // broken: read afresh after a moment
       {
         std::lock_guard<std::mutex> lock(mu_);
         connected_ = false;
       }
-      WaitBeforeRetry(0.2, generation);
+      WaitBeforeRetry(backoff(), generation);
+    } else {
+      failures = 0;
     }
   }
 }
@@ -229,12 +242,10 @@ void EtcdMirror::Stream(const std::vector<std::string>& ranges, int64_t revision
     if (Interrupted(generation)) break;
     int running = 0;
     if (curl_multi_perform(multi, &running) != CURLM_OK || running == 0) break;  // ended or refused
-    // Connected but no watch created within the timeout: not an etcd that streams.
+    // No watch created for long: not an etcd that streams (a busy one answers within seconds).
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (!connected_ && std::chrono::steady_clock::now() - began >
-                             std::chrono::duration<double>(2 * options_.request_timeout_seconds))
-        break;
+      if (!connected_ && std::chrono::steady_clock::now() - began > std::chrono::seconds(30)) break;
     }
     curl_multi_poll(multi, nullptr, 0, 1000, nullptr);
   }

@@ -368,7 +368,11 @@ int main(int argc, char** argv) {
   probe.join();
   stop = true;
   for (auto& a : before) a->Join();
-  for (auto& r : now) r->Leave(true);
+  {  // every agent leaves at once, as a finished job's do
+    std::vector<std::thread> leaving;
+    for (auto& r : now) leaving.emplace_back([&r] { r->Leave(true); });
+    for (std::thread& t : leaving) t.join();
+  }
 
   nlohmann::json out = {{"protocol", protocol},
                         {"agents", agents},

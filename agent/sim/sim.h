@@ -10,7 +10,7 @@
 // DecodeProgress as through etcd. Simulated, on a virtual clock (nothing sleeps): the ranks (steps
 // with lognormal compute jitter and rare spikes, one allreduce over the world per step completing
 // ring-like), the processes' exits as waitpid reports them, the control plane as Rendezvous::Watch
-// sees it (leases renewed every lease/3, the watcher's loop every 0.1 s, summaries sent straight
+// sees it (leases renewed every lease/3, the watcher's loop every 0.25 s, summaries sent straight
 // to the leader once a second, the leader's election and its look for lost nodes: a lease gone, or
 // a node silent for two summaries' time that a probe does not reach in 0.5 s) and etcd as the
 // Supervisor asks it (the failure reports of rounds/R/failures/), and hosts whose CPUs are never
@@ -86,7 +86,7 @@ struct SimConfig {
   // The agent's loop and etcd, as agent.cc and rendezvous.cc pace them.
   double poll_seconds = 0.01;       // the agent's poll interval (config.poll_interval_seconds)
   double publish_seconds = 0.5;     // the agent hands its summary to the watcher this often
-  double watch_seconds = 0.1;       // the watcher's loop (Rendezvous::Watch)
+  double watch_seconds = 0.25;      // the watcher's loop (Rendezvous::Watch: 0.25 s; 0.1 s on the leader, modelled coarser)
   double progress_seconds = 1.0;    // RendezvousConfig::progress_seconds
   // After a fault that stops the job, how long to wait for a verdict before calling it missed.
   double give_up_seconds = 30;

@@ -139,7 +139,7 @@ TEST(SimTest, EchoesOfACrashOnOtherNodesAreHeldNotNamed) {
   SimConfig config = SmallJob();
   // The echoes come about 0.1 s after the crash; the other nodes must still be in the round then
   // (with news of the restart every 0.1 s they are often stopping their ranks already, and the
-  // echoes never happen): the watcher's news every 0.25 s here.
+  // echoes never happen): the watcher's news every 0.25 s, as a node that does not lead has it.
   config.watch_seconds = 0.25;
   Drill d;
   d.name = "crash";

@@ -3,10 +3,13 @@
 // (Debian's etcd-server, started by the test); the drill's allreduce goes over TCP through global
 // rank 0, as a job spanning machines would. The job must form one world, act together on a fault
 // anywhere, end like a single-node run of as many ranks, and leave nothing of itself in etcd.
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -26,6 +29,7 @@
 #include "agent/etcd/etcd_test_server.h"
 #include "agent/rendezvous.h"
 #include "agent/resume.h"
+#include "lib/net/socket.h"
 #include "lifeline/internal/replication_record.h"
 
 namespace lifeline::agent {
@@ -62,6 +66,70 @@ int WaitFor(pid_t pid, double timeout_seconds) {
   waitpid(pid, &status, 0);
   return -1;
 }
+
+// A TCP proxy between one agent and etcd (issue 36): Stop() cuts that agent off from etcd, as a
+// partition would, while everything else reaches it.
+class EtcdProxy {
+ public:
+  explicit EtcdProxy(uint16_t to) : to_(to) {
+    Result<int> fd = net::Listen(0, 64, "the test's etcd proxy");
+    if (!fd.ok()) return;
+    listen_ = *fd;
+    port_ = net::LocalPort(listen_);
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~EtcdProxy() { Stop(); }
+  uint16_t port() const { return port_; }
+  void Stop() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void Run() {
+    std::vector<std::pair<int, int>> pairs;  // (from the agent, to etcd)
+    std::vector<pollfd> fds;
+    char buf[65536];
+    while (!stop_) {
+      fds.clear();
+      fds.push_back({listen_, POLLIN, 0});
+      for (const auto& [a, b] : pairs) {
+        fds.push_back({a, POLLIN, 0});
+        fds.push_back({b, POLLIN, 0});
+      }
+      if (poll(fds.data(), fds.size(), 100) <= 0) continue;
+      if (fds[0].revents & POLLIN) {
+        const int a = accept4(listen_, nullptr, nullptr, SOCK_CLOEXEC);
+        Result<int> b = net::Connect("127.0.0.1", to_, std::chrono::steady_clock::now() + std::chrono::seconds(2));
+        if (a >= 0 && b.ok()) pairs.emplace_back(a, *b);
+        else if (a >= 0) close(a);
+      }
+      for (size_t k = 0; k < pairs.size(); ++k) {
+        for (int side = 0; side < 2; ++side) {
+          if (!(fds[1 + 2 * k + side].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+          const int from = side == 0 ? pairs[k].first : pairs[k].second;
+          const int to = side == 0 ? pairs[k].second : pairs[k].first;
+          const ssize_t n = recv(from, buf, sizeof(buf), 0);
+          if (n <= 0 || !net::SendAll(to, buf, static_cast<size_t>(n), "proxy").ok()) {
+            shutdown(pairs[k].first, SHUT_RDWR);
+            shutdown(pairs[k].second, SHUT_RDWR);
+          }
+        }
+      }
+    }
+    // Stopped: every connection and the port go, as behind a partition (nothing answers).
+    for (const auto& [a, b] : pairs) {
+      close(a);
+      close(b);
+    }
+    close(listen_);
+  }
+  const uint16_t to_;
+  int listen_ = -1;
+  uint16_t port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
 
 std::string Dump(const std::vector<nlohmann::json>& lines) {
   std::string s;
@@ -748,6 +816,69 @@ TEST_F(MultiNodeTest, WithMaxAboveMinTheJobGoesOnWithTheNodesThatRemain) {
   ASSERT_EQ(r.finals.size(), 2u) << r.output;
   for (const auto& [rank, final] : r.finals) EXPECT_EQ(final.rfind("step=1500 ", 0), 0u) << final;
   EXPECT_TRUE(JobKeys("elastic").empty());
+}
+
+// Issue 36, item 3: node 1 reaches etcd through a proxy, which stops: node 1 is cut off from
+// etcd while node 0 and the leader's summary port still answer. Before its lease runs out node 1
+// stops its own ranks (node_lost naming itself, found by itself: the leader renewed its lease
+// since), and only then does node 0, finding node 1's lease gone, go on alone (--nnodes 1:2) to
+// the end: no two launches train at once.
+TEST_F(MultiNodeTest, ANodeCutOffFromEtcdStopsItsOwnRanksBeforeTheOthersGoOnWithoutIt) {
+  const std::string steps = "--steps 2000 --ckpt-every 50 --compute-ms 2";
+  const std::string config = dir_ + "/cut.yaml";
+  std::ofstream(config) << "rendezvous:\n  lease_seconds: 6\n  last_call_seconds: 1\n  join_timeout_seconds: 20\n";
+  EtcdProxy proxy(static_cast<uint16_t>(std::stoi(etcd_.endpoint().substr(etcd_.endpoint().rfind(':') + 1))));
+  ASSERT_NE(proxy.port(), 0);
+  auto command = [&](int node) {
+    std::string c = AgentCommand("cut", node, "cut", "--max-restarts 2 --config " + config +
+                                                     " --node-rank " + std::to_string(node), steps);
+    c.replace(c.find("--nnodes 2"), 10, "--nnodes 1:2");
+    if (node == 1) c.replace(c.find(etcd_.endpoint()), etcd_.endpoint().size(), "127.0.0.1:" + std::to_string(proxy.port()));
+    return c;
+  };
+  const pid_t node0 = Spawn(command(0), Out("cut", 0));
+  const pid_t node1 = Spawn(command(1), Out("cut", 1));
+  // Both train past a checkpoint; then the proxy stops.
+  std::vector<int> ranks;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < deadline) {
+    NodeRun so_far;
+    Read("cut", 1, &so_far);
+    for (const auto& a : so_far.actions)
+      if (a.value("action", "") == "launch") ranks = a["pids"].get<std::vector<int>>();
+    Result<ResumeOffer> offer = FindResumeOffer(Env::Default(), dir_ + "/cut.ckpt");
+    if (!ranks.empty() && offer.ok() && offer->disk_step && *offer->disk_step >= 100) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_EQ(ranks.size(), 2u);
+  proxy.Stop();
+  NodeRun a;
+  a.exit_code = WaitFor(node0, 120);
+  Read("cut", 0, &a);
+  NodeRun b;
+  Read("cut", 1, &b);
+  WaitFor(node1, 30);  // it waits for etcd to come back, and gives up after the join timeout
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  // Node 1 named itself cut off and stopped its ranks...
+  std::optional<nlohmann::json> self;
+  for (const auto& x : b.anomalies)
+    if (x.value("kind", "") == "node_lost" && x["evidence"].value("found_by", "") == "self") self = x;
+  ASSERT_TRUE(self.has_value()) << Dump(b.anomalies) << b.output;
+  EXPECT_EQ((*self)["ranks"], nlohmann::json::array({2, 3})) << self->dump();
+  EXPECT_NE((*self)["message"].get<std::string>().find("cut off"), std::string::npos) << self->dump();
+  std::string stopped_at;
+  for (const auto& x : b.actions)
+    if (x.value("action", "") == "stop") stopped_at = x.value("time", "");
+  ASSERT_FALSE(stopped_at.empty()) << Dump(b.actions);
+  for (int pid : ranks) EXPECT_NE(kill(pid, 0), 0) << "rank process " << pid << " of node 1 still runs";
+  // ...before node 0 launched its ranks again, alone.
+  std::vector<std::string> launches;
+  for (const auto& x : a.actions)
+    if (x.value("action", "") == "launch") launches.push_back(x.value("time", ""));
+  ASSERT_EQ(launches.size(), 2u) << Dump(a.actions);
+  EXPECT_LT(stopped_at, launches[1]) << "node 1's ranks stopped at " << stopped_at << ", node 0 relaunched at " << launches[1];
+  ASSERT_EQ(a.finals.size(), 2u) << a.output;
+  for (const auto& [rank, final] : a.finals) EXPECT_EQ(final.rfind("step=2000 ", 0), 0u) << final;
 }
 
 // etcd going away for a few seconds in the middle of training (SIGKILL, then back on the same
