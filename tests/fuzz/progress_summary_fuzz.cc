@@ -1,4 +1,4 @@
-// libFuzzer target: arbitrary bytes as a node's progress summary read from etcd (formats/SPEC.md
+// libFuzzer target: arbitrary bytes as a node's progress summary as the leader receives it (formats/SPEC.md
 // §17) into DecodeProgress. It must never crash or let an exception out; whatever it accepts must
 // lie within the spec's bounds (no negative rank, node or age, an op of 16 bits), and encode again
 // to a summary it reads back the same: every integer equal, every age within the unit it is
