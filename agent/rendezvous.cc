@@ -603,6 +603,9 @@ Result<RoundPlan> Rendezvous::Join(const ResumeOffer& offer, const std::function
     if (stop && stop()) return Status::Aborted("rendezvous", "the agent was stopped");
     if (waiting && !closed_without_me && SecondsSince(began) >= 2 && (said == Clock::time_point{} || SecondsSince(said) >= 10)) {
       said = Clock::now();
+      // A round still waiting after 10 s is read afresh: whatever a stream might have missed
+      // (one slurm_kill run waited 10 minutes on a closer that counted 1 of 2 nodes) costs 10 s.
+      if (SecondsSince(began) >= 10) mirror_->Resync();
       if (!members_known && round) {  // the closer counts; the others ask etcd, once per message
         Result<int64_t> n = client_->CountPrefix(Key("rounds/" + std::to_string(*round) + "/nodes/"));
         if (n.ok()) seen_members = static_cast<size_t>(*n);
