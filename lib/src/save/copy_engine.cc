@@ -92,7 +92,10 @@ void CopyEngine::Submit(std::shared_ptr<internal::SaveJob> job) {
     std::lock_guard<std::mutex> lock(mu_);
     jobs_.push_back(std::move(job));
   }
-  work_.notify_all();
+  // One thread is woken here and each woken thread wakes the next (Run): waking them all at once
+  // from the training thread lets one take that thread's core on a small machine, inside Save's
+  // stall (2 cores, 2 copy threads: Save's "submit" part took 0.5-2.1 ms, 0.03 ms with one woken here).
+  work_.notify_one();
 }
 
 void CopyEngine::Run() {
@@ -110,6 +113,7 @@ void CopyEngine::Run() {
         continue;
       }
     }
+    work_.notify_one();  // the next thread joins this job (and wakes the one after it)
     for (std::optional<size_t> i; (i = job->ClaimPiece());) {
       const internal::CopyPiece& p = job->piece(*i);
       uint64_t checksum = 0;
