@@ -5,7 +5,7 @@
 #include <chrono>
 #include <thread>
 
-#include "agent/etcd/etcd_test_server.h"
+#include "agent/etcd/etcd_server_fixture.h"
 #include "agent/rendezvous.h"
 
 namespace lifeline::agent {
@@ -44,17 +44,7 @@ TEST(EtcdClientTest, AnUnreachableEndpointIsUnavailableNamingItWithinTheTimeout)
   EXPECT_FALSE(EtcdClient::Create("https://127.0.0.1:2379").ok());
 }
 
-class EtcdClientServerTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    ASSERT_TRUE(server_.ok()) << server_.error();
-    auto c = EtcdClient::Create(server_.endpoint(), 2.0);
-    ASSERT_TRUE(c.ok()) << c.status().ToString();
-    client_ = std::move(*c);
-  }
-  testing::EtcdTestServer server_;
-  std::unique_ptr<EtcdClient> client_;
-};
+using EtcdClientServerTest = testing::EtcdServerTest;
 
 TEST_F(EtcdClientServerTest, PutGetPrefixAndDelete) {
   ASSERT_TRUE(client_->Put("/job/a", "1").ok());

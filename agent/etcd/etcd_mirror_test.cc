@@ -6,19 +6,13 @@
 #include <functional>
 #include <thread>
 
-#include "agent/etcd/etcd_test_server.h"
+#include "agent/etcd/etcd_server_fixture.h"
 
 namespace lifeline::agent {
 namespace {
 
-class EtcdMirrorTest : public ::testing::Test {
+class EtcdMirrorTest : public testing::EtcdServerTest {
  protected:
-  void SetUp() override {
-    ASSERT_TRUE(server_.ok()) << server_.error();
-    auto c = EtcdClient::Create(server_.endpoint(), 2.0);
-    ASSERT_TRUE(c.ok()) << c.status().ToString();
-    client_ = std::move(*c);
-  }
   std::unique_ptr<EtcdMirror> Mirror(bool watch) {
     EtcdMirrorOptions o;
     o.watch = watch;
@@ -36,8 +30,6 @@ class EtcdMirrorTest : public ::testing::Test {
     }
     return true;
   }
-  testing::EtcdTestServer server_;
-  std::unique_ptr<EtcdClient> client_;
 };
 
 TEST_F(EtcdMirrorTest, HoldsTheTrackedKeysAndPrefixesAndFollowsTheirChangesThroughOneStream) {
