@@ -768,6 +768,10 @@ PollDecision Agent::Poll(uint64_t now) {
     news = rdzv_->TakeNews();
     metrics_->Rendezvous(news.leader, !news.etcd_unreachable);
     in.news = &news;
+    for (const std::string& e : news.summary_errors) {
+      Log({{"action", "summary_refused"}, {"message", e}});
+      std::cerr << "lifeline-agent: warning: " << e << std::endl;
+    }
   }
   PollDecision decision = supervisor_->Poll(in);
   if (!in.exits.empty()) metrics_->RankExited(supervisor_->timeline());

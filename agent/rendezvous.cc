@@ -735,6 +735,7 @@ Result<bool> Rendezvous::FailedEarlierElsewhere(uint64_t round, uint64_t unix_ms
 RendezvousNews Rendezvous::TakeNews() {
   std::lock_guard<std::mutex> lock(mu_);
   RendezvousNews out = news_;
+  out.summary_errors = summaries_->ErrorsSince(&summary_errors_seen_);
   news_.round.reset();
   news_.lost_nodes.clear();
   news_.lost_how.clear();

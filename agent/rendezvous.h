@@ -149,6 +149,9 @@ struct RendezvousNews {
   // time while the job reaches etcd (the leader says so, or the other nodes tell the leader), or
   // it reaches neither etcd nor the rest of the job. Why, once per round; "" otherwise.
   std::string isolated;
+  // Summary connections this node's receiver closed since the last news, each naming the peer and
+  // the rule it broke (the agent logs them: a misconfigured or foreign sender is seen).
+  std::vector<std::string> summary_errors;
 };
 
 class Rendezvous {
@@ -247,6 +250,7 @@ class Rendezvous {
   std::unique_ptr<EtcdClient> lease_client_;  // renewals, on a connection of their own: never behind a join's request
   const std::unique_ptr<EtcdMirror> mirror_;
   const std::unique_ptr<SummaryReceiver> summaries_;  // what the nodes send this one as the leader
+  uint64_t summary_errors_seen_ = 0;                  // GUARDED_BY(mu_): the receiver's errors told
   const std::string prefix_;   // "/lifeline/<job>/"
   const std::string node_id_;  // host:pid:nonce
   const std::string node_name_;  // the lasting name (config_.node_name, else the host)

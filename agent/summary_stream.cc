@@ -96,6 +96,13 @@ std::vector<std::string> SummaryReceiver::errors() const {
   return errors_;
 }
 
+std::vector<std::string> SummaryReceiver::ErrorsSince(uint64_t* seen) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint64_t fresh = std::min<uint64_t>(errors_total_ - std::min(*seen, errors_total_), errors_.size());
+  *seen = errors_total_;
+  return std::vector<std::string>(errors_.end() - static_cast<ptrdiff_t>(fresh), errors_.end());
+}
+
 uint64_t SummaryReceiver::wire_bytes() const {
   std::lock_guard<std::mutex> lock(mu_);
   return wire_bytes_;
@@ -109,6 +116,7 @@ void SummaryReceiver::Run() {
     std::lock_guard<std::mutex> lock(mu_);
     errors_.push_back("summary from " + p.name + (p.node.empty() ? "" : " (node " + p.node + ")") + ": " + why);
     if (errors_.size() > 16) errors_.erase(errors_.begin());
+    ++errors_total_;
   };
   // A whole frame of `p`: false when it breaks the wire's rules.
   auto frame = [&](Peer& p, const char* data, size_t n) -> bool {

@@ -70,6 +70,9 @@ class SummaryReceiver {
   std::vector<ReceivedSummary> Summaries(uint64_t round, bool with_text = true) const;
   // Connections closed for breaking the wire's rules, each naming the peer and why (the newest 16).
   std::vector<std::string> errors() const;
+  // The errors refused since the caller last asked (`*seen`: how many it has been told of; at most
+  // the newest 16), for the agent's log.
+  std::vector<std::string> ErrorsSince(uint64_t* seen) const;
   uint64_t wire_bytes() const;
   // What the leader answers each summary with: when it last renewed its lease.
   void set_last_renewal(std::chrono::steady_clock::time_point t) { last_renewal_ns_ = t.time_since_epoch().count(); }
@@ -87,6 +90,7 @@ class SummaryReceiver {
   mutable std::mutex mu_;
   std::map<uint64_t, std::map<std::string, ReceivedSummary>> by_round_;  // GUARDED_BY(mu_)
   std::vector<std::string> errors_;                                     // GUARDED_BY(mu_)
+  uint64_t errors_total_ = 0;                                           // GUARDED_BY(mu_)
   uint64_t wire_bytes_ = 0;                                             // GUARDED_BY(mu_)
   std::thread thread_;
 };

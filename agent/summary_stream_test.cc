@@ -91,6 +91,14 @@ TEST(SummaryStreamTest, FramesThatBreakTheRulesCloseTheirConnectionNamingThePeer
   SendRaw(port, std::string("\xff\xff\xff\xff", 4));
   ASSERT_TRUE(Eventually([&] { return (*receiver)->errors().size() == 5; }));
   const std::vector<std::string> e = (*receiver)->errors();
+  uint64_t seen = 0;
+  EXPECT_EQ((*receiver)->ErrorsSince(&seen), e);  // the agent logs each refused connection once
+  EXPECT_TRUE((*receiver)->ErrorsSince(&seen).empty());
+  SendRaw(port, Frame(2, "no hello again"));
+  ASSERT_TRUE(Eventually([&] { return (*receiver)->errors().size() == 6; }));
+  const std::vector<std::string> later = (*receiver)->ErrorsSince(&seen);
+  ASSERT_EQ(later.size(), 1u);
+  EXPECT_NE(later[0].find("no hello first"), std::string::npos) << later[0];
   std::string all;
   for (const std::string& x : e) all += x + "\n";
   EXPECT_NE(all.find("another job (other-job)"), std::string::npos) << all;
