@@ -161,6 +161,7 @@ Agent::Agent(AgentConfig config) : config_(std::move(config)) {}
 Agent::~Agent() { Cleanup(); }
 
 void Agent::Cleanup() {
+  spares_.reset();    // retires the spares
   launcher_.reset();  // kills anything still running
   replication_.reset();
   // What supervising cost this node: the agent's own CPU, and its etcd traffic in a multi-node job.
@@ -377,8 +378,23 @@ Status Agent::Launch() {
     resume = {{"directory", checkpoint_dir}, {"step", point->step ? nlohmann::json(*point->step) : nlohmann::json(nullptr)},
               {"location", point->location}};
   }
+  // Spares for the relaunches, when the command is a Python script: started once this launch ran.
+  if (spares_ == nullptr && config_.restart.prestart && config_.restart.max_restarts > 0) {
+    std::string looked;
+    const std::string startup = FindPythonStartupDir(&looked);
+    const std::optional<PythonScriptCommand> script = ParsePythonScript(config_.command);
+    if (script && !startup.empty() && Env::Default()->FileExists(startup + "/_lifeline_prestart.py"))
+      spares_ = std::make_unique<SparePool>(*script, startup + "/_lifeline_prestart.py");
+  }
+  launch_ran_ns_ = 0;
+  if (spares_ != nullptr) {
+    spare_env_ = ProcessEnvironment(env);
+    spare_env_["LIFELINE_PRESTART"] = "1";
+  }
   launcher_ = std::make_unique<Launcher>(config_.command, env);
-  LL_RETURN_IF_ERROR(launcher_->Start(world, static_cast<int>(rank_base_)));
+  LL_RETURN_IF_ERROR(launcher_->Start(world, static_cast<int>(rank_base_), spares_.get()));
+  int prestarted = 0;
+  for (const RankProcess& r : launcher_->ranks()) prestarted += r.prestarted ? 1 : 0;
   SupervisedLaunch launched;
   launched.world = world;
   launched.rank_base = static_cast<int>(rank_base_);
@@ -395,6 +411,7 @@ Status Agent::Launch() {
   std::vector<int> pids;
   for (const RankProcess& r : launcher_->ranks()) pids.push_back(r.pid);
   nlohmann::json line = {{"action", "launch"}, {"ranks", world}, {"pids", pids}, {"command", config_.command}, {"resume", resume}};
+  if (spares_ != nullptr) line["prestarted"] = prestarted;
   if (plan_) {
     line["first_rank"] = rank_base_;
     line["world_size"] = plan_->world_size;
@@ -410,6 +427,31 @@ Status Agent::Launch() {
   tier_checked_ = false;
   Log(line);
   return Status::OK();
+}
+
+void Agent::FillSpares(uint64_t now_ns) {
+  if (spares_ == nullptr) return;
+  spares_->Collect();
+  if (!spares_->failure().empty()) {
+    if (!spares_off_said_) {
+      spares_off_said_ = true;
+      Log({{"action", "prestart_off"}, {"reason", spares_->failure()}});
+      std::cerr << "lifeline-agent: relaunched ranks start afresh: " << spares_->failure() << std::endl;
+    }
+    return;
+  }
+  if (restarts_ >= config_.restart.max_restarts) {  // no relaunch left to hand them
+    spares_.reset();
+    return;
+  }
+  if (spares_->waiting() >= config_.nproc) return;
+  if (launch_ran_ns_ == 0) {
+    if (!supervisor_->LaunchRan(now_ns)) return;
+    launch_ran_ns_ = now_ns;
+  }
+  if (now_ns - launch_ran_ns_ < static_cast<uint64_t>(config_.restart.prestart_after_seconds * 1e9)) return;
+  spares_->Fill(config_.nproc, spare_env_);
+  Log({{"action", "prestart"}, {"pids", spares_->pids()}});
 }
 
 void Agent::CheckRanksMemoryTier(bool last_look) {
@@ -1066,6 +1108,7 @@ int Agent::Run() {
     DrainRings(now);
     const PollDecision decision = Poll(now);
     ReadReplication();
+    FillSpares(now);
     if (const std::optional<int> done = CarryOut(decision, now)) {
       exit_code = *done;
       break;

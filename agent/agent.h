@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -18,6 +19,7 @@
 
 #include "agent/config.h"
 #include "agent/launcher.h"
+#include "agent/prestart.h"
 #include "agent/rendezvous.h"
 #include "agent/replication/replication_service.h"
 #include "agent/resume.h"
@@ -87,6 +89,8 @@ class Agent {
   void ShareResumeStep(const std::string& local_checkpoint_dir);
   // Multi-node: the replication service's figures into the metrics, and its news into the log.
   void ReadReplication();
+  // Once the current launch ran: spares for the next, while restarts are left.
+  void FillSpares(uint64_t now_ns);
 
   AgentConfig config_;
   bool owns_run_dir_ = false;
@@ -96,6 +100,12 @@ class Agent {
   std::unique_ptr<ControlSocket> control_;
   std::unique_ptr<AgentMetrics> metrics_;
   std::unique_ptr<Launcher> launcher_;
+  // Spare interpreters for the next launch (agent/prestart.h): null when the command is not a
+  // Python script, restart.prestart is off, or no restart is left.
+  std::unique_ptr<SparePool> spares_;
+  std::map<std::string, std::string> spare_env_;  // their environment: the launch's, less its rank
+  bool spares_off_said_ = false;
+  uint64_t launch_ran_ns_ = 0;  // when every rank of the current launch had begun a step (0: not yet)
   std::vector<std::unique_ptr<trace::TraceRing>> rings_;
   std::unique_ptr<Surroundings> surroundings_;  // what the Supervisor asks: /proc and etcd
   std::unique_ptr<Supervisor> supervisor_;      // every decision about the ranks

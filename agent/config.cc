@@ -289,6 +289,8 @@ Status ReadDocument(const YamlReader& r, const YAML::Node& root, AgentConfig* c)
         if (f == "backoff_initial_seconds") return r.Double(fk, fv, key, &rs.backoff_initial_seconds);
         if (f == "backoff_multiplier") return r.Double(fk, fv, key, &rs.backoff_multiplier);
         if (f == "backoff_max_seconds") return r.Double(fk, fv, key, &rs.backoff_max_seconds);
+        if (f == "prestart") return r.Bool(fk, fv, key, &rs.prestart);
+        if (f == "prestart_after_seconds") return r.Double(fk, fv, key, &rs.prestart_after_seconds);
         return r.UnknownKey(fk, key);
       });
     }
@@ -447,7 +449,7 @@ Status LoadAgentConfig(const std::string& path, AgentConfig* config) {
 //                              min_excess >= 0, cooldown >= 0
 //   checkpoint                 lag_factor > 0, lag_count >= 1, lag_min >= 0, cooldown >= 0
 //   restart                    grace >= 0, backoff_initial >= 0, backoff_multiplier >= 1,
-//                              backoff_max >= backoff_initial
+//                              backoff_max >= backoff_initial, prestart_after >= 0
 //   policy                     an action for every known kind and no other kind
 // Every duration is at most kMaxSeconds, so converting it to nanoseconds cannot overflow.
 // Comparisons are written so that NaN fails them (a value can come from the command line).
@@ -598,6 +600,7 @@ Status ValidateAgentConfig(const AgentConfig& c) {
   const RestartConfig& r = c.restart;
   LL_RETURN_IF_ERROR(CheckSeconds("restart.grace_seconds", r.grace_seconds, true));
   LL_RETURN_IF_ERROR(CheckSeconds("restart.backoff_initial_seconds", r.backoff_initial_seconds, true));
+  LL_RETURN_IF_ERROR(CheckSeconds("restart.prestart_after_seconds", r.prestart_after_seconds, true));
   LL_RETURN_IF_ERROR(CheckAtLeast("restart.backoff_multiplier", r.backoff_multiplier, 1));
   LL_RETURN_IF_ERROR(CheckSeconds("restart.backoff_max_seconds", r.backoff_max_seconds, true));
   if (r.backoff_max_seconds < r.backoff_initial_seconds) {

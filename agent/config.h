@@ -61,6 +61,12 @@ struct RestartConfig {
   double backoff_initial_seconds = 1;
   double backoff_multiplier = 2;
   double backoff_max_seconds = 60;
+  // --no-prestart: false. While a launch trains, start one spare interpreter per local rank for
+  // the next launch, its script's imports done (agent/prestart.h); Python scripts only. They start
+  // `prestart_after_seconds` after every rank began a step: not in the launch's own busy start-up,
+  // and not at all for a job that ends or fails before then.
+  bool prestart = true;
+  double prestart_after_seconds = 10;
 };
 
 // Multi-node jobs: the agents meet and act together through etcd (agent/rendezvous.h).

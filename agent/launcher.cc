@@ -13,7 +13,10 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <thread>
+
+#include "agent/prestart.h"
 
 extern char** environ;
 
@@ -45,70 +48,93 @@ Launcher::~Launcher() {
   }
 }
 
-Status Launcher::Start(int world, int rank_base) {
+std::map<std::string, std::string> ProcessEnvironment(const std::map<std::string, std::string>& overrides) {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const char* eq = strchr(*e, '=');
+    if (eq != nullptr) env.emplace(std::string(static_cast<const char*>(*e), eq), std::string(eq + 1));
+  }
+  for (const auto& [k, v] : overrides) env[k] = v;
+  return env;
+}
+
+Result<ChildProcess> SpawnProcess(const std::vector<std::string>& command,
+                                  const std::map<std::string, std::string>& environment, int keep_fd) {
+  if (command.empty()) return Status::InvalidArgument("launch", "no command to run");
+  // Everything the child needs is built before forking: between fork and exec it only calls
+  // async-signal-safe functions.
+  std::vector<const char*> argv;
+  for (const std::string& a : command) argv.push_back(a.c_str());
+  argv.push_back(nullptr);
+  std::vector<std::string> strings;
+  for (const auto& [k, v] : environment) strings.push_back(k + "=" + v);
+  std::vector<const char*> envp;
+  for (const std::string& s : strings) envp.push_back(s.c_str());
+  envp.push_back(nullptr);
+
+  int out[2], err[2];
+  if (pipe2(out, O_CLOEXEC) != 0) return Status::FromErrno(errno, "launch: pipe");
+  if (pipe2(err, O_CLOEXEC) != 0) {
+    const int e = errno;
+    close(out[0]);
+    close(out[1]);
+    return Status::FromErrno(e, "launch: pipe");
+  }
+  const pid_t pid = fork();
+  if (pid < 0) {
+    const int e = errno;
+    for (int fd : {out[0], out[1], err[0], err[1]}) close(fd);
+    return Status::FromErrno(e, "launch: fork");
+  }
+  if (pid == 0) {
+    setpgid(0, 0);
+    signal(SIGPIPE, SIG_DFL);
+    dup2(out[1], STDOUT_FILENO);
+    dup2(err[1], STDERR_FILENO);
+    if (keep_fd >= 0) fcntl(keep_fd, F_SETFD, 0);
+    execvpe(argv[0], const_cast<char* const*>(argv.data()), const_cast<char* const*>(envp.data()));
+    const char* what = strerror(errno);
+    (void)!write(STDERR_FILENO, "lifeline-agent: cannot run ", 27);
+    (void)!write(STDERR_FILENO, argv[0], strlen(argv[0]));
+    (void)!write(STDERR_FILENO, ": ", 2);
+    (void)!write(STDERR_FILENO, what, strlen(what));
+    (void)!write(STDERR_FILENO, "\n", 1);
+    _exit(127);
+  }
+  setpgid(pid, pid);  // also from the parent: no race with a signal sent right away
+  close(out[1]);
+  close(err[1]);
+  fcntl(out[0], F_SETFL, O_NONBLOCK);
+  fcntl(err[0], F_SETFL, O_NONBLOCK);
+  ChildProcess child;
+  child.pid = pid;
+  child.out_fd = out[0];
+  child.err_fd = err[0];
+  return child;
+}
+
+Status Launcher::Start(int world, int rank_base, SparePool* spares) {
   rank_base_ = rank_base;
   ranks_.clear();
   if (command_.empty()) return Status::InvalidArgument("launch", "no command to run");
-  // Build each rank's environment before forking: the child only calls async-signal-safe
-  // functions between fork and exec.
-  std::map<std::string, std::string> base;
-  for (char** e = environ; *e != nullptr; ++e) {
-    const char* eq = strchr(*e, '=');
-    if (eq != nullptr) base.emplace(std::string(static_cast<const char*>(*e), eq), std::string(eq + 1));
-  }
-  for (const auto& [k, v] : env_) base[k] = v;
-  std::vector<const char*> argv;
-  for (const std::string& a : command_) argv.push_back(a.c_str());
-  argv.push_back(nullptr);
-
+  const std::map<std::string, std::string> base = ProcessEnvironment(env_);
   for (int rank = 0; rank < world; ++rank) {
     std::map<std::string, std::string> env = base;
     env["RANK"] = std::to_string(rank_base_ + rank);
     env["LOCAL_RANK"] = std::to_string(rank);
-    std::vector<std::string> strings;
-    for (const auto& [k, v] : env) strings.push_back(k + "=" + v);
-    std::vector<const char*> envp;
-    for (const std::string& s : strings) envp.push_back(s.c_str());
-    envp.push_back(nullptr);
-
-    int out[2], err[2];
-    if (pipe2(out, O_CLOEXEC) != 0) return Status::FromErrno(errno, "launch: pipe");
-    if (pipe2(err, O_CLOEXEC) != 0) {
-      close(out[0]);
-      close(out[1]);
-      return Status::FromErrno(errno, "launch: pipe");
-    }
-    const pid_t pid = fork();
-    if (pid < 0) {
-      const int e = errno;
-      for (int fd : {out[0], out[1], err[0], err[1]}) close(fd);
-      return Status::FromErrno(e, "launch: fork");
-    }
-    if (pid == 0) {
-      setpgid(0, 0);
-      signal(SIGPIPE, SIG_DFL);
-      dup2(out[1], STDOUT_FILENO);
-      dup2(err[1], STDERR_FILENO);
-      execvpe(argv[0], const_cast<char* const*>(argv.data()), const_cast<char* const*>(envp.data()));
-      const char* what = strerror(errno);
-      (void)!write(STDERR_FILENO, "lifeline-agent: cannot run ", 27);
-      (void)!write(STDERR_FILENO, argv[0], strlen(argv[0]));
-      (void)!write(STDERR_FILENO, ": ", 2);
-      (void)!write(STDERR_FILENO, what, strlen(what));
-      (void)!write(STDERR_FILENO, "\n", 1);
-      _exit(127);
-    }
-    setpgid(pid, pid);  // also from the parent: no race with a signal sent right away
-    close(out[1]);
-    close(err[1]);
-    fcntl(out[0], F_SETFL, O_NONBLOCK);
-    fcntl(err[0], F_SETFL, O_NONBLOCK);
     RankProcess r;
     r.rank = rank;
-    r.pid = pid;
+    std::optional<ChildProcess> child = spares != nullptr ? spares->Hand(env) : std::nullopt;
+    r.prestarted = child.has_value();
+    if (!child) {
+      Result<ChildProcess> spawned = SpawnProcess(command_, env);
+      if (!spawned.ok()) return spawned.status();
+      child = *spawned;
+    }
+    r.pid = child->pid;
+    r.out_fd = child->out_fd;
+    r.err_fd = child->err_fd;
     r.running = true;
-    r.out_fd = out[0];
-    r.err_fd = err[0];
     ranks_.push_back(std::move(r));
   }
   return Status::OK();

@@ -15,6 +15,27 @@
 
 namespace lifeline::agent {
 
+// A process the agent started: its pid (also its process group's) and the read ends of its
+// stdout and stderr, non-blocking.
+struct ChildProcess {
+  pid_t pid = -1;
+  int out_fd = -1;
+  int err_fd = -1;
+};
+
+// The environment a process the agent starts gets: the agent's own, `overrides` added or
+// replacing. Launched ranks and spares (agent/prestart.h) alike.
+std::map<std::string, std::string> ProcessEnvironment(const std::map<std::string, std::string>& overrides);
+
+// Forks and execs `argv` (searched on PATH) with exactly `env`, in a process group of its own,
+// its stdout and stderr into pipes whose read ends come back non-blocking; `keep_fd`, when >= 0,
+// stays open across the exec (every other descriptor the agent holds is close-on-exec). A command
+// that cannot be executed exits 127 saying why on its stderr.
+Result<ChildProcess> SpawnProcess(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
+                                  int keep_fd = -1);
+
+class SparePool;
+
 struct RankProcess {
   int rank = 0;
   pid_t pid = -1;
@@ -25,6 +46,7 @@ struct RankProcess {
   std::string out_partial; // an unfinished last line
   std::string err_partial;
   std::string last_line;   // the last non-empty line it wrote (stdout or stderr)
+  bool prestarted = false; // a spare interpreter took the rank (agent/prestart.h)
 };
 
 class Launcher {
@@ -34,9 +56,10 @@ class Launcher {
   Launcher(std::vector<std::string> command, std::map<std::string, std::string> env);
   ~Launcher();  // kills what is still running (SIGKILL) and reaps it
 
-  // Starts `world` local ranks, global ranks `rank_base` on (RANK; LOCAL_RANK counts from 0). On
-  // failure nothing is left running.
-  Status Start(int world, int rank_base = 0);
+  // Starts `world` local ranks, global ranks `rank_base` on (RANK; LOCAL_RANK counts from 0), each
+  // in a waiting spare of `spares` while there is one, else afresh. On failure nothing is left
+  // running.
+  Status Start(int world, int rank_base = 0, SparePool* spares = nullptr);
   std::vector<RankProcess>& ranks() { return ranks_; }
   // The fds to poll for output.
   std::vector<int> OutputFds() const;

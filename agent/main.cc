@@ -104,6 +104,10 @@ int main(int argc, char** argv) {
   run->add_flag("--no-python-tracing", no_python_tracing,
                 "Do not trace Python ranks' steps (optimizer.step) and torch.distributed collectives "
                 "automatically (python_tracing: false in the YAML file)");
+  bool no_prestart = false;
+  run->add_flag("--no-prestart", no_prestart,
+                "Start every relaunched rank afresh, not in a spare Python interpreter started ahead with "
+                "the script's imports done (restart.prestart: false in the YAML file)");
   run->add_option("command", command, "The rank's command, after --")->required();
 
   CLI::App* ctl = app.add_subcommand("ctl", "Ask a running agent over its control socket");
@@ -198,6 +202,7 @@ int main(int argc, char** argv) {
   if (ckpt_opt->count() > 0) config.checkpoint_dir = checkpoint_dir;
   if (metrics_opt->count() > 0) config.metrics_addr = metrics_addr;
   if (no_python_tracing) config.python_tracing = false;
+  if (no_prestart) config.restart.prestart = false;
   config.command = command;
   if (!scheduled->schedulers.empty()) {
     config.scheduler = scheduled->schedulers.front();

@@ -449,17 +449,19 @@ RestartPlan Supervisor::PlanRestart(const Anomaly& reason, uint64_t now_ns, cons
   // A launch that ran (every rank began a step, or it lived a minute) and then failed is relaunched
   // at once: a fault once in a while costs no wait. Launches failing in a row without getting that
   // far back off, longer each time: whatever fails them may need a moment to pass.
-  const bool ran = now_ns - launched_ns_ >= kRanSeconds * 1'000'000'000ull ||
-                   (!timeline_.ranks().empty() &&
-                    std::all_of(timeline_.ranks().begin(), timeline_.ranks().end(),
-                                [](const RankTimeline& v) { return v.began_step; }));
-  failed_in_a_row_ = ran ? 0 : failed_in_a_row_ + 1;
+  failed_in_a_row_ = LaunchRan(now_ns) ? 0 : failed_in_a_row_ + 1;
   plan.backoff_seconds =
       failed_in_a_row_ == 0
           ? 0.0
           : std::min(r.backoff_max_seconds, r.backoff_initial_seconds * std::pow(r.backoff_multiplier, failed_in_a_row_ - 1));
   ledger_.Stopped(now_ns, plan.backoff_seconds);
   return plan;
+}
+
+bool Supervisor::LaunchRan(uint64_t now_ns) const {
+  return now_ns - launched_ns_ >= kRanSeconds * 1'000'000'000ull ||
+         (!timeline_.ranks().empty() && std::all_of(timeline_.ranks().begin(), timeline_.ranks().end(),
+                                                    [](const RankTimeline& v) { return v.began_step; }));
 }
 
 JobEnd Supervisor::Conclude() const {

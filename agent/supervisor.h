@@ -180,6 +180,8 @@ class Supervisor {
   // launches in a row gives up (a relaunch cannot help); so does a spent budget. `ends`: per local rank, as the
   // launcher left it. Relaunching is the caller's, with SupervisedLaunch::restart one more.
   RestartPlan PlanRestart(const Anomaly& reason, uint64_t now_ns, const std::vector<RankEnd>& ends);
+  // Whether the current launch ran: every rank began a step, or it lived a minute.
+  bool LaunchRan(uint64_t now_ns) const;
   // The ranks were stopped at `now_ns` because another node moved the job to a new round (no
   // PlanRestart here): for the time-lost account.
   void StoppedForRound(uint64_t now_ns);

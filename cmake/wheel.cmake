@@ -23,7 +23,7 @@ install(TARGETS lifeline LIBRARY DESTINATION ${wheel_pkg} NAMELINK_SKIP COMPONEN
 
 file(GLOB wheel_py_sources CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/lib/python/lifeline/*.py)
 install(FILES ${wheel_py_sources} DESTINATION ${wheel_pkg} COMPONENT wheel)
-install(FILES lib/python/lifeline_startup/sitecustomize.py DESTINATION ${SKBUILD_PLATLIB_DIR}/lifeline_startup
-        COMPONENT wheel)
+file(GLOB wheel_py_startup CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/lib/python/lifeline_startup/*.py)
+install(FILES ${wheel_py_startup} DESTINATION ${SKBUILD_PLATLIB_DIR}/lifeline_startup COMPONENT wheel)
 # `lifeline-sim --plot` runs it (LIFELINE_SIM_PLOT, set by _launch.py): the source tree is not there.
 install(FILES tools/sim_plot.py DESTINATION ${wheel_pkg}/_bin COMPONENT wheel)

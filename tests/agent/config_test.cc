@@ -92,6 +92,8 @@ restart:
   backoff_initial_seconds: 2
   backoff_multiplier: 3
   backoff_max_seconds: 120
+  prestart: false
+  prestart_after_seconds: 30
 rendezvous:
   endpoint: etcd-0:2379
   id: llama-7b
@@ -153,6 +155,8 @@ policy:
   EXPECT_DOUBLE_EQ(c.restart.backoff_initial_seconds, 2);
   EXPECT_DOUBLE_EQ(c.restart.backoff_multiplier, 3);
   EXPECT_DOUBLE_EQ(c.restart.backoff_max_seconds, 120);
+  EXPECT_FALSE(c.restart.prestart);
+  EXPECT_DOUBLE_EQ(c.restart.prestart_after_seconds, 30);
 
   EXPECT_EQ(c.rendezvous.endpoint, "etcd-0:2379");
   EXPECT_EQ(c.rendezvous.id, "llama-7b");
@@ -393,6 +397,7 @@ TEST(ValidateTest, OtherBoundsNameTheField) {
       {"checkpoint.lag_count", [](AgentConfig* c) { c->checkpoint.lag_count = 0; }},
       {"restart.grace_seconds", [](AgentConfig* c) { c->restart.grace_seconds = -1; }},
       {"restart.backoff_multiplier", [](AgentConfig* c) { c->restart.backoff_multiplier = 0.9; }},
+      {"restart.prestart_after_seconds", [](AgentConfig* c) { c->restart.prestart_after_seconds = -1; }},
       {"rendezvous.lease_seconds", [](AgentConfig* c) { c->rendezvous.lease_seconds = 1; }},
       {"rendezvous.failure_grace_seconds", [](AgentConfig* c) { c->rendezvous.failure_grace_seconds = -1; }},
       {"rendezvous.failure_grace_seconds", [](AgentConfig* c) { c->rendezvous.failure_grace_seconds = 61; }},

@@ -1021,7 +1021,9 @@ MODULES = tuple(_INSTALLERS)
 def install(name, module):
     """Patches `module` (one of MODULES), just imported. Never raises."""
     global _torch
-    if _failed or not _lifeline.trace_active():
+    # A spare interpreter (LIFELINE_PRESTART=1) imports torch before the agent hands it a rank:
+    # tracing is decided when it has one, and its modules are patched now, as they are imported.
+    if _failed or not (_lifeline.trace_active() or os.environ.get("LIFELINE_PRESTART") == "1"):
         return
     try:
         if _torch is None:

@@ -115,10 +115,11 @@ def _stacks_on_dump_signal():
 def _install(here):
     if not os.environ.get("LIFELINE_AGENT"):
         return
-    try:
-        _stacks_on_dump_signal()
-    except Exception as err:
-        _say("registering the stack dump", err)
+    if os.environ.get("LIFELINE_PRESTART") != "1":  # a spare learns its rank later: activate()
+        try:
+            _stacks_on_dump_signal()
+        except Exception as err:
+            _say("registering the stack dump", err)
     tracing = os.environ.get("LIFELINE_PYTHON_TRACING", "1").strip().lower()
     if tracing in ("0", "false", "no", "off"):
         return
@@ -151,8 +152,22 @@ def _chain(here):
                              f"{type(err).__name__}: {err}\n")
 
 
+def activate():
+    """Called by a spare interpreter (_lifeline_prestart.py) once the agent handed it a rank's
+    environment: what _install left for the rank to do. The import hook is in place already, so the
+    modules the spare imported ahead were patched as they were imported, as in any rank."""
+    if not os.environ.get("LIFELINE_AGENT"):
+        return
+    try:
+        _stacks_on_dump_signal()
+    except Exception as err:
+        _say("registering the stack dump", err)
+
+
 def _main():
     here = os.path.dirname(os.path.abspath(__file__))
+    # Reachable by the spare's bootstrap after _chain hands the name sitecustomize to the next one.
+    sys.modules["_lifeline_startup_hook"] = sys.modules.get(__name__)
     try:
         _install(here)
     except Exception as err:

@@ -87,8 +87,8 @@ struct Tracer {
 
 // 0: not looked yet; 1: inactive; 2: active (g_tracer set).
 std::atomic<int> g_state{0};
-Tracer* g_tracer = nullptr;  // written once under g_once, published by g_state
-std::once_flag g_once;
+Tracer* g_tracer = nullptr;  // written once under g_init, published by g_state
+std::mutex g_init;
 
 // False (errno set) when a write fails.
 bool WriteAll(int fd, const char* p, size_t n) {
@@ -172,6 +172,12 @@ void Initialise() {
     return;
   }
   const char* rank_env = getenv("RANK");
+  // A spare interpreter the agent started ahead of a relaunch (LIFELINE_PRESTART=1) learns its
+  // rank only when it is handed one: decide then, not now.
+  if (rank_env == nullptr) {
+    const char* prestart = getenv("LIFELINE_PRESTART");
+    if (prestart != nullptr && std::strcmp(prestart, "1") == 0) return;
+  }
   char* end = nullptr;
   const long rank = rank_env != nullptr ? strtol(rank_env, &end, 10) : -1;
   if (rank_env == nullptr || end == rank_env || *end != '\0' || rank < 0 || rank > 1 << 24) {
@@ -211,7 +217,10 @@ inline Tracer* Get() {
   const int state = g_state.load(std::memory_order_acquire);
   if (state == 2) return g_tracer;
   if (state == 1) return nullptr;
-  std::call_once(g_once, Initialise);
+  {
+    std::lock_guard<std::mutex> lock(g_init);
+    if (g_state.load(std::memory_order_acquire) == 0) Initialise();
+  }
   return g_state.load(std::memory_order_acquire) == 2 ? g_tracer : nullptr;
 }
 

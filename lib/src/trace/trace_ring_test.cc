@@ -236,6 +236,40 @@ TEST_F(RingTest, TheTracingApiReachesTheAgentsRingAndDumpsOnSignal) {
   EXPECT_EQ(outside_text, "keep me") << "a dump wrote through a planted hard link";
 }
 
+// A spare interpreter the agent started ahead of a relaunch (LIFELINE_PRESTART=1, no RANK yet)
+// records nothing and decides nothing until it is handed its rank; then it traces into that
+// rank's ring, as a rank started afresh would.
+TEST_F(RingTest, ASpareWithoutItsRankYetTracesOnceHandedOne) {
+  auto ring = TraceRing::Create(RingPath(dir_, 1), 1, 64);
+  ASSERT_TRUE(ring.ok());
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    setenv("LIFELINE_AGENT", dir_.c_str(), 1);
+    setenv("LIFELINE_PRESTART", "1", 1);
+    unsetenv("RANK");
+    unsetenv("LOCAL_RANK");
+    if (Active()) _exit(10);
+    StepBegin(3);  // before its rank: dropped, not written to any ring
+    setenv("RANK", "5", 1);
+    setenv("LOCAL_RANK", "1", 1);
+    unsetenv("LIFELINE_PRESTART");
+    if (!Active()) _exit(11);
+    StepBegin(4);
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  ASSERT_EQ(WEXITSTATUS(status), 0);
+  std::vector<Event> got;
+  (*ring)->Drain(&got);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].type, EventType::kStepBegin);
+  EXPECT_EQ(got[0].step, 4u);
+  EXPECT_EQ((*ring)->header()->producer_pid, pid);
+}
+
 TEST(TraceInactive, WithoutAnAgentNothingIsRecorded) {
   const pid_t pid = fork();
   ASSERT_GE(pid, 0);
