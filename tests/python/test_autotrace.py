@@ -21,7 +21,7 @@ import textwrap
 import time
 import unittest
 
-from torch_versions import NO_FSDP2
+from torch_versions import needs_fsdp2
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TUTORIAL = os.path.join(HERE, "ddp_tutorial.py")
@@ -170,7 +170,7 @@ class AutoTrace(unittest.TestCase):
 
     # (d) torch 2.x: an unchanged FSDP2 script reports its steps and FSDP2's all-gathers and
     # reduce-scatters; a rank that sleeps is named alone, its peer waiting in an all-gather.
-    @unittest.skipIf(NO_FSDP2, NO_FSDP2)
+    @needs_fsdp2
     def test_unchanged_fsdp2_script_reports_steps_and_collectives(self):
         rc, out, events, snapshots = self.agent([PYTHON, FSDP_TUTORIAL], "--config", self.calm_config(),
                                                 poll_metrics=True, env=_environment(STEPS=30))
@@ -184,13 +184,13 @@ class AutoTrace(unittest.TestCase):
         self.assertNotIn("Python tracing", out)
         self.assertEqual([e for e in events if "kind" in e], [], events)
 
-    @unittest.skipIf(NO_FSDP2, NO_FSDP2)
+    @needs_fsdp2
     def test_fsdp2_hang_names_rank_1_alone_within_the_timeout(self):
         self.check_hang_names_rank_1(FSDP_TUTORIAL)  # rank 0 waits in FSDP2's next all-gather
 
     # Tensor parallelism's collectives are DTensor's functional ones: posted when called, ended
     # when waited for, numbered alike on both ranks; FSDP2's are torch.distributed's.
-    @unittest.skipIf(NO_FSDP2, NO_FSDP2)
+    @needs_fsdp2
     def test_tensor_parallel_and_fsdp2_collectives_recorded(self):
         script = self.script("""
             import os, sys, torch, torch.distributed as dist

@@ -12,7 +12,7 @@ import sys
 import tempfile
 import unittest
 
-from torch_versions import NO_FSDP2
+from torch_versions import needs_fsdp2
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BIN = os.environ.get("LIFELINE_BIN", os.path.join(HERE, "..", "..", "build", "bin"))
@@ -31,7 +31,7 @@ def run(directory, kill_at=0):
     return p.returncode, out, re.findall(r"digest (\w+)", out), log
 
 
-@unittest.skipIf(NO_FSDP2, NO_FSDP2)
+@needs_fsdp2
 class DTensorJobResume(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="lifeline-fsdp-", dir=os.environ.get("LIFELINE_TEST_TMPDIR", "/var/tmp"))
