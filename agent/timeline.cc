@@ -70,21 +70,27 @@ CollectiveRecord* Timeline::Touch(uint32_t comm, uint64_t seq) {
   return &it->second;
 }
 
-bool Timeline::AllLiveMembers(uint32_t comm, const CollectiveRecord& rec, bool need_end) const {
-  bool any = false;
+bool Timeline::AllLiveMembers(uint32_t comm, CollectiveRecord& rec, bool need_end) const {
+  CollectiveRecord::Scan& scan = need_end ? rec.exit_scan : rec.enter_scan;
+  // Whether member m is in (or out), or dead; either stays so.
   auto done = [&](int m) {
     if (!ranks_[m].alive) return true;
-    any = true;
-    return rec.begin_ns[m] != 0 && (!need_end || rec.end_ns[m] != 0);
+    if (rec.begin_ns[m] == 0 || (need_end && rec.end_ns[m] == 0)) return false;
+    scan.any_live = true;
+    return true;
   };
   if (comm == 0) {  // the world: no member list to build on every collective event
-    for (int m = 0; m < world(); ++m)
-      if (!done(m)) return false;
+    for (; scan.next < world(); ++scan.next)
+      if (!done(scan.next)) return false;
   } else if (auto it = members_.find(comm); it != members_.end()) {
-    for (int m : it->second)
-      if (!done(m)) return false;
+    if (scan.members != it->second.size()) scan = CollectiveRecord::Scan{0, it->second.size(), false};
+    for (auto m = it->second.lower_bound(scan.next); m != it->second.end(); ++m) {
+      scan.next = *m;
+      if (!done(*m)) return false;
+    }
+    scan.next = it->second.empty() ? 0 : *it->second.rbegin() + 1;
   }
-  return any;
+  return scan.any_live;
 }
 
 void Timeline::AddSave(RankTimeline* r, CheckpointSave save) {

@@ -48,6 +48,16 @@ struct CollectiveRecord {
   int begun = 0;                // ranks whose begin_ns is set
   bool entered_by_all = false;  // every live member had begun it at some kCollectiveBegin
   bool exited_by_all = false;   // every live member had begun and ended it at some kCollectiveEnd
+  // Where the look for a member not yet in (or out) resumes: the members below `next` were in (or
+  // out) or dead when last looked at, and stay so (a rank's times are set once; a dead rank stays
+  // dead), so a collective of N ranks costs O(N) over all its events, not O(N) per event. A
+  // communicator whose member list grew since is looked at from its start again.
+  struct Scan {
+    int next = 0;          // rank
+    size_t members = 0;    // the member list's size then (communicators other than the world)
+    bool any_live = false; // a member passed was alive
+  };
+  Scan enter_scan, exit_scan;
 };
 
 // One checkpoint save of a rank, from Save (kCheckpointBegin) to durable (kCheckpointPersisted).
@@ -142,7 +152,7 @@ class Timeline {
  private:
   CollectiveRecord* Touch(uint32_t comm, uint64_t seq);
   void AddSave(RankTimeline* r, CheckpointSave save);
-  bool AllLiveMembers(uint32_t comm, const CollectiveRecord& rec, bool need_end) const;
+  bool AllLiveMembers(uint32_t comm, CollectiveRecord& rec, bool need_end) const;
 
   size_t saves_kept_;
   int rank_base_ = 0;

@@ -4,7 +4,6 @@
 #include <string>
 
 #include "agent/detectors/evidence.h"
-#include "agent/detectors/sliding_window.h"
 
 namespace lifeline::agent {
 
@@ -15,7 +14,7 @@ using trace::kNoStep;
 void HangDetector::Reset(int world) {
   world_ = std::max(world, 0);
   collective_history_.clear();
-  step_history_.clear();
+  step_history_ = History{};
   reported_through_.clear();
   step_reported_begin_ns_.assign(static_cast<size_t>(world_), 0);
 }
@@ -24,9 +23,22 @@ size_t HangDetector::HistoryCapacity() const {
   return static_cast<size_t>(std::max<uint32_t>(config_.window, 1)) * std::max(world_, 1);
 }
 
-uint64_t HangDetector::Timeout(const std::deque<uint64_t>* history) const {
-  double longest = 0;
-  if (history != nullptr && !history->empty()) longest = Seconds(*std::max_element(history->begin(), history->end()));
+void HangDetector::History::Push(uint64_t v, size_t capacity) {
+  bool longest_left = false;
+  values.push_back(v);
+  while (values.size() > std::max<size_t>(capacity, 1)) {
+    longest_left = longest_left || values.front() == longest;
+    values.pop_front();
+  }
+  if (longest_left) {
+    longest = *std::max_element(values.begin(), values.end());
+  } else {
+    longest = std::max(longest, v);
+  }
+}
+
+uint64_t HangDetector::Timeout(const History* history) const {
+  const double longest = history != nullptr ? Seconds(history->longest) : 0;
   const double t = std::min(std::max(config_.multiplier * longest, config_.floor_seconds), config_.cap_seconds);
   return Nanos(t);
 }
@@ -35,12 +47,12 @@ void HangDetector::Observe(const Timeline&, const TimelineChange& c) {
   if (c.rank < 0 || c.rank >= world_) return;
   const trace::Event& e = *c.event;
   if (e.type == EventType::kStepEnd && c.step_closed_ns)
-    PushToWindow(&step_history_, *c.step_closed_ns, HistoryCapacity());
+    step_history_.Push(*c.step_closed_ns, HistoryCapacity());
   // A late End of a collective a later End already closed was not waited for: no history.
   if (e.type == EventType::kCollectiveEnd && c.collective_closed && !c.closed_early &&
       e.time_ns >= c.collective_closed->begin_ns)
-    PushToWindow(&collective_history_[{e.comm, c.collective_closed->op}], e.time_ns - c.collective_closed->begin_ns,
-                 HistoryCapacity());
+    collective_history_[{e.comm, c.collective_closed->op}].Push(e.time_ns - c.collective_closed->begin_ns,
+                                                                HistoryCapacity());
 }
 
 void HangDetector::CheckCollectives(const Timeline& t, uint64_t now, std::vector<Anomaly>* out, bool* any_open) {
@@ -66,7 +78,7 @@ void HangDetector::CheckCollectives(const Timeline& t, uint64_t now, std::vector
         if (first == nullptr || o.begin_ns < first->begin_ns) first = &o;
       }
       const auto history = collective_history_.find({comm, first->op});
-      const std::deque<uint64_t>* h = history == collective_history_.end() ? nullptr : &history->second;
+      const History* h = history == collective_history_.end() ? nullptr : &history->second;
       const uint64_t timeout = Timeout(h);
       const uint64_t waited = now > first->begin_ns ? now - first->begin_ns : 0;
       if (waited <= timeout) continue;
@@ -123,7 +135,7 @@ void HangDetector::CheckCollectives(const Timeline& t, uint64_t now, std::vector
       a.evidence["timeout_seconds"] = Seconds(timeout);
       a.evidence["waited_seconds"] = Seconds(waited);
       a.evidence["waiting_ranks"] = waiting;
-      a.evidence["history_size"] = h == nullptr ? 0 : h->size();
+      a.evidence["history_size"] = h == nullptr ? 0 : h->values.size();
       // Which rule named the culprits: in a multi-node job the agent leaves "all_joined" (no rank
       // of this node stands out) to the job-wide view, where the rank holding it up may show.
       a.evidence["verdict"] = !never_joined.empty() ? "never_joined" : culprits == in_global ? "all_joined" : "never_posted";
@@ -191,7 +203,7 @@ void HangDetector::CheckSteps(const Timeline& t, uint64_t now, std::vector<Anoma
   a.evidence["timeout_seconds"] = Seconds(timeout);
   a.evidence["waited_seconds"] = Seconds(waited);
   a.evidence["waiting_ranks"] = others;
-  a.evidence["history_size"] = step_history_.size();
+  a.evidence["history_size"] = step_history_.values.size();
   a.evidence["silent_seconds"] = Seconds(longest_silence);
   a.message = what;
   a.detected_ns = now;

@@ -35,14 +35,21 @@ class HangDetector : public Detector {
  private:
   // Per-rank durations: the window of `window` operations holds world x window of them.
   size_t HistoryCapacity() const;
-  uint64_t Timeout(const std::deque<uint64_t>* history) const;
+  // The durations seen, newest last, and their longest: the timeout is asked for at every poll of
+  // every open collective, the window (world x window durations) changes at most once per event.
+  struct History {
+    std::deque<uint64_t> values;
+    uint64_t longest = 0;  // of `values`
+    void Push(uint64_t v, size_t capacity);
+  };
+  uint64_t Timeout(const History* history) const;
   void CheckCollectives(const Timeline& t, uint64_t now, std::vector<Anomaly>* out, bool* any_open);
   void CheckSteps(const Timeline& t, uint64_t now, std::vector<Anomaly>* out);
 
   HangConfig config_;
   int world_ = 0;
-  std::map<std::pair<uint32_t, trace::Op>, std::deque<uint64_t>> collective_history_;
-  std::deque<uint64_t> step_history_;
+  std::map<std::pair<uint32_t, trace::Op>, History> collective_history_;
+  History step_history_;
   std::map<uint32_t, uint64_t> reported_through_;  // per comm: open seqs up to this were reported
   std::vector<uint64_t> step_reported_begin_ns_;   // per rank: the open step already reported
 };
