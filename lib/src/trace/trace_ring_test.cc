@@ -23,6 +23,15 @@
 namespace lifeline::trace {
 namespace {
 
+// Waits for a forked child; it exits 0 when every check it made held, else with the number of the
+// one that failed.
+::testing::AssertionResult ExitedCleanly(pid_t pid) {
+  int status = 0;
+  if (waitpid(pid, &status, 0) != pid) return ::testing::AssertionFailure() << "waitpid failed";
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "the child ended with wait status " << status;
+}
+
 class RingTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -195,10 +204,7 @@ TEST_F(RingTest, TheTracingApiReachesTheAgentsRingAndDumpsOnSignal) {
     ProcessExit();
     _exit(0);
   }
-  int status = 0;
-  ASSERT_EQ(waitpid(pid, &status, 0), pid);
-  ASSERT_TRUE(WIFEXITED(status)) << status;
-  ASSERT_EQ(WEXITSTATUS(status), 0);
+  ASSERT_TRUE(ExitedCleanly(pid));
 
   std::vector<Event> got;
   (*ring)->Drain(&got);
@@ -258,10 +264,7 @@ TEST_F(RingTest, ASpareWithoutItsRankYetTracesOnceHandedOne) {
     StepBegin(4);
     _exit(0);
   }
-  int status = 0;
-  ASSERT_EQ(waitpid(pid, &status, 0), pid);
-  ASSERT_TRUE(WIFEXITED(status)) << status;
-  ASSERT_EQ(WEXITSTATUS(status), 0);
+  ASSERT_TRUE(ExitedCleanly(pid));
   std::vector<Event> got;
   (*ring)->Drain(&got);
   ASSERT_EQ(got.size(), 1u);
@@ -282,9 +285,7 @@ TEST(TraceInactive, WithoutAnAgentNothingIsRecorded) {
     if (Dropped() != 0) _exit(13);
     _exit(0);
   }
-  int status = 0;
-  ASSERT_EQ(waitpid(pid, &status, 0), pid);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_TRUE(ExitedCleanly(pid));
 }
 
 TEST(TraceInactive, AnAgentDirectoryWithoutARingLeavesTracingOff) {
@@ -297,9 +298,7 @@ TEST(TraceInactive, AnAgentDirectoryWithoutARingLeavesTracingOff) {
     StepBegin(1);
     _exit(0);
   }
-  int status = 0;
-  ASSERT_EQ(waitpid(pid, &status, 0), pid);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_TRUE(ExitedCleanly(pid));
 }
 
 }  // namespace
