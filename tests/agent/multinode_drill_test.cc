@@ -35,6 +35,19 @@
 namespace lifeline::agent {
 namespace {
 
+// Removes a step directory of a job whose surviving ranks may still be finishing their last writes
+// into it (a temporary file renamed away while remove_all walks the directory fails it with
+// ENOENT): tried again until nothing is left.
+void RemoveWhileWritten(const std::filesystem::path& path) {
+  for (int attempt = 0; attempt < 250; ++attempt) {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+    if (!ec && !std::filesystem::exists(path)) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ADD_FAILURE() << "cannot remove " << path << ": the job kept writing into it for 5 s";
+}
+
 struct NodeRun {
   int exit_code = -1;
   std::string output;
@@ -667,7 +680,7 @@ TEST_F(MultiNodeTest, AReplacementResumesFromTheLostNodesReplicaInItsPeersMemory
   // The disk loses step S and everything after it.
   for (const auto& e : std::filesystem::directory_iterator(dir_ + "/peer.ckpt")) {
     const std::string name = e.path().filename().string();
-    if (name.rfind("step-", 0) == 0 && std::stoll(name.substr(5)) >= replicated) std::filesystem::remove_all(e.path());
+    if (name.rfind("step-", 0) == 0 && std::stoll(name.substr(5)) >= replicated) RemoveWhileWritten(e.path());
   }
   ForgetDiskCopies("peer", 0, static_cast<uint64_t>(replicated));
   NodeRun a, b;
@@ -751,7 +764,7 @@ TEST_F(MultiNodeTest, AReplicaDamagedInTransitIsRefusedAndTheJobFallsBackToDiskS
   for (const auto& e : std::filesystem::directory_iterator(dir_ + "/damaged.ckpt")) {
     const std::string name = e.path().filename().string();
     if (name.rfind("step-", 0) != 0) continue;
-    if (std::stoll(name.substr(5)) >= 100) std::filesystem::remove_all(e.path());
+    if (std::stoll(name.substr(5)) >= 100) RemoveWhileWritten(e.path());
     else kept = std::max<uint64_t>(kept, std::stoull(name.substr(5)));
   }
   ASSERT_EQ(kept, 50u);
