@@ -450,8 +450,9 @@ void Agent::FillSpares(uint64_t now_ns) {
     launch_ran_ns_ = now_ns;
   }
   if (now_ns - launch_ran_ns_ < static_cast<uint64_t>(config_.restart.prestart_after_seconds * 1e9)) return;
+  const size_t before = spares_->waiting();
   spares_->Fill(config_.nproc, spare_env_);
-  Log({{"action", "prestart"}, {"pids", spares_->pids()}});
+  if (spares_->waiting() > before) Log({{"action", "prestart"}, {"pids", spares_->pids()}});
 }
 
 void Agent::CheckRanksMemoryTier(bool last_look) {

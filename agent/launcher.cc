@@ -36,13 +36,15 @@ std::string DescribeWaitStatus(int s) {
 Launcher::Launcher(std::vector<std::string> command, std::map<std::string, std::string> env)
     : command_(std::move(command)), env_(std::move(env)) {}
 
+void KillAndReap(pid_t pid) {
+  kill(-pid, SIGKILL);
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+}
+
 Launcher::~Launcher() {
   for (RankProcess& r : ranks_) {
-    if (r.running) {
-      kill(-r.pid, SIGKILL);
-      kill(r.pid, SIGKILL);
-      waitpid(r.pid, nullptr, 0);
-    }
+    if (r.running) KillAndReap(r.pid);
     if (r.out_fd >= 0) close(r.out_fd);
     if (r.err_fd >= 0) close(r.err_fd);
   }

@@ -34,6 +34,9 @@ std::map<std::string, std::string> ProcessEnvironment(const std::map<std::string
 Result<ChildProcess> SpawnProcess(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
                                   int keep_fd = -1);
 
+// SIGKILL to `pid`'s process group and to `pid` (it may have left the group), then reaps it.
+void KillAndReap(pid_t pid);
+
 class SparePool;
 
 struct RankProcess {

@@ -99,24 +99,21 @@ SparePool::~SparePool() {
   for (Waiting& w : spares_) {
     while (waitpid(w.process.pid, nullptr, WNOHANG) == 0) {
       if (std::chrono::steady_clock::now() >= deadline) {
-        Retire(w, /*kill_now=*/true);
+        KillAndReap(w.process.pid);
         break;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
-    if (w.process.out_fd >= 0) close(w.process.out_fd);
-    if (w.process.err_fd >= 0) close(w.process.err_fd);
+    CloseAll(w);
   }
 }
 
-void SparePool::Retire(Waiting& w, bool kill_now) {
-  if (w.go_fd >= 0) close(w.go_fd);
-  w.go_fd = -1;
-  if (kill_now) {
-    kill(-w.process.pid, SIGKILL);
-    kill(w.process.pid, SIGKILL);
-    waitpid(w.process.pid, nullptr, 0);
-  }
+void SparePool::CloseAll(Waiting& w) {
+  for (int* fd : {&w.go_fd, &w.process.out_fd, &w.process.err_fd})
+    if (*fd >= 0) {
+      close(*fd);
+      *fd = -1;
+    }
 }
 
 void SparePool::Fill(size_t count, const std::map<std::string, std::string>& env) {
@@ -169,9 +166,7 @@ void SparePool::Collect() {
       failure_ = "a spare interpreter ended before it was needed (" + DescribeWaitStatus(status) +
                  (last.empty() ? "" : ": " + last.substr(0, 300)) + ")";
     }
-    close(w.go_fd);
-    close(w.process.out_fd);
-    close(w.process.err_fd);
+    CloseAll(w);
     spares_.erase(spares_.begin() + static_cast<std::ptrdiff_t>(i));
   }
 }
@@ -196,9 +191,8 @@ std::optional<ChildProcess> SparePool::Hand(const std::map<std::string, std::str
     const size_t done = WriteWithoutSigpipe(w.go_fd, payload);
     if (done != payload.size()) {
       const int e = errno;
-      Retire(w, /*kill_now=*/true);
-      close(w.process.out_fd);
-      close(w.process.err_fd);
+      KillAndReap(w.process.pid);
+      CloseAll(w);
       if (failure_.empty())
         failure_ = std::string("cannot hand a spare its environment: ") + (e == EPIPE ? "it has exited" : std::strerror(e));
       continue;

@@ -60,7 +60,7 @@ class SparePool {
     ChildProcess process;
     int go_fd = -1;  // write end of the spare's environment pipe
   };
-  void Retire(Waiting& w, bool kill_now);
+  static void CloseAll(Waiting& w);  // its pipes
 
   std::vector<std::string> argv_;  // the spare's command, "{fd}" where the pipe's number goes
   std::vector<Waiting> spares_;

@@ -21,9 +21,25 @@ import time
 import traceback
 import unittest
 
+_RANK_TIMEOUT_S = 300  # a rank still running then is killed
+
 # The launchers' variables: stripped, so the ranks rely on torch.distributed alone.
 LAUNCH_VARS = ("LIFELINE_LAUNCH_ID", "LIFELINE_JOB", "LIFELINE_RESTART", "TORCHELASTIC_RUN_ID",
                "TORCHELASTIC_RESTART_COUNT", "LIFELINE_RESUME_STEP", "LIFELINE_RESUME_DIR", "LIFELINE_AGENT")
+
+
+def _rank_environment():
+    return {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
+
+
+def _result(text, exited_0):
+    """A rank's last `RESULT {json}` line, when it exited 0; else None."""
+    line = [l for l in text.splitlines() if l.startswith("RESULT ")]
+    return json.loads(line[-1][7:]) if exited_0 and line else None
+
+
+def _killed_note(r):
+    return f"\n[rank {r} still running after {_RANK_TIMEOUT_S} s: killed]\n"
 
 
 def run_ranks(script, world, args_of_rank):
@@ -32,32 +48,26 @@ def run_ranks(script, world, args_of_rank):
     each rank's last `RESULT {json}` line (None when it failed) and the output of all of them."""
     store_dir = tempfile.mkdtemp(prefix="lifeline-gloo-", dir=os.environ.get("LIFELINE_TEST_TMPDIR", "/var/tmp"))
     init_method = "file://" + os.path.join(store_dir, "store")
-    if os.environ.get("LIFELINE_TEST_FORK_RANKS", "1") != "0":
-        argvs = [["--worker", "--rank", str(r), "--world", str(world), "--init-method", init_method] + args_of_rank(r)
-                 for r in range(world)]
-        try:
+    argvs = [["--worker", "--rank", str(r), "--world", str(world), "--init-method", init_method] + args_of_rank(r)
+             for r in range(world)]
+    try:
+        if os.environ.get("LIFELINE_TEST_FORK_RANKS", "1") != "0":
             return _zygote_of(script).run(argvs, store_dir)
-        finally:
-            shutil.rmtree(store_dir, ignore_errors=True)
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
-    procs = []
-    for r in range(world):
-        cmd = [sys.executable, os.path.abspath(script), "--worker", "--rank", str(r), "--world", str(world),
-               "--init-method", init_method] + args_of_rank(r)
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
-    results, outputs = [], []
-    for r, p in enumerate(procs):
-        try:
-            text = p.communicate(timeout=300)[0]
-        except subprocess.TimeoutExpired:
-            for q in procs:  # no rank outlives the test, hung or not
-                q.kill()
-            text = p.communicate()[0] + f"\n[rank {r} still running after 300 s: killed]\n"
-        outputs.append(text)
-        line = [l for l in text.splitlines() if l.startswith("RESULT ")]
-        results.append(json.loads(line[-1][7:]) if p.returncode == 0 and line else None)
-    shutil.rmtree(store_dir, ignore_errors=True)
-    return results, "".join(outputs)
+        procs = [subprocess.Popen([sys.executable, os.path.abspath(script)] + argv, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True, env=_rank_environment()) for argv in argvs]
+        results, outputs = [], []
+        for r, p in enumerate(procs):
+            try:
+                text = p.communicate(timeout=_RANK_TIMEOUT_S)[0]
+            except subprocess.TimeoutExpired:
+                for q in procs:  # no rank outlives the test, hung or not
+                    q.kill()
+                text = p.communicate()[0] + _killed_note(r)
+            outputs.append(text)
+            results.append(_result(text, p.returncode == 0))
+        return results, "".join(outputs)
+    finally:
+        shutil.rmtree(store_dir, ignore_errors=True)
 
 
 def run_ranks_ok(test, script, world, args_of_rank):
@@ -69,17 +79,14 @@ def run_ranks_ok(test, script, world, args_of_rank):
     return results, output
 
 
-_RANK_TIMEOUT_S = 300
-
-
 class _Zygote:
     """`python SCRIPT --zygote`: reads a launch per line on its stdin (every rank's arguments and
     output file), forks the ranks, says their pids, then their wait statuses, one JSON line each."""
 
     def __init__(self, script):
-        env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
+        # Unbuffered: a line read must not pull the next one into a buffer select() cannot see.
         self.proc = subprocess.Popen([sys.executable, os.path.abspath(script), "--zygote"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, env=env)
+                                     stdout=subprocess.PIPE, env=_rank_environment(), bufsize=0)
 
     def _line(self, deadline):
         out = self.proc.stdout
@@ -109,14 +116,15 @@ class _Zygote:
         statuses = done["statuses"] if done else [None] * len(argvs)
         results, outputs = [], []
         for r, (out, status) in enumerate(zip(outs, statuses)):
-            with open(out, errors="replace") as f:
-                text = f.read()
+            try:
+                with open(out, errors="replace") as f:
+                    text = f.read()
+            except FileNotFoundError:  # never started
+                text = ""
             if timed_out and (status is None or (os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL)):
-                text += f"\n[rank {r} still running after {_RANK_TIMEOUT_S} s: killed]\n"
+                text += _killed_note(r)
             outputs.append(text)
-            line = [l for l in text.splitlines() if l.startswith("RESULT ")]
-            ok = status is not None and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
-            results.append(json.loads(line[-1][7:]) if ok and line else None)
+            results.append(_result(text, status is not None and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0))
         return results, "".join(outputs)
 
     def close(self):

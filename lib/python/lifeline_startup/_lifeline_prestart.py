@@ -58,12 +58,11 @@ def _top_level_imports(script, script_dir):
             spec = importlib.util.find_spec(name.partition(".")[0])
         except (ImportError, ValueError):
             continue
-        origin = getattr(spec, "origin", None) if spec is not None else None
-        locations = list(getattr(spec, "submodule_search_locations", None) or []) if spec is not None else []
-        places = [p for p in [origin] + locations if p and p not in ("built-in", "frozen")]
-        if spec is None or any(os.path.abspath(p).startswith(script_dir + os.sep) for p in places):
+        if spec is None:
             continue
-        wanted.append(name)
+        places = ([spec.origin] if spec.has_location else []) + list(spec.submodule_search_locations or [])
+        if not any(os.path.abspath(p).startswith(script_dir + os.sep) for p in places):
+            wanted.append(name)
     return wanted
 
 
