@@ -332,8 +332,11 @@ TEST(MemoryTierTest, StepsDeletedFromTheDiskNeverComeBackFromMemory) {
   auto before = ScanMemoryTierOf(dir.Sub("ckpt"));
   ASSERT_TRUE(before.ok()) << before.status().ToString();
   ASSERT_EQ(before->size(), 2u);
-  for (const std::string& name : ListDir(dir.Sub("ckpt")))
-    if (name.rfind("step-", 0) == 0) ASSERT_TRUE(Env::Default()->RemoveTree(dir.Sub("ckpt") + "/" + name).ok());
+  for (const std::string& name : ListDir(dir.Sub("ckpt"))) {
+    if (name.rfind("step-", 0) == 0) {
+      ASSERT_TRUE(Env::Default()->RemoveTree(dir.Sub("ckpt") + "/" + name).ok());
+    }
+  }
   ASSERT_TRUE(Env::Default()->FileExists(dir.Sub("ckpt") + "/lifeline.id"));
 
   auto after = ScanMemoryTierOf(dir.Sub("ckpt"));

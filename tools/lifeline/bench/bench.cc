@@ -112,11 +112,20 @@
 #include "tools/lifeline/commands.h"
 
 namespace lifeline::cli {
+
+double Gbps(uint64_t bytes, double seconds) { return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0; }
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
 namespace {
 
 constexpr uint64_t kBaselineWriteBytes = 8ull << 20;
 constexpr unsigned kLimitDepth = 16;
-constexpr double kCommitTimeoutSeconds = 120;
 
 // Memory of the staging arena's kind, as an anonymous staging slot has it: whole 2 MiB granules,
 // backed by transparent huge pages where the kernel gives them.
@@ -167,16 +176,7 @@ Result<CheckpointerOptions> MakeCheckpointerOptions(const CommonOptions& o, uint
   return c;
 }
 
-double Gbps(uint64_t bytes, double seconds) { return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0; }
-
 std::string Ranks(uint32_t n) { return std::to_string(n) + (n == 1 ? " rank" : " ranks"); }
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 // What one rank thread reports back.
 struct RankOutcome {

@@ -5,6 +5,7 @@
 #ifndef LIFELINE_TOOLS_LIFELINE_BENCH_BENCH_H_
 #define LIFELINE_TOOLS_LIFELINE_BENCH_BENCH_H_
 
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <string_view>
@@ -57,6 +58,12 @@ struct BenchSaveTuning {
 void AddBenchSaveTuningOptions(CLI::App* app, BenchSaveTuning* tuning);
 // Applies `tuning` to `options`; InvalidArgument naming the option when a value is not valid.
 Status ApplyBenchSaveTuning(const BenchSaveTuning& tuning, CheckpointerOptions* options);
+// How long a bench waits for one save to commit before it calls the save failed.
+constexpr double kCommitTimeoutSeconds = 120;
+// Bytes per second in GB/s (0 for no time).
+double Gbps(uint64_t bytes, double seconds);
+// The median of `v` (the mean of the middle two for an even count; 0 for none).
+double Median(std::vector<double> v);
 // A run id no earlier run of this machine used ("<prefix>-<pid>-<hex ns>").
 std::string NewRunId(std::string_view prefix = "bench");
 

@@ -47,8 +47,6 @@ struct CodecRun {
 };
 
 
-double Gbps(uint64_t bytes, double seconds) { return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0; }
-
 // n normal(0, sigma) values as little-endian bf16 (rounded to nearest even, as frameworks do) or
 // f32, from a fixed seed.
 void FillNormal(DType dtype, double sigma, uint8_t* out, size_t n) {

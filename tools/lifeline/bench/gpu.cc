@@ -38,12 +38,6 @@ struct GpuOptions {
   bool json = false;
 };
 
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 Status Cuda(cudaError_t err, const char* what) {
   return err == cudaSuccess ? Status::OK() : Status::IOError(what, cudaGetErrorString(err));
 }

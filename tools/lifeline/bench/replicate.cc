@@ -35,11 +35,6 @@ struct ReplicateOptions {
   bool json = false;
 };
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
 // Seconds to move `bytes` from `src` over a fresh loopback connection into a reused buffer.
 Result<double> RawTcpSeconds(const std::vector<char>& src, std::vector<char>* sink) {
   LL_ASSIGN_OR_RETURN(int listener, net::Listen(0, 1, "bench replicate"));

@@ -61,8 +61,6 @@ namespace {
 
 constexpr int64_t kColumns = 1024;         // floats per row
 constexpr int64_t kRowsPerTensor = 16384;  // 64 MiB per rank's piece of a tensor
-constexpr double kCommitTimeoutSeconds = 120;
-
 struct TrainOptions {
   std::string dir;
   std::string state_bytes = "1GiB";
@@ -158,13 +156,6 @@ class TrainState {
   std::vector<TensorShard> shards_;
   std::vector<MappedRegion> buffers_;  // page-aligned, as a framework's tensors are
 };
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 double Mean(const std::vector<double>& v) {
   double s = 0;
