@@ -14,7 +14,7 @@
 #include "agent/host_cpu.h"
 
 namespace lifeline::agent {
-namespace {
+namespace detector_test {
 
 using namespace simulation;
 
@@ -115,5 +115,5 @@ TEST(DetectorsTest, ASaturatedHostIsNotPagedForButARealStragglerStillIs) {
   EXPECT_EQ(kept[4].evidence["status"], "IOError");  // a failed save always is
 }
 
-}  // namespace
+}  // namespace detector_test
 }  // namespace lifeline::agent

@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 
 namespace lifeline::agent {
-namespace {
+namespace job_view_test {
 
 constexpr uint64_t kMs = 1000000;
 
@@ -135,5 +135,5 @@ TEST(JobViewTest, ANodeWhoseClockIsOffRaisesNoFalseStragglerAndARealOneIsStillNa
   }
 }
 
-}  // namespace
+}  // namespace job_view_test
 }  // namespace lifeline::agent

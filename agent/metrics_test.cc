@@ -15,7 +15,7 @@
 #include "lib/net/socket.h"
 
 namespace lifeline::agent {
-namespace {
+namespace metrics_test {
 
 trace::Event Ev(trace::EventType type, uint64_t t_ms, uint64_t step, uint64_t seq = 0) {
   trace::Event e;
@@ -228,5 +228,5 @@ TEST(MetricsTest, ScrapesAreAnsweredWhileOtherClientsHoldHalfARequest) {
   }
 }
 
-}  // namespace
+}  // namespace metrics_test
 }  // namespace lifeline::agent

@@ -15,7 +15,7 @@
 #include <gtest/gtest.h>
 
 namespace lifeline::agent {
-namespace {
+namespace prestart_test {
 
 namespace fs = std::filesystem;
 
@@ -206,5 +206,5 @@ TEST_F(PrestartTest, AKilledSpareIsPassedOverAtTheHandOver) {
   EXPECT_FALSE(pool.failure().empty());
 }
 
-}  // namespace
+}  // namespace prestart_test
 }  // namespace lifeline::agent

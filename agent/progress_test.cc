@@ -6,7 +6,7 @@
 #include <gtest/gtest.h>
 
 namespace lifeline::agent {
-namespace {
+namespace progress_test {
 
 using trace::Event;
 using trace::EventType;
@@ -140,5 +140,5 @@ TEST(ProgressTest, ReadsWhatItCanAndIgnoresWhatItDoesNotKnow) {
   EXPECT_TRUE((*r)[1].recent.empty());
 }
 
-}  // namespace
+}  // namespace progress_test
 }  // namespace lifeline::agent

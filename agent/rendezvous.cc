@@ -625,12 +625,13 @@ Result<RoundPlan> Rendezvous::Join(const ResumeOffer& offer, const std::function
         std::lock_guard<std::mutex> lock(mu_);
         my_round_ = plan.round;
         my_group_ = plan.group_rank;
-        my_nodes_.clear();
+        auto nodes = std::make_shared<std::vector<std::string>>();
         summary_to_.clear();
         for (const RoundNode& n : plan.nodes) {
-          my_nodes_.push_back(n.id);
+          nodes->push_back(n.id);
           summary_to_[n.id] = {n.host, n.summary_port};
         }
+        my_nodes_ = std::move(nodes);
         in_round_ = true;
         joining_.reset();
         closer_ = false;
@@ -800,16 +801,17 @@ void Rendezvous::Watch() {
     uint64_t mine;
     bool in_round;
     int my_group;
-    std::vector<std::string> nodes;
+    std::shared_ptr<const std::vector<std::string>> nodes_now;
     bool leader;
     {
       std::lock_guard<std::mutex> lock(mu_);
       mine = my_round_;
       in_round = in_round_;
-      nodes = my_nodes_;
+      nodes_now = my_nodes_;
       my_group = my_group_;
       leader = leader_ && in_round_;
     }
+    const std::vector<std::string>& nodes = *nodes_now;
     // About once a second: this node's progress out, straight to the leader (not through etcd),
     // and (the leader) everyone's in, as its receiver holds them.
     const std::string round_dir = "rounds/" + std::to_string(mine) + "/";

@@ -7,7 +7,7 @@
 #include <gtest/gtest.h>
 
 namespace lifeline::agent {
-namespace {
+namespace scheduler_env_test {
 
 Result<SchedulerJob> Read(const std::map<std::string, std::string>& env) {
   return ReadSchedulerEnv([&env](const char* name) -> const char* {
@@ -165,5 +165,5 @@ TEST(NprocPerNodeTest, NumbersAndTorchrunsWords) {
   EXPECT_FALSE(ParseNprocPerNode("many", "x").ok());
 }
 
-}  // namespace
+}  // namespace scheduler_env_test
 }  // namespace lifeline::agent

@@ -11,7 +11,7 @@
 #include "lib/net/socket.h"
 
 namespace lifeline::agent {
-namespace {
+namespace summary_stream_test {
 
 bool Eventually(const std::function<bool()>& holds) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
@@ -119,5 +119,5 @@ TEST(SummaryStreamTest, FramesThatBreakTheRulesCloseTheirConnectionNamingThePeer
   }
 }
 
-}  // namespace
+}  // namespace summary_stream_test
 }  // namespace lifeline::agent

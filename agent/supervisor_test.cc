@@ -14,7 +14,7 @@
 #include "agent/detectors/event_simulator.h"
 
 namespace lifeline::agent {
-namespace {
+namespace supervisor_test {
 
 using simulation::Coll;
 using simulation::Ev;
@@ -558,5 +558,5 @@ TEST(SupervisorTest, ARequeueMayHelpFaultsOfTheMachinesNotAFailingCommand) {
   EXPECT_FALSE(spend(SIGSEGV));
 }
 
-}  // namespace
+}  // namespace supervisor_test
 }  // namespace lifeline::agent

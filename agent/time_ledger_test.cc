@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 
 namespace lifeline::agent {
-namespace {
+namespace time_ledger_test {
 
 constexpr uint64_t kBase = 100'000'000'000ull;  // the monotonic clock is never 0 in practice
 uint64_t At(double seconds) { return kBase + static_cast<uint64_t>(seconds * 1e9); }
@@ -116,5 +116,5 @@ TEST(TimeLedgerTest, AFaultDuringARelaunchIsChargedToTheFirstRestart) {
   EXPECT_EQ(ledger.restarts().size(), 1u);
 }
 
-}  // namespace
+}  // namespace time_ledger_test
 }  // namespace lifeline::agent

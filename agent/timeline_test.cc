@@ -7,7 +7,7 @@
 #include <gtest/gtest.h>
 
 namespace lifeline::agent {
-namespace {
+namespace timeline_test {
 
 using trace::Event;
 using trace::EventType;
@@ -263,5 +263,5 @@ TEST(TimelineTest, RankBaseMapsLocalRanksToGlobalOnes) {
   EXPECT_EQ(t.GlobalRank(1), 1);
 }
 
-}  // namespace
+}  // namespace timeline_test
 }  // namespace lifeline::agent

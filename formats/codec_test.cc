@@ -10,7 +10,7 @@
 #include <zstd.h>
 
 namespace lifeline::format {
-namespace {
+namespace codec_test {
 
 using ::testing::HasSubstr;
 using Bytes = std::vector<uint8_t>;
@@ -327,5 +327,5 @@ TEST(ChunkCodec, DecodeRejectsBadArguments) {
             StatusCode::kInvalidArgument);
 }
 
-}  // namespace
+}  // namespace codec_test
 }  // namespace lifeline::format

@@ -12,7 +12,7 @@
 #include <tuple>
 
 namespace lifeline::format {
-namespace {
+namespace geometry_test {
 
 using ::testing::HasSubstr;
 using Shape = std::vector<int64_t>;
@@ -665,5 +665,5 @@ TEST(GeometryTest, PlanOverlapsScalesToGridsAndFlatRanges) {
   }
 }
 
-}  // namespace
+}  // namespace geometry_test
 }  // namespace lifeline::format

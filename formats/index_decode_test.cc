@@ -14,7 +14,7 @@
 #include "formats/index_test_kit.h"
 
 namespace lifeline::format {
-namespace {
+namespace index_decode_test {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
@@ -295,5 +295,5 @@ TEST(IndexCodecTest, DecodesHostileRandomBytesWithoutCrashing) {
   }
 }
 
-}  // namespace
+}  // namespace index_decode_test
 }  // namespace lifeline::format

@@ -11,7 +11,7 @@
 #include "formats/index_test_kit.h"
 
 namespace lifeline::format {
-namespace {
+namespace index_encode_test {
 
 // ---- round trips ----
 
@@ -111,5 +111,5 @@ TEST(IndexCodecTest, SharesDimsOfConsecutiveFragmentsOfOneBox) {
   ExpectRoundTrip(b.index());
 }
 
-}  // namespace
+}  // namespace index_encode_test
 }  // namespace lifeline::format

@@ -13,7 +13,7 @@
 #include "formats/index_test_kit.h"
 
 namespace lifeline::format {
-namespace {
+namespace index_merge_test {
 
 using ::testing::HasSubstr;
 
@@ -192,5 +192,5 @@ TEST(BuildManifestTest, MergesOneMillionFragments) {
   ExpectRoundTrip(*m);
 }
 
-}  // namespace
+}  // namespace index_merge_test
 }  // namespace lifeline::format

@@ -10,7 +10,7 @@
 #include "formats/index_test_kit.h"
 
 namespace lifeline::format {
-namespace {
+namespace index_validate_test {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
@@ -79,5 +79,5 @@ TEST(IsSafeFileNameTest, AcceptsOnlyHarmlessComponents) {
   EXPECT_FALSE(IsSafeFileName(std::string(kMaxFileNameBytes + 1, 'a')));
 }
 
-}  // namespace
+}  // namespace index_validate_test
 }  // namespace lifeline::format

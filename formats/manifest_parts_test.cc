@@ -14,7 +14,7 @@
 #include "formats/index_test_kit.h"
 
 namespace lifeline::format {
-namespace {
+namespace manifest_parts_test {
 
 // ---- reading a manifest in parts (§5.5) ----
 
@@ -190,5 +190,5 @@ TEST(ManifestPartsTest, FilesWithoutADirectoryAreReadWhole) {
   }
 }
 
-}  // namespace
+}  // namespace manifest_parts_test
 }  // namespace lifeline::format

@@ -19,7 +19,7 @@
 #include "tests/kit/test_kit.h"
 
 namespace lifeline::format {
-namespace {
+namespace safetensors_test {
 
 using ::testing::HasSubstr;
 
@@ -698,5 +698,5 @@ print("ok", sorted(header))
   EXPECT_THAT(out, HasSubstr("ok ['b', 's', 'w.\xc3\xa9']"));
 }
 
-}  // namespace
+}  // namespace safetensors_test
 }  // namespace lifeline::format

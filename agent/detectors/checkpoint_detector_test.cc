@@ -14,7 +14,7 @@
 #include "lifeline/status.h"
 
 namespace lifeline::agent {
-namespace {
+namespace checkpoint_detector_test {
 
 using namespace simulation;
 
@@ -156,5 +156,5 @@ TEST(CheckpointDetectorTest, NamesGlobalRanksOnANodeOfALargerJob) {
   EXPECT_NE(driver.all()[2].message.find(" by ranks 5,7, "), std::string::npos) << driver.all()[2].message;
 }
 
-}  // namespace
+}  // namespace checkpoint_detector_test
 }  // namespace lifeline::agent

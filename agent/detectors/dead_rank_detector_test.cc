@@ -11,7 +11,7 @@
 #include "agent/detectors/detector_test_kit.h"
 
 namespace lifeline::agent {
-namespace {
+namespace dead_rank_detector_test {
 
 using namespace simulation;
 
@@ -104,5 +104,5 @@ TEST(DeadRankDetectorTest, RanksFinishingOneAfterAnotherRaiseNothing) {
   EXPECT_TRUE(out.empty()) << Describe(out);
 }
 
-}  // namespace
+}  // namespace dead_rank_detector_test
 }  // namespace lifeline::agent

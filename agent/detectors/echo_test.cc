@@ -11,7 +11,7 @@
 #include "agent/detectors/detector_test_kit.h"
 
 namespace lifeline::agent {
-namespace {
+namespace echo_test {
 
 using namespace simulation;
 
@@ -130,5 +130,5 @@ TEST(EchoTest, AsTheRoundMovesOwnFailuresStayAndEchoesGoApart) {
   EXPECT_EQ(echoes[0].ranks, std::vector<int>{0});  // died waiting in the allreduce
 }
 
-}  // namespace
+}  // namespace echo_test
 }  // namespace lifeline::agent

@@ -7,7 +7,7 @@
 #include <gtest/gtest.h>
 
 namespace lifeline::agent::detail {
-namespace {
+namespace evidence_test {
 
 TEST(EvidenceTest, DurationsInMillisecondsBelowASecond) {
   EXPECT_EQ(Duration(0.0402), "40.2 ms");
@@ -40,5 +40,5 @@ TEST(EvidenceTest, MedianAndRobustSigma) {
   EXPECT_TRUE(Number(kNaN).is_null());
 }
 
-}  // namespace
+}  // namespace evidence_test
 }  // namespace lifeline::agent::detail

@@ -11,7 +11,7 @@
 #include "agent/detectors/detector_test_kit.h"
 
 namespace lifeline::agent {
-namespace {
+namespace hang_detector_test {
 
 using namespace simulation;
 
@@ -185,5 +185,5 @@ TEST(HangDetectorTest, StepHangNamesGlobalRanksOnANodeOfALargerJob) {
   EXPECT_NE(out[0].message.find("; ranks 4,5,7 still report"), std::string::npos) << out[0].message;
 }
 
-}  // namespace
+}  // namespace hang_detector_test
 }  // namespace lifeline::agent

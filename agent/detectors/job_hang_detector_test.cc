@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 
 namespace lifeline::agent {
-namespace {
+namespace job_hang_detector_test {
 
 constexpr uint64_t kS = 1000000000;
 
@@ -196,5 +196,5 @@ TEST(JobHangDetectorTest, RanksMissingFromTheReadAreMembersNotEveryoneElse) {
   EXPECT_TRUE(out.empty()) << out[0].message;
 }
 
-}  // namespace
+}  // namespace job_hang_detector_test
 }  // namespace lifeline::agent

@@ -12,7 +12,7 @@
 #include "agent/detectors/detector_test_kit.h"
 
 namespace lifeline::agent {
-namespace {
+namespace slow_collective_detector_test {
 
 using namespace simulation;
 
@@ -198,5 +198,5 @@ TEST(SlowCollectiveDetectorTest, LatePosterUnderTheFactorStaysSilent) {
   EXPECT_TRUE(driver.all().empty()) << Describe(driver.all());
 }
 
-}  // namespace
+}  // namespace slow_collective_detector_test
 }  // namespace lifeline::agent

@@ -11,7 +11,7 @@
 #include "agent/detectors/detector_test_kit.h"
 
 namespace lifeline::agent {
-namespace {
+namespace straggler_detector_test {
 
 using namespace simulation;
 
@@ -100,5 +100,5 @@ TEST(StragglerDetectorTest, NamesTheGlobalRankOnANodeOfALargerJob) {
   EXPECT_EQ(a.message.find("rank 3"), std::string::npos) << a.message;
 }
 
-}  // namespace
+}  // namespace straggler_detector_test
 }  // namespace lifeline::agent

@@ -9,7 +9,7 @@
 #include "agent/rendezvous.h"
 
 namespace lifeline::agent {
-namespace {
+namespace etcd_client_test {
 
 TEST(Base64Test, RoundTripsEveryLengthAndRejectsWhatIsNotBase64) {
   std::string bytes;
@@ -132,7 +132,6 @@ TEST_F(EtcdClientServerTest, TheSameClientWorksAgainAfterEtcdRestarts) {
   EXPECT_EQ((*got)->value, "yes");
 }
 
-}  // namespace
 // Issue 32, item 11: which node failed first was decided by the times the nodes wrote, so a node
 // whose clock is 2 s behind saw its echo as the first failure. etcd's order decides now.
 TEST_F(EtcdClientServerTest, FailuresAreOrderedByEtcdNotByTheNodesClocks) {
@@ -158,4 +157,5 @@ TEST_F(EtcdClientServerTest, FailuresAreOrderedByEtcdNotByTheNodesClocks) {
   EXPECT_EQ(*silent, std::vector<std::string>{"node-c:1:lost"});
 }
 
+}  // namespace etcd_client_test
 }  // namespace lifeline::agent

@@ -9,7 +9,7 @@
 #include "agent/etcd/etcd_server_fixture.h"
 
 namespace lifeline::agent {
-namespace {
+namespace etcd_mirror_test {
 
 class EtcdMirrorTest : public testing::EtcdServerTest {
  protected:
@@ -123,5 +123,5 @@ TEST_F(EtcdMirrorTest, AnEndpointWithoutEtcdIsNeverConnected) {
   EXPECT_FALSE(EtcdMirror::Start("no-port", o).ok());
 }
 
-}  // namespace
+}  // namespace etcd_mirror_test
 }  // namespace lifeline::agent

@@ -34,7 +34,7 @@
 extern char** environ;
 
 namespace lifeline::nccl_profiler {
-namespace {
+namespace nccl_profiler_test {
 
 using namespace nccl_abi;  // NOLINT
 using trace::Event;
@@ -721,5 +721,5 @@ TEST(NcclProfilerNoAgent, InitAsksNcclForNothing) {
   }
 }
 
-}  // namespace
+}  // namespace nccl_profiler_test
 }  // namespace lifeline::nccl_profiler

@@ -21,7 +21,7 @@
 #include "lib/net/socket.h"
 
 namespace lifeline::net {
-namespace {
+namespace http_server_test {
 
 using std::chrono::milliseconds;
 using std::chrono::seconds;
@@ -251,5 +251,5 @@ TEST(HttpServerTest, StopsWithConnectionsOpenAndClosesThem) {
   ::close(fd);
 }
 
-}  // namespace
+}  // namespace http_server_test
 }  // namespace lifeline::net

@@ -18,7 +18,7 @@
 #include "tests/kit/test_kit.h"
 
 namespace lifeline::replication {
-namespace {
+namespace replicator_test {
 
 constexpr int64_t kCols = 5000;
 
@@ -247,5 +247,5 @@ TEST(ReplicationServiceTest, AReplicaBeyondTheMemoryBudgetIsRefusedNotAllocated)
   EXPECT_LT(*used, 1u << 20) << "the refused replica's memory was taken";
 }
 
-}  // namespace
+}  // namespace replicator_test
 }  // namespace lifeline::replication

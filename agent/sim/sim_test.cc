@@ -10,7 +10,7 @@
 #include <gtest/gtest.h>
 
 namespace lifeline::agent::sim {
-namespace {
+namespace sim_test {
 
 SimConfig SmallJob() {
   SimConfig c;
@@ -207,5 +207,5 @@ TEST(SimTest, ARestartsTimeLostIsAccountedByPhase) {
               1 - lost["mean_seconds_per_restart"].get<double>() / config.mtbf_seconds, 1e-3);
 }
 
-}  // namespace
+}  // namespace sim_test
 }  // namespace lifeline::agent::sim

@@ -14,7 +14,7 @@
 #include <gtest/gtest.h>
 
 namespace lifeline::agent {
-namespace {
+namespace config_test {
 
 class ConfigTest : public ::testing::Test {
  protected:
@@ -433,5 +433,5 @@ TEST(ValidateTest, AcceptsGoodMetricsAddresses) {
   }
 }
 
-}  // namespace
+}  // namespace config_test
 }  // namespace lifeline::agent

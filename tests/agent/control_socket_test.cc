@@ -29,7 +29,7 @@
 #include <gtest/gtest.h>
 
 namespace lifeline::agent {
-namespace {
+namespace control_socket_test {
 
 using Clock = std::chrono::steady_clock;
 
@@ -302,5 +302,5 @@ TEST_F(ControlSocketTest, PeerOfAnotherUidIsRefusedEvenWhenTheModeAllowsIt) {
   EXPECT_EQ(*r, "fine");
 }
 
-}  // namespace
+}  // namespace control_socket_test
 }  // namespace lifeline::agent

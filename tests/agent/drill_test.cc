@@ -20,7 +20,7 @@
 #include <nlohmann/json.hpp>
 
 namespace lifeline::agent {
-namespace {
+namespace drill_test {
 
 struct Outcome {
   int exit_code = -1;
@@ -328,5 +328,5 @@ TEST_F(DrillTest, ControlSocketAndConfigFileDriveARunningAgent) {
   EXPECT_GE(dump_files, 3);
 }
 
-}  // namespace
+}  // namespace drill_test
 }  // namespace lifeline::agent

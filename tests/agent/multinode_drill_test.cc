@@ -33,7 +33,7 @@
 #include "lifeline/internal/replication_record.h"
 
 namespace lifeline::agent {
-namespace {
+namespace multinode_drill_test {
 
 // Removes a step directory of a job whose surviving ranks may still be finishing their last writes
 // into it (a temporary file renamed away while remove_all walks the directory fails it with
@@ -1178,5 +1178,5 @@ TEST_F(MultiNodeTest, AnOperatorReadmitsAnExcludedNode) {
   EXPECT_TRUE(JobKeys("readmit").empty());
 }
 
-}  // namespace
+}  // namespace multinode_drill_test
 }  // namespace lifeline::agent

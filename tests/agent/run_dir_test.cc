@@ -15,7 +15,7 @@
 #include "agent/config.h"
 
 namespace lifeline::agent {
-namespace {
+namespace run_dir_test {
 
 constexpr uid_t kNobody = 65534;
 
@@ -92,5 +92,5 @@ TEST_F(RunDirTest, AMissingDirectoryIsCreatedPrivate) {
   EXPECT_EQ(0, RunAgent(run, &err)) << err;
 }
 
-}  // namespace
+}  // namespace run_dir_test
 }  // namespace lifeline::agent

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `pip install .` end to end (issue 31): the wheel built from this tree by scikit-build-core,
-# installed with torch into a fresh venv, runs a 2-rank gloo job under the venv's own lifeline-agent
+# installed into a fresh venv beside torch, runs a 2-rank gloo job under the venv's own lifeline-agent
 # with no PYTHONPATH. The job checkpoints through lifeline.torch; the venv's `lifeline` lists and
 # verifies the checkpoint; lifeline and the ranks' start-up hook come from the venv's site-packages;
 # and the agent sees the ranks' steps, which only the hook reports.
@@ -26,11 +26,23 @@ wheel=$(echo "$tmp"/dist/lifeline-*.whl)
 [ -f "$wheel" ] || fail "no wheel in $tmp/dist"
 version=$(basename "$wheel" | cut -d- -f2)  # CMakeLists.txt's project VERSION
 
-echo "== a fresh venv with torch and $(basename "$wheel")"
+echo "== a fresh venv with $(basename "$wheel") and torch"
 "$python" -m venv "$tmp/venv"
 venv=$tmp/venv
-# Pinned: the CPU build on this machine's disk, never a download of the CUDA one.
-"$venv/bin/python" -m pip install torch==2.13.0 "$wheel"
+# The torch of the interpreter the wheel was built with, as a user's environment has its torch
+# before Lifeline is installed (installing torch 2.13 again took a minute of this machine's CPU on
+# every run): a .pth puts that site-packages after the venv's own, so lifeline and its start-up
+# hook can only come from the venv (checked below). Without one, torch is installed here, pinned:
+# the CPU build on this machine's disk, never a download of the CUDA one.
+torch_site=$("$python" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))' 2>/dev/null ||
+  true)
+if [ -n "$torch_site" ]; then
+  echo "$torch_site" > "$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/_torch.pth"
+  "$venv/bin/python" -m pip install "$wheel"
+else
+  "$venv/bin/python" -m pip install torch==2.13.0 "$wheel"
+fi
+"$venv/bin/python" -c 'import torch; print("torch", torch.__version__, "from", torch.__file__)'
 
 unset PYTHONPATH LIFELINE_PYTHONPATH LIFELINE_BIN
 export PATH="$venv/bin:$PATH"

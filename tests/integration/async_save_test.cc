@@ -20,7 +20,7 @@
 #include "tests/integration/whole_state.h"
 
 namespace lifeline::testing {
-namespace {
+namespace async_save_test {
 
 // ---- consistency --------------------------------------------------------------------------
 
@@ -441,5 +441,5 @@ TEST(CodecTest, CompressibleStateTakesLessSpaceAndSaysSo) {
   EXPECT_LT(p.bytes_stored * 2, p.bytes_total) << "stored " << p.bytes_stored << " of " << p.bytes_total;
 }
 
-}  // namespace
+}  // namespace async_save_test
 }  // namespace lifeline::testing

@@ -19,7 +19,7 @@
 #include "tests/integration/test_util.h"
 
 namespace lifeline::testing {
-namespace {
+namespace corruption_test {
 
 constexpr char kRunId[] = "corruption-test";
 
@@ -749,5 +749,5 @@ TEST_F(HostileFilesTest, StrayFilesInTheCheckpointAreIgnored) {
   EXPECT_FALSE(list->front().complete);
 }
 
-}  // namespace
+}  // namespace corruption_test
 }  // namespace lifeline::testing

@@ -9,7 +9,7 @@
 #include "tests/integration/test_util.h"
 
 namespace lifeline::testing {
-namespace {
+namespace crash_test {
 
 constexpr char kRoot[] = "/ckpt";
 constexpr uint32_t kWorld = 3;
@@ -223,5 +223,5 @@ TEST(CrashTest, CrashDuringExplicitGarbageCollection) {
   }
 }
 
-}  // namespace
+}  // namespace crash_test
 }  // namespace lifeline::testing

@@ -15,7 +15,7 @@
 #include "tests/integration/test_util.h"
 
 namespace lifeline::testing {
-namespace {
+namespace objects_test {
 
 constexpr uint64_t kStep = 100;
 constexpr uint64_t kSalt = 11;
@@ -179,5 +179,5 @@ TEST(ObjectNamesTest, SaveRefusesTheFoldedForm) {
   EXPECT_NE(s.ToString().find("rank5/rng"), std::string::npos) << s.ToString();
 }
 
-}  // namespace
+}  // namespace objects_test
 }  // namespace lifeline::testing

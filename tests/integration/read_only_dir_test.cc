@@ -13,7 +13,7 @@
 #include "tests/integration/test_util.h"
 
 namespace lifeline::testing {
-namespace {
+namespace read_only_dir_test {
 
 constexpr uint64_t kSalt = 5;
 
@@ -126,5 +126,5 @@ TEST(ReadOnlyDirectoryTest, CorruptIdentityStillFailsTheOpen) {
   EXPECT_TRUE(ckpt.status().IsCorruption()) << ckpt.status().ToString();
 }
 
-}  // namespace
+}  // namespace read_only_dir_test
 }  // namespace lifeline::testing

@@ -12,7 +12,7 @@
 #include "tests/integration/test_util.h"
 
 namespace lifeline::testing {
-namespace {
+namespace reshard_test {
 
 constexpr uint64_t kStep = 100;
 constexpr uint64_t kSalt = 7;
@@ -407,5 +407,5 @@ TEST(ReshardErrorsTest, OverlappingPiecesHidingAGapAreNeverLoaded) {
   EXPECT_FALSE(latest.ok());
 }
 
-}  // namespace
+}  // namespace reshard_test
 }  // namespace lifeline::testing

@@ -27,7 +27,7 @@
 #include "tests/integration/test_util.h"
 
 namespace lifeline::testing {
-namespace {
+namespace safety_test {
 
 using ::testing::HasSubstr;
 
@@ -585,5 +585,5 @@ TEST_F(SafetyTest, GcOfPartialStepsIsRefusedWhileAJobSavesAndAStepMissingADataFi
   EXPECT_TRUE(ApplyRetention(dir_, gc).ok());
 }
 
-}  // namespace
+}  // namespace safety_test
 }  // namespace lifeline::testing

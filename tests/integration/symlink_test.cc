@@ -15,7 +15,7 @@
 #include "tests/integration/test_util.h"
 
 namespace lifeline::testing {
-namespace {
+namespace symlink_test {
 
 std::vector<GlobalTensor> Tensors(uint64_t salt) {
   return {MakeTensor("w", DType::kF32, {32, 50}, salt), MakeTensor("b", DType::kBF16, {50}, salt)};
@@ -206,5 +206,5 @@ TEST_F(SymlinkTest, ALinkedRankIndexIsNotCountedAndIsNamed) {
   EXPECT_EQ(outside_now, SnapshotTree(outside_));
 }
 
-}  // namespace
+}  // namespace symlink_test
 }  // namespace lifeline::testing

@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 namespace lifeline::cli {
-namespace {
+namespace byte_size_test {
 
 TEST(ByteSizeTest, ParsesUnits) {
   EXPECT_EQ(*ParseByteSize("4096"), 4096u);
@@ -32,5 +32,5 @@ TEST(ByteSizeTest, Formats) {
   EXPECT_EQ(FormatByteSize(3ull << 29), "1.50 GiB");
 }
 
-}  // namespace
+}  // namespace byte_size_test
 }  // namespace lifeline::cli

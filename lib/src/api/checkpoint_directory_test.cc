@@ -13,7 +13,7 @@
 #include "tests/kit/test_kit.h"
 
 namespace lifeline {
-namespace {
+namespace checkpoint_directory_test {
 
 class CheckpointDirectoryTest : public ::testing::Test {
  protected:
@@ -77,5 +77,5 @@ TEST_F(CheckpointDirectoryTest, VerifyChecksEveryChunkAndNamesTheDamagedFile) {
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound) << missing.status().ToString();
 }
 
-}  // namespace
+}  // namespace checkpoint_directory_test
 }  // namespace lifeline

@@ -17,7 +17,7 @@
 #include "tests/kit/test_kit.h"
 
 namespace lifeline {
-namespace {
+namespace checkpointer_test {
 
 class CheckpointerTest : public ::testing::Test {
  protected:
@@ -211,5 +211,5 @@ TEST_F(CheckpointerTest, NoCheckpointYetIsNotFound) {
   EXPECT_FALSE(latest->has_value());
 }
 
-}  // namespace
+}  // namespace checkpointer_test
 }  // namespace lifeline

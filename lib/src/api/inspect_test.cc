@@ -13,7 +13,7 @@
 #include "lifeline/env.h"
 
 namespace lifeline {
-namespace {
+namespace inspect_test {
 
 constexpr const char* kRunId = "inspect-test";
 
@@ -192,5 +192,5 @@ TEST_F(InspectTest, RetentionOfASavingLaunchRemovesPartialStepsOfEndedLaunchesOn
   EXPECT_EQ(Steps(), (std::vector<uint64_t>{8, 2}));
 }
 
-}  // namespace
+}  // namespace inspect_test
 }  // namespace lifeline

@@ -12,7 +12,7 @@
 #include "tests/kit/test_kit.h"
 
 namespace lifeline {
-namespace {
+namespace tensor_shard_test {
 
 // A 6 x 4 f32 tensor whose element i holds i.
 std::vector<float> Global() {
@@ -108,5 +108,5 @@ TEST(TensorShardTest, BoxFlatRangesWithinRowBoxesLoadBackWhole) {
                                   TensorShard::BoxFlat("w", DType::kF32, {6, 4}, {3, 0}, {3, 4}, 0, 12, c.data())}));
 }
 
-}  // namespace
+}  // namespace tensor_shard_test
 }  // namespace lifeline

@@ -19,7 +19,7 @@
 
 // In the test kits' namespace (test_sources.h, tests/kit/test_kit.h): their helpers need no prefix.
 namespace lifeline::test {
-namespace {
+namespace convert_test {
 
 bool AnyTempFile(Env* env, const std::string& dir) {
   Result<std::vector<std::string>> children = env->GetChildren(dir);
@@ -355,5 +355,5 @@ TEST(TargetShardsTest, GenericPlacementSplitsRowsOverTensorParallelRanks) {
   EXPECT_EQ((std::vector<int64_t>{3, 3}), r2[0].shape);
 }
 
-}  // namespace
+}  // namespace convert_test
 }  // namespace lifeline::test

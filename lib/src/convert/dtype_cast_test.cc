@@ -15,7 +15,7 @@
 #include "tests/kit/test_kit.h"
 
 namespace lifeline::test {
-namespace {
+namespace dtype_cast_test {
 
 uint32_t F32Bits(float v) {
   uint32_t b;
@@ -169,5 +169,5 @@ TEST(DTypeCastTest, OnlyFloatingToFloatingIsCast) {
   EXPECT_FALSE(IsCastTarget(DType::kF8E4M3));
 }
 
-}  // namespace
+}  // namespace dtype_cast_test
 }  // namespace lifeline::test

@@ -19,7 +19,7 @@
 #include <vector>
 
 namespace lifeline {
-namespace {
+namespace hdf5_file_test {
 
 constexpr DType kAllDTypes[] = {DType::kF64,    DType::kF32,    DType::kF16, DType::kBF16,
                                 DType::kF8E4M3, DType::kF8E5M2, DType::kI64, DType::kI32,
@@ -948,5 +948,5 @@ TEST_F(Hdf5FileTest, WeReadWhatH5pyWrites) {
   EXPECT_EQ(fixed->value_or("?"), "fixed12");
 }
 
-}  // namespace
+}  // namespace hdf5_file_test
 }  // namespace lifeline

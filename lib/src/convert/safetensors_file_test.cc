@@ -13,7 +13,7 @@
 
 // In the test kit's namespace (tests/kit/test_kit.h): its helpers need no prefix.
 namespace lifeline::test {
-namespace {
+namespace safetensors_file_test {
 
 using format::kMaxSafetensorsHeaderBytes;
 
@@ -100,5 +100,5 @@ TEST(SafetensorsFileTest, ReadFileRejectsShortAndLyingFiles) {
   // (tensor_source_test.cc, TensorSourcePosixTest.WhatIsNotARegularFileIsRefused).
 }
 
-}  // namespace
+}  // namespace safetensors_file_test
 }  // namespace lifeline::test

@@ -12,7 +12,7 @@
 #include <xxhash.h>
 
 namespace lifeline {
-namespace {
+namespace synthetic_model_test {
 
 // Global row-major indexes of a shard's elements, in buffer order, computed the slow obvious way.
 std::vector<uint64_t> NaiveGlobalIndexes(const TensorShard& s) {
@@ -386,5 +386,5 @@ TEST(SyntheticModelTest, CheckModelTensorsNamesTheFieldThatDisagrees) {
   EXPECT_NE(hidden.ToString().find("\"hidden\" is 128"), std::string::npos) << hidden.ToString();
 }
 
-}  // namespace
+}  // namespace synthetic_model_test
 }  // namespace lifeline

@@ -16,7 +16,7 @@
 #include "tests/kit/test_kit.h"
 
 namespace lifeline::test {
-namespace {
+namespace tensor_mapping_test {
 
 // torchtitan's Llama names to Hugging Face's LlamaForCausalLM, as a user would write them.
 constexpr char kLlamaRules[] = R"(# torchtitan -> Hugging Face
@@ -220,5 +220,5 @@ TEST_F(TensorMappingTest, AMappedSourceCastsInPiecesOfItsScratch) {
   EXPECT_FALSE(mapped.Read(0, TensorRegion{{0, 0}, {5, 2}, 0, 10}, part.data()).ok());  // past the tensor
 }
 
-}  // namespace
+}  // namespace tensor_mapping_test
 }  // namespace lifeline::test

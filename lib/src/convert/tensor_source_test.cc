@@ -21,7 +21,7 @@
 
 // In the test kits' namespace (test_sources.h, tests/kit/test_kit.h): their helpers need no prefix.
 namespace lifeline::test {
-namespace {
+namespace tensor_source_test {
 
 // Counts the files opened for reading, per path.
 class CountingEnv : public EnvWrapper {
@@ -228,5 +228,5 @@ TEST(TensorSourceNamesTest, Hdf5DatasetNamesAndBase64RoundTrip) {
   EXPECT_FALSE(Base64Decode("YWJ").ok());
 }
 
-}  // namespace
+}  // namespace tensor_source_test
 }  // namespace lifeline::test

@@ -20,7 +20,7 @@
 #include "tests/kit/test_kit.h"
 
 namespace lifeline {
-namespace {
+namespace env_test {
 
 constexpr long kExt4Magic = 0xEF53;
 
@@ -374,5 +374,5 @@ TEST_F(PosixEnvTest, NewWritableFileReplacesAHardLinkOrFifoInsteadOfWritingThrou
   EXPECT_EQ(EntryType::kFile, env_->GetEntryType(Path("fifo")).value_or(EntryType::kOther));
 }
 
-}  // namespace
+}  // namespace env_test
 }  // namespace lifeline

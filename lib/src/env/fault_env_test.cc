@@ -11,7 +11,7 @@
 #include "tests/kit/test_kit.h"
 
 namespace lifeline {
-namespace {
+namespace fault_env_test {
 
 bool Contains(const Status& s, const std::string& text) { return s.message().find(text) != std::string::npos; }
 
@@ -166,5 +166,5 @@ TEST(FaultEnvPosix, NoSpaceNamesTheRealFile) {
   ASSERT_TRUE(Env::Default()->RemoveTree(dir).ok());
 }
 
-}  // namespace
+}  // namespace fault_env_test
 }  // namespace lifeline

@@ -11,7 +11,7 @@
 #include "lifeline/env.h"
 
 namespace lifeline {
-namespace {
+namespace io_pump_test {
 
 constexpr size_t kBlock = 1024;
 
@@ -153,5 +153,5 @@ TEST(IoPumpBrokenQueue, IsNotWaitedOnForeverAndSaysItMustBeDiscarded) {
   EXPECT_EQ(1, queue.reaps());
 }
 
-}  // namespace
+}  // namespace io_pump_test
 }  // namespace lifeline

@@ -33,7 +33,7 @@ void SetFixedBufferPieceBytesForTesting(size_t bytes);
 uint64_t FixedBufferSqesForTesting(const IoQueue& queue);
 }  // namespace internal
 
-namespace {
+namespace io_queue_test {
 
 using test::TempDir;
 
@@ -587,5 +587,5 @@ TEST(IoEngineSelection, NonPosixEnvsUseThreads) {
   EXPECT_STREQ("threads", (*q)->engine());
 }
 
-}  // namespace
+}  // namespace io_queue_test
 }  // namespace lifeline

@@ -10,7 +10,7 @@
 #include "lifeline/env.h"
 
 namespace lifeline {
-namespace {
+namespace mem_env_test {
 
 std::string Read(Env* env, const std::string& path) {
   Result<std::string> r = ReadFileToString(env, path, 1 << 20);
@@ -279,5 +279,5 @@ TEST_F(MemEnvTest, ConcurrentWritersToDistinctFiles) {
   for (int t = 0; t < 4; ++t) EXPECT_EQ(std::string(200, 'x'), Read(env_.get(), "/d/f" + std::to_string(t)));
 }
 
-}  // namespace
+}  // namespace mem_env_test
 }  // namespace lifeline

@@ -10,7 +10,7 @@
 #include <gtest/gtest.h>
 
 namespace lifeline {
-namespace {
+namespace shared_memory_test {
 
 class SharedMemoryTest : public ::testing::Test {
  protected:
@@ -129,5 +129,5 @@ TEST(MappedRegionTest, AnonymousMemoryIsZeroedAndMovesWithItsOwner) {
   EXPECT_FALSE(moved.mapped());
 }
 
-}  // namespace
+}  // namespace shared_memory_test
 }  // namespace lifeline

@@ -12,7 +12,7 @@
 #include "lifeline/checkpoint.h"
 
 namespace lifeline {
-namespace {
+namespace checkpoint_reader_test {
 
 constexpr char kRunId[] = "reader-test";
 constexpr int64_t kRows = 40, kCols = 50;
@@ -423,5 +423,5 @@ TEST_F(CheckpointReaderTest, ADamagedDataHeaderIsFoundByVerify) {
   EXPECT_NE(std::string::npos, verified.ToString().find(DataFileName(RunHash(kRunId), 0, 1))) << verified.ToString();
 }
 
-}  // namespace
+}  // namespace checkpoint_reader_test
 }  // namespace lifeline

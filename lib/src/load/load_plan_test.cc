@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 
 namespace lifeline {
-namespace {
+namespace load_plan_test {
 
 // A [4, 8] f32 tensor stored as two fragments of two rows each, chunks of 16 elements (2 rows).
 format::CheckpointIndex TwoFragments(bool drop_second) {
@@ -55,5 +55,5 @@ TEST(LoadPlanTest, ATargetNamingNoTensorIsRefused) {
   EXPECT_NE(plan.status().ToString().find("tensor 3 of 1"), std::string::npos) << plan.status().ToString();
 }
 
-}  // namespace
+}  // namespace load_plan_test
 }  // namespace lifeline

@@ -16,7 +16,7 @@
 #include "tests/kit/test_kit.h"
 
 namespace lifeline {
-namespace {
+namespace checkpoint_writer_test {
 
 constexpr uint64_t kStep = 3;
 
@@ -170,5 +170,5 @@ TEST_F(CheckpointWriterTest, AnEncodedIndexIsRepublishedUnchangedUnderAnotherRoo
   EXPECT_EQ(published->encoded_index, *republished);
 }
 
-}  // namespace
+}  // namespace checkpoint_writer_test
 }  // namespace lifeline

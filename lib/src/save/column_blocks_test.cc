@@ -17,7 +17,7 @@
 #include "tests/kit/test_kit.h"
 
 namespace lifeline {
-namespace {
+namespace column_blocks_test {
 
 constexpr int64_t kRows = 256;
 constexpr int64_t kCols = 2048;  // f32: 8 KiB rows
@@ -160,5 +160,5 @@ TEST(ColumnBlocksLoadTest, ALoadAtAnotherColumnSplitReadsAboutTheBytesItNeeds) {
   EXPECT_LE(streamed, 1.15) << "column blocks, streamed";
 }
 
-}  // namespace
+}  // namespace column_blocks_test
 }  // namespace lifeline

@@ -16,7 +16,7 @@
 #include "tests/integration/test_util.h"
 
 namespace lifeline::testing {
-namespace {
+namespace commit_test {
 
 std::vector<GlobalTensor> Tensors(uint64_t salt) {
   return {MakeTensor("w", DType::kF32, {64, 100}, salt), MakeTensor("b", DType::kBF16, {100}, salt),
@@ -450,13 +450,13 @@ TEST_F(FailedSaveTest, ManifestFailureAfterTheLastIndexStillCommits) {
   EXPECT_TRUE((*reader)->Verify(nullptr).ok());
 }
 
-}  // namespace
+}  // namespace commit_test
 }  // namespace lifeline::testing
 
 // ---- commit.h directly, over MemEnv ----------------------------------------------------------
 
 namespace lifeline {
-namespace {
+namespace commit_test {
 
 CheckpointInfo Info(uint64_t step, bool complete, bool invalid = false) {
   CheckpointInfo i;
@@ -547,5 +547,5 @@ TEST(CommitMemEnvTest, CreateDirDurablySurvivesACrashThatAPlainCreateDoesNot) {
   EXPECT_FALSE(env->FileExists("/a/b/c/plain")) << "the crash model lost nothing it should have";
 }
 
-}  // namespace
+}  // namespace commit_test
 }  // namespace lifeline

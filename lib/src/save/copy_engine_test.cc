@@ -22,7 +22,7 @@ uint64_t CopyAndHashAvx2(uint8_t* dst, const uint8_t* src, uint64_t n);  // copy
 }  // namespace internal
 #endif
 
-namespace {
+namespace copy_engine_test {
 
 // Sizes around the kernels' edges: the 16-byte and 32-byte heads, the 64- and 128-byte loops, the
 // 4 KiB streaming threshold and the 16 KiB cache step.
@@ -116,5 +116,5 @@ TEST(CopyEngineTest, JobsAreCopiedWholeWithEveryChunksChecksumInTheIndex) {
   }
 }
 
-}  // namespace
+}  // namespace copy_engine_test
 }  // namespace lifeline

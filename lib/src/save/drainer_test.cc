@@ -15,7 +15,7 @@
 #include "lifeline/checkpoint.h"
 
 namespace lifeline {
-namespace {
+namespace drainer_test {
 
 constexpr char kRunId[] = "drainer-test";
 
@@ -144,5 +144,5 @@ TEST_F(DrainerTest, ADataFileThatDisagreesWithItsIndexIsRefusedNamingIt) {
   EXPECT_FALSE(CheckpointReader::Open(env_.get(), "/dst", 2).ok()) << "a refused copy must not commit";
 }
 
-}  // namespace
+}  // namespace drainer_test
 }  // namespace lifeline

@@ -26,7 +26,7 @@
 #include "lifeline/checkpoint.h"
 
 namespace lifeline {
-namespace {
+namespace persist_pipeline_test {
 
 constexpr char kRunId[] = "persist-pipeline-test";
 
@@ -233,5 +233,5 @@ TEST_F(PersistPipelineTest, ASaveFinishedBeforeItsTurnIsNotWritten) {
   EXPECT_FALSE(mem_->FileExists(JoinPath("/ckpt", StepDirName(3))));
 }
 
-}  // namespace
+}  // namespace persist_pipeline_test
 }  // namespace lifeline

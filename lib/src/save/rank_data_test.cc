@@ -17,7 +17,7 @@
 #include "tests/kit/test_kit.h"
 
 namespace lifeline {
-namespace {
+namespace rank_data_test {
 
 SaveRequest OneTensor(TensorShard s) {
   SaveRequest r;
@@ -171,5 +171,5 @@ TEST_P(SaverWriteTest, AFragmentReadersErrorFailsTheWriteAndCommitsNothing) {
 INSTANTIATE_TEST_SUITE_P(Codecs, SaverWriteTest,
                          ::testing::Values(format::Codec::kNone, format::Codec::kZstd, format::Codec::kZstdByteGroup));
 
-}  // namespace
+}  // namespace rank_data_test
 }  // namespace lifeline

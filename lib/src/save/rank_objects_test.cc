@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 
 namespace lifeline {
-namespace {
+namespace rank_objects_test {
 
 format::ObjectInfo Obj(uint32_t rank, std::string name) {
   format::ObjectInfo o;
@@ -83,5 +83,5 @@ TEST(RankObjectsTest, ObjectsSavedByFindsDirectAndFoldedEntries) {
   EXPECT_TRUE(names(6).empty());  // a rank the saving job never had
 }
 
-}  // namespace
+}  // namespace rank_objects_test
 }  // namespace lifeline

@@ -12,7 +12,7 @@
 #include <gtest/gtest.h>
 
 namespace lifeline::internal {
-namespace {
+namespace save_job_test {
 
 // Two tensors in an 8 KiB image of 4 KiB blocks: tensor 0 is pieces 0 and 1 (block 0), tensor 1
 // is piece 2 (block 1).
@@ -128,5 +128,5 @@ TEST(SaveJobTest, PhasesFollowTheSaveToItsCommit) {
   EXPECT_LE(p.snapshot_seconds, p.persist_seconds);
 }
 
-}  // namespace
+}  // namespace save_job_test
 }  // namespace lifeline::internal

@@ -16,7 +16,7 @@
 #include "tests/kit/test_kit.h"
 
 namespace lifeline {
-namespace {
+namespace staging_arena_test {
 
 constexpr uint64_t kMiB = 1 << 20;
 
@@ -127,5 +127,5 @@ TEST(StagingArenaTest, SharedMemorySlotsAreFilesAnotherProcessCanReadAndAreUnlin
   EXPECT_NE(0, ::stat(path.c_str(), &st));
 }
 
-}  // namespace
+}  // namespace staging_arena_test
 }  // namespace lifeline

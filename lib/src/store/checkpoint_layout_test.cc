@@ -12,7 +12,7 @@
 #include <gtest/gtest.h>
 
 namespace lifeline {
-namespace {
+namespace checkpoint_layout_test {
 
 constexpr char kHash[] = "0123456789abcdef";
 
@@ -119,5 +119,5 @@ TEST(CheckpointLayoutTest, RunIdFromEnvironmentPrefersTheAgentsLaunchId) {
   for (const auto& [k, v] : saved) ::setenv(k.c_str(), v.c_str(), 1);
 }
 
-}  // namespace
+}  // namespace checkpoint_layout_test
 }  // namespace lifeline

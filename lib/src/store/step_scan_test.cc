@@ -12,7 +12,7 @@
 #include "lifeline/env.h"
 
 namespace lifeline {
-namespace {
+namespace step_scan_test {
 
 // Counts GetFileSize calls, the per-file lookup of a scan.
 class SizeCountingEnv : public EnvWrapper {
@@ -49,5 +49,5 @@ TEST(ScanStepTest, AHugeWorldSizeInAFileNameCostsNoPerRankLookups) {
   EXPECT_LE(env.calls, 3);
 }
 
-}  // namespace
+}  // namespace step_scan_test
 }  // namespace lifeline

@@ -25,7 +25,7 @@
 #include "tests/kit/test_kit.h"
 
 namespace lifeline {
-namespace {
+namespace memory_tier_test {
 
 TEST(MemoryTierTest, DirectoryIdentityIsCreatedOnceAndThenRead) {
   std::unique_ptr<MemEnv> env = NewMemEnv();
@@ -133,13 +133,13 @@ TEST(MemoryTierTest, ASnapshotInTheTierLoadsWithTheOrdinaryReader) {
   EXPECT_EQ(w, back);
 }
 
-}  // namespace
+}  // namespace memory_tier_test
 }  // namespace lifeline
 
 // ---- through the Checkpointer, on real files ------------------------------------------------
 
 namespace lifeline::testing {
-namespace {
+namespace memory_tier_test {
 
 CheckpointerOptions TierOptions(const TempDir& dir, const std::string& run_id) {
   CheckpointerOptions o = BaseOptions(dir.Sub("ckpt"));
@@ -487,5 +487,5 @@ TEST(MemoryTierTest, KeepsOneSnapshotPerSlotAndCleansUpOnClose) {
     EXPECT_TRUE(name == "slots") << "left in the memory tier: " << name;
 }
 
-}  // namespace
+}  // namespace memory_tier_test
 }  // namespace lifeline::testing

@@ -18,7 +18,7 @@
 #include "lifeline/inspect.h"
 
 namespace lifeline {
-namespace {
+namespace replication_record_test {
 
 ReplicationRecord Record(uint32_t world, uint32_t first, uint32_t ranks, std::vector<uint64_t> steps) {
   ReplicationRecord r;
@@ -341,5 +341,5 @@ TEST_F(ReplicatedListingTest, UnreadableRecordsCountNothingButTheListingStands) 
   EXPECT_EQ(listing->checkpoints[0].replicated_ranks, 0u);
 }
 
-}  // namespace
+}  // namespace replication_record_test
 }  // namespace lifeline

@@ -21,7 +21,7 @@
 #include "lifeline/trace.h"
 
 namespace lifeline::trace {
-namespace {
+namespace trace_ring_test {
 
 // Waits for a forked child; it exits 0 when every check it made held, else with the number of the
 // one that failed.
@@ -301,5 +301,5 @@ TEST(TraceInactive, AnAgentDirectoryWithoutARingLeavesTracingOff) {
   EXPECT_TRUE(ExitedCleanly(pid));
 }
 
-}  // namespace
+}  // namespace trace_ring_test
 }  // namespace lifeline::trace
