@@ -294,6 +294,22 @@ class MultiNodeTest : public ::testing::Test {
     ASSERT_EQ(replacement_run->exit_code, 0) << replacement_run->output;
   }
 
+  // How many of node `node`'s ranks have marked their memory-tier snapshot of `step` as on disk.
+  int DiskMarks(const std::string& name, int node, uint64_t step) {
+    const std::string tier = dir_ + "/" + name + ".tier." + std::to_string(node);
+    int marks = 0;
+    std::error_code ec;
+    for (auto it = std::filesystem::recursive_directory_iterator(tier, ec);
+         !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+      const std::string file = it->path().filename().string();
+      const std::string dir = it->path().parent_path().filename().string();
+      if (file.size() > 8 && file.compare(file.size() - 8, 8, ".on-disk") == 0 && dir.rfind("step-", 0) == 0 &&
+          std::stoull(dir.substr(5)) == step)
+        ++marks;
+    }
+    return marks;
+  }
+
   // Makes the disk copies of steps from `from_step` on look never finished to node `node`'s memory
   // tier, as the tests that delete those steps from the disk mean it: a rank marks its snapshot
   // once its disk copy is published (and a tier snapshot whose disk copy was then deleted is not
@@ -647,11 +663,13 @@ TEST_F(MultiNodeTest, AReplacementResumesFromTheLostNodesReplicaInItsPeersMemory
   const auto single = SingleNodeFinals(steps);
   pid_t survivor = -1, victim = -1;
   const std::string flags = StartWithAShortLease("peer", steps, &survivor, &victim);
-  // As soon as node 1 has replicated a step from 100 on, it goes.
+  // As soon as node 1 has replicated a step from 100 on, and node 0's ranks have marked that step
+  // of their memory as on disk (ForgetDiskCopies below must come after their marks), it goes.
   int replicated = -1;
   std::vector<int> ranks;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
-  while (replicated < 100 && std::chrono::steady_clock::now() < deadline) {
+  while ((replicated < 100 || DiskMarks("peer", 0, static_cast<uint64_t>(replicated)) < 2) &&
+         std::chrono::steady_clock::now() < deadline) {
     NodeRun so_far;
     Read("peer", 1, &so_far);
     for (const auto& a : so_far.actions) {
@@ -728,7 +746,9 @@ TEST_F(MultiNodeTest, AReplicaDamagedInTransitIsRefusedAndTheJobFallsBackToDiskS
   std::string damaging = AgentCommand("damaged", 1, "damaged", flags + " --node-rank 1", steps);
   damaging.replace(0, 4, "env LIFELINE_DRILL_DAMAGE_REPLICAS=1 ");  // after the leading "env "
   const pid_t victim = Spawn(damaging, Out("damaged", 1));
-  // Node 1 has tried (and failed) to replicate, and step 100 is on disk.
+  // Node 1 has tried (and failed) to replicate, step 100 is on disk, and node 0's ranks have marked
+  // their memory's step 100 as on disk (a mark written after ForgetDiskCopies below would hide the
+  // step from the resume: on a slow machine a rank's mark came after the test had looked).
   std::vector<int> ranks;
   std::optional<nlohmann::json> failed;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
@@ -740,7 +760,8 @@ TEST_F(MultiNodeTest, AReplicaDamagedInTransitIsRefusedAndTheJobFallsBackToDiskS
       if (a.value("action", "") == "replication_failed") failed = a;
     }
     Result<ResumeOffer> offer = FindResumeOffer(Env::Default(), dir_ + "/damaged.ckpt");
-    ready = failed && ranks.size() == 2 && offer.ok() && offer->disk_step && *offer->disk_step >= 100;
+    ready = failed && ranks.size() == 2 && offer.ok() && offer->disk_step && *offer->disk_step >= 100 &&
+            DiskMarks("damaged", 0, *offer->disk_step) >= 2;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   ASSERT_TRUE(failed.has_value()) << "node 1 never reported a failed replication";
