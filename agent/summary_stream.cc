@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <unordered_map>
 #include <utility>
 
 #include "lib/net/socket.h"
@@ -109,7 +111,6 @@ uint64_t SummaryReceiver::wire_bytes() const {
 }
 
 void SummaryReceiver::Run() {
-  std::vector<Peer> peers;
   ZSTD_DCtx* zstd = ZSTD_createDCtx();
   std::string plain;
   auto refuse = [&](Peer& p, const std::string& why) {
@@ -178,28 +179,55 @@ void SummaryReceiver::Run() {
     const auto s = r->second.find(p.node);
     if (s != r->second.end()) s->second.connected = false;
   };
-  std::vector<pollfd> fds;
+  // One epoll set of every connection: a leader of 2,048 nodes took most of its CPU in poll(),
+  // which looks at every connection for each summary that comes (lifeline-etcd-load).
+  const int ep = epoll_create1(EPOLL_CLOEXEC);
+  constexpr uint64_t kWake = 0, kListen = 1;
+  auto watch = [&](int fd, uint64_t id) {
+    epoll_event e{};
+    e.events = EPOLLIN;
+    e.data.u64 = id;
+    return epoll_ctl(ep, EPOLL_CTL_ADD, fd, &e) == 0;
+  };
+  if (ep < 0 || !watch(wake_[0], kWake) || !watch(listen_fd_, kListen)) {
+    if (ep >= 0) close(ep);
+    ZSTD_freeDCtx(zstd);
+    std::lock_guard<std::mutex> lock(mu_);
+    errors_.push_back(std::string("the summary port cannot wait for connections: ") + std::strerror(errno));
+    ++errors_total_;
+    return;
+  }
+  std::unordered_map<uint64_t, Peer> peers;  // by their id in the epoll set
+  uint64_t next_id = 2;
+  epoll_event events[256];
   char buffer[64 << 10];
-  for (;;) {
-    fds.clear();
-    fds.push_back({wake_[0], POLLIN, 0});
-    fds.push_back({listen_fd_, POLLIN, 0});
-    for (const Peer& p : peers) fds.push_back({p.fd, POLLIN, 0});
-    if (poll(fds.data(), fds.size(), 1000) < 0 && errno != EINTR) break;
-    if (fds[0].revents != 0) break;
-    if (fds[1].revents & POLLIN) {
-      for (;;) {
-        const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-        if (fd < 0) break;
-        Peer p;
-        p.fd = fd;
-        p.name = PeerName(fd);
-        peers.push_back(std::move(p));
+  for (bool running = true; running;) {
+    const int ready = epoll_wait(ep, events, 256, 1000);
+    if (ready < 0 && errno != EINTR) break;
+    for (int e = 0; e < ready; ++e) {
+      const uint64_t id = events[e].data.u64;
+      if (id == kWake) {
+        running = false;
+        break;
       }
-    }
-    for (size_t k = 2; k < fds.size(); ++k) {
-      if (fds[k].revents == 0) continue;
-      Peer& p = peers[k - 2];
+      if (id == kListen) {
+        for (;;) {
+          const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+          if (fd < 0) break;
+          Peer p;
+          p.fd = fd;
+          p.name = PeerName(fd);
+          if (!watch(fd, next_id)) {
+            close(fd);
+            continue;
+          }
+          peers.emplace(next_id++, std::move(p));
+        }
+        continue;
+      }
+      const auto it = peers.find(id);
+      if (it == peers.end()) continue;
+      Peer& p = it->second;
       bool open = true;
       for (;;) {
         const ssize_t r = recv(p.fd, buffer, sizeof(buffer), 0);
@@ -233,11 +261,14 @@ void SummaryReceiver::Run() {
         at += 4 + n;
       }
       p.in.erase(0, at);
-      if (!open) closed(p);
+      if (!open) {
+        closed(p);  // closing the descriptor takes it out of the epoll set
+        peers.erase(it);
+      }
     }
-    peers.erase(std::remove_if(peers.begin(), peers.end(), [](const Peer& p) { return p.fd < 0; }), peers.end());
   }
-  for (Peer& p : peers) close(p.fd);
+  for (auto& [id, p] : peers) close(p.fd);
+  close(ep);
   ZSTD_freeDCtx(zstd);
 }
 

@@ -12,17 +12,21 @@
 //           request: every agent read the round, the give-up, the keys of the round's entries and
 //           finished nodes and the leader every 0.25 s, its join looked every 100 ms, and every
 //           node's summary went through etcd once a second, the leader reading them all.
-// Many agents in one process: each has its own connections, as separate machines would.
+// Many agents in each of a few processes (--processes; one per 1,000 agents): each agent has its own
+// connections, as separate machines would.
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <curl/curl.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -236,70 +240,67 @@ double Percentile(std::vector<double> v, double p) {
   return v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())))];
 }
 
-}  // namespace
 
-int main(int argc, char** argv) {
-  CLI::App app{"lifeline-etcd-load: a real etcd under the control-plane traffic of many agents of one job; etcd's "
-               "requests per second, CPU and a probe's latency while they train"};
+// What the load is made of: --agents agents of one job, as this process's share of them.
+struct LoadOptions {
   int agents = 2048, nproc = 8;
-  double seconds = 20, lease_seconds = 10, join_timeout = 600;
+  double lease_seconds = 10, join_timeout = 600;
   std::string protocol = "watch";
-  bool json = false;
-  app.add_option("--agents", agents, "Agents (nodes) of the job")->check(CLI::Range(1, 8192));
-  app.add_option("--nproc-per-node", nproc, "Ranks per node (the size of each summary)")->check(CLI::Range(1, 64));
-  app.add_option("--seconds", seconds, "How long the job trains once every agent joined")->check(CLI::Range(1.0, 3600.0));
-  app.add_option("--lease-seconds", lease_seconds, "The agents' etcd lease")->check(CLI::Range(2.0, 600.0));
-  app.add_option("--join-timeout", join_timeout,
-                 "Seconds the agents have to join; past them --protocol before measures the window with those "
-                 "that did (the others go on trying, as such agents would), the others fail")
-      ->check(CLI::Range(1.0, 3600.0));
-  app.add_option("--protocol", protocol, "watch (the agents now), poll (watch: false), before (the agents before issue 36)")
-      ->check(CLI::IsMember({"watch", "poll", "before"}));
-  app.add_flag("--json", json, "One JSON object on stdout");
-  CLI11_PARSE(app, argc, argv);
+  std::string endpoint, job = "load";
+};
 
-  // Three connections an agent, and etcd's side of them.
-  rlimit files{};
-  getrlimit(RLIMIT_NOFILE, &files);
-  files.rlim_cur = files.rlim_max;
-  setrlimit(RLIMIT_NOFILE, &files);
-  signal(SIGPIPE, SIG_IGN);
-  testing::EtcdTestServer etcd;
-  if (!etcd.ok()) {
-    std::cerr << "lifeline-etcd-load: " << etcd.error() << std::endl;
-    return 1;
+// One line to or from a worker (the pipes between this tool's processes).
+void WriteLine(int fd, const std::string& line) {
+  const std::string l = line + "\n";
+  size_t done = 0;
+  while (done < l.size()) {
+    const ssize_t n = write(fd, l.data() + done, l.size() - done);
+    if (n <= 0 && errno != EINTR) return;
+    if (n > 0) done += static_cast<size_t>(n);
   }
-  const std::string endpoint = etcd.endpoint();
-  const std::string job = "load";
-  std::cerr << "lifeline-etcd-load: etcd at " << endpoint << "; " << agents << " agents (" << protocol << ") joining"
-            << std::endl;
+}
+std::string ReadLine(int fd) {
+  std::string line;
+  char c;
+  for (;;) {
+    const ssize_t n = read(fd, &c, 1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0 || c == '\n') return line;
+    line.push_back(c);
+  }
+}
 
-  const Clock::time_point began = Clock::now();
+// A worker process: agents [first, first + count) of the job. It says "joined N" once they joined
+// (or the join timeout passed), hands each agent's summary over every 0.5 s from then on, answers
+// "bytes" with the most summary bytes one of its agents received as leader, and on "stop" makes
+// its agents leave and exits. Each process has its own descriptors: about ten an agent, so that
+// one process of this machine (20,000, a hard limit) holds about 1,000 agents.
+int RunWorker(const LoadOptions& o, int first, int count, int in, int out) {
   std::atomic<bool> stop{false};
   std::atomic<int> joined{0};
   std::vector<std::unique_ptr<BeforeAgent>> before;
   std::vector<std::unique_ptr<Rendezvous>> now;
   std::vector<std::string> summaries;
-  for (int n = 0; n < agents; ++n) summaries.push_back(RealisticSummary(n, nproc));
-  if (protocol == "before") {
-    for (int n = 0; n < agents; ++n) {
-      before.push_back(std::make_unique<BeforeAgent>(n, agents, nproc, "/lifeline/" + job + "/", endpoint, lease_seconds));
+  for (int n = first; n < first + count; ++n) summaries.push_back(RealisticSummary(n, o.nproc));
+  const Clock::time_point began = Clock::now();
+  if (o.protocol == "before") {
+    for (int n = first; n < first + count; ++n) {
+      before.push_back(std::make_unique<BeforeAgent>(n, o.agents, o.nproc, "/lifeline/" + o.job + "/", o.endpoint,
+                                                     o.lease_seconds));
       before.back()->Start(&stop, &joined);
     }
   } else {
-    std::vector<std::thread> joins;
-    std::mutex mu;
-    for (int n = 0; n < agents; ++n) {
+    for (int n = first; n < first + count; ++n) {
       RendezvousConfig c;
-      c.endpoint = endpoint;
-      c.job = job;
-      c.min_nodes = c.max_nodes = static_cast<uint32_t>(agents);
-      c.nproc_per_node = static_cast<uint32_t>(nproc);
+      c.endpoint = o.endpoint;
+      c.job = o.job;
+      c.min_nodes = c.max_nodes = static_cast<uint32_t>(o.agents);
+      c.nproc_per_node = static_cast<uint32_t>(o.nproc);
       c.host = "127.0.0.1";
       c.node_name = "node-" + std::to_string(n);
-      c.lease_seconds = lease_seconds;
-      c.watch = protocol == "watch";
-      c.join_timeout_seconds = join_timeout;
+      c.lease_seconds = o.lease_seconds;
+      c.watch = o.protocol == "watch";
+      c.join_timeout_seconds = o.join_timeout;
       Result<std::unique_ptr<Rendezvous>> r = Rendezvous::Connect(c);
       if (!r.ok()) {
         std::cerr << "lifeline-etcd-load: agent " << n << ": " << r.status().ToString() << std::endl;
@@ -307,75 +308,41 @@ int main(int argc, char** argv) {
       }
       now.push_back(std::move(*r));
     }
-    for (int n = 0; n < agents; ++n)
-      joins.emplace_back([&, n] {
-        Result<RoundPlan> plan = now[static_cast<size_t>(n)]->Join(ResumeOffer{});
+    std::vector<std::thread> joins;
+    std::mutex mu;
+    for (size_t k = 0; k < now.size(); ++k)
+      joins.emplace_back([&, k] {
+        Result<RoundPlan> plan = now[k]->Join(ResumeOffer{});
         if (plan.ok()) ++joined;
         else {
           std::lock_guard<std::mutex> lock(mu);
-          std::cerr << "lifeline-etcd-load: agent " << n << ": " << plan.status().ToString() << std::endl;
+          std::cerr << "lifeline-etcd-load: agent " << first + static_cast<int>(k) << ": " << plan.status().ToString()
+                    << std::endl;
         }
       });
     for (std::thread& t : joins) t.join();
   }
-  while (joined < agents && SecondsSince(began) < join_timeout)
+  while (joined < count && SecondsSince(began) < o.join_timeout)
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  const double join_seconds = SecondsSince(began);
-  const int joined_in_time = joined;
-  if (joined_in_time < agents) {
-    std::cerr << "lifeline-etcd-load: only " << joined_in_time << " of " << agents << " agents joined in "
-              << join_seconds << " s" << std::endl;
-    if (before.empty()) return 1;
-    std::cerr << "lifeline-etcd-load: measuring the window with the rest still joining" << std::endl;
-  } else {
-    std::cerr << "lifeline-etcd-load: all joined in " << join_seconds << " s; training for " << seconds << " s"
-              << std::endl;
-  }
-
-  // The training window: summaries handed over every 0.5 s (as the agent's loop does), a probe.
-  std::atomic<bool> window_over{false};
+  WriteLine(out, "joined " + std::to_string(joined.load()));
+  // The training: summaries handed over every 0.5 s (as the agent's loop does).
+  std::atomic<bool> over{false};
   std::thread publisher([&] {
-    while (!window_over) {
-      for (int n = 0; n < agents; ++n) {
-        if (!before.empty()) before[static_cast<size_t>(n)]->Publish(summaries[static_cast<size_t>(n)]);
-        else now[static_cast<size_t>(n)]->PublishProgress(summaries[static_cast<size_t>(n)]);
+    while (!over) {
+      for (size_t k = 0; k < summaries.size(); ++k) {
+        if (!before.empty()) before[k]->Publish(summaries[k]);
+        else now[k]->PublishProgress(summaries[k]);
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
     }
   });
-  std::this_thread::sleep_for(std::chrono::seconds(2));  // past the join's tail
-  std::vector<double> probe_ms;
-  std::atomic<bool> counting{false};
-  std::atomic<uint64_t> probe_puts{0};
-  std::thread probe([&] {
-    std::unique_ptr<EtcdClient> c = std::move(EtcdClient::Create(endpoint, 5.0)).value();
-    while (!window_over) {
-      const Clock::time_point t = Clock::now();
-      const bool counted = counting;
-      if (c->Put("/probe/" + job, "x").ok()) probe_ms.push_back(SecondsSince(t) * 1000);
-      if (counted) ++probe_puts;
-      std::this_thread::sleep_until(t + std::chrono::milliseconds(20));
-    }
-  });
-  auto leader_in = [&] {
+  for (std::string command = ReadLine(in); command == "bytes"; command = ReadLine(in)) {
     uint64_t most = 0;
     for (auto& r : now) most = std::max(most, r->summary_bytes_received());
-    return most;
-  };
-  const uint64_t leader_in0 = leader_in();
-  const EtcdCounters c0 = Scrape(endpoint);
-  counting = true;
-  const double cpu0 = ProcessCpuSeconds(etcd.pid());
-  const Clock::time_point w0 = Clock::now();
-  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
-  counting = false;
-  const uint64_t leader_in1 = leader_in();
-  const EtcdCounters c1 = Scrape(endpoint);
-  const double cpu1 = ProcessCpuSeconds(etcd.pid());
-  const double window = SecondsSince(w0);
-  window_over = true;
+    WriteLine(out, std::to_string(most) + " " + std::to_string(joined.load()));
+  }
+  over = true;
   publisher.join();
-  probe.join();
   stop = true;
   for (auto& a : before) a->Join();
   {  // every agent leaves at once, as a finished job's do
@@ -383,15 +350,174 @@ int main(int argc, char** argv) {
     for (auto& r : now) leaving.emplace_back([&r] { r->Leave(true); });
     for (std::thread& t : leaving) t.join();
   }
+  WriteLine(out, "left");
+  return 0;
+}
 
-  nlohmann::json out = {{"protocol", protocol},
-                        {"agents", agents},
-                        {"ranks", agents * nproc},
-                        {"lease_seconds", lease_seconds},
-                        {"summary_bytes", summaries[0].size()},
-                        {"joined", joined_in_time},
-                        {"joined_by_window_end", joined.load()},
-                        {"join_seconds", joined_in_time == agents ? nlohmann::json(join_seconds) : nlohmann::json(nullptr)},
+struct Worker {
+  pid_t pid = -1;
+  int to = -1, from = -1;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"lifeline-etcd-load: a real etcd under the control-plane traffic of many agents of one job; etcd's "
+               "requests per second, CPU and a probe's latency while they train"};
+  LoadOptions o;
+  double seconds = 20;
+  int processes = 0;
+  bool json = false;
+  app.add_option("--agents", o.agents, "Agents (nodes) of the job")->check(CLI::Range(1, 8192));
+  app.add_option("--nproc-per-node", o.nproc, "Ranks per node (the size of each summary)")->check(CLI::Range(1, 64));
+  app.add_option("--seconds", seconds, "How long the job trains once every agent joined")->check(CLI::Range(1.0, 3600.0));
+  app.add_option("--lease-seconds", o.lease_seconds, "The agents' etcd lease")->check(CLI::Range(2.0, 600.0));
+  app.add_option("--join-timeout", o.join_timeout,
+                 "Seconds the agents have to join; past them --protocol before measures the window with those "
+                 "that did (the others go on trying, as such agents would), the others fail")
+      ->check(CLI::Range(1.0, 3600.0));
+  app.add_option("--protocol", o.protocol, "watch (the agents now), poll (watch: false), before (the agents before issue 36)")
+      ->check(CLI::IsMember({"watch", "poll", "before"}));
+  app.add_option("--processes", processes,
+                 "Processes the agents are spread over (default: one per 1,000 agents; each has its own "
+                 "file descriptors)")
+      ->check(CLI::Range(1, 64));
+  app.add_flag("--json", json, "One JSON object on stdout");
+  CLI11_PARSE(app, argc, argv);
+  if (processes == 0) processes = (o.agents + 999) / 1000;
+  processes = std::min(processes, o.agents);
+
+  // About ten descriptors an agent (its etcd connections, the stream's wake-up pair, its summary
+  // port, the leader's side of every node's connection), and etcd's side of them: 2,048 agents in
+  // one process ran out of this machine's 20,000 (a hard limit here) and their streams retried
+  // forever. Hence the worker processes; each raises its soft limit to the hard one.
+  rlimit files{};
+  getrlimit(RLIMIT_NOFILE, &files);
+  files.rlim_cur = files.rlim_max;
+  setrlimit(RLIMIT_NOFILE, &files);
+  if (files.rlim_cur < static_cast<rlim_t>((o.agents + processes - 1) / processes) * 12)
+    std::cerr << "lifeline-etcd-load: only " << files.rlim_cur << " file descriptors for "
+              << (o.agents + processes - 1) / processes << " agents a process (about 12 each): connections will fail; "
+              << "use more --processes" << std::endl;
+  signal(SIGPIPE, SIG_IGN);
+  testing::EtcdTestServer etcd;
+  if (!etcd.ok()) {
+    std::cerr << "lifeline-etcd-load: " << etcd.error() << std::endl;
+    return 1;
+  }
+  o.endpoint = etcd.endpoint();
+  std::cerr << "lifeline-etcd-load: etcd at " << o.endpoint << "; " << o.agents << " agents (" << o.protocol
+            << ") in " << processes << " process" << (processes == 1 ? "" : "es") << " joining" << std::endl;
+
+  const Clock::time_point began = Clock::now();
+  std::vector<Worker> workers;
+  for (int w = 0; w < processes; ++w) {
+    const int first = o.agents * w / processes, count = o.agents * (w + 1) / processes - first;
+    int down[2], up[2];
+    if (pipe(down) != 0 || pipe(up) != 0) {
+      std::cerr << "lifeline-etcd-load: pipe: " << std::strerror(errno) << std::endl;
+      return 1;
+    }
+    const pid_t pid = fork();
+    if (pid < 0) {
+      std::cerr << "lifeline-etcd-load: fork: " << std::strerror(errno) << std::endl;
+      return 1;
+    }
+    if (pid == 0) {  // a worker: its agents, then out without the parent's destructors (etcd is the parent's)
+      for (const Worker& other : workers) {
+        close(other.to);
+        close(other.from);
+      }
+      close(down[1]);
+      close(up[0]);
+      _exit(RunWorker(o, first, count, down[0], up[1]));
+    }
+    close(down[0]);
+    close(up[1]);
+    workers.push_back({pid, down[1], up[0]});
+  }
+  int joined = 0;
+  for (const Worker& w : workers) {
+    const std::string said = ReadLine(w.from);
+    if (said.rfind("joined ", 0) == 0) joined += std::atoi(said.c_str() + 7);
+  }
+  const double join_seconds = SecondsSince(began);
+  auto stop_workers = [&] {
+    for (const Worker& w : workers) close(w.to);  // end of input: leave
+    for (const Worker& w : workers) {
+      ReadLine(w.from);
+      waitpid(w.pid, nullptr, 0);
+    }
+  };
+  if (joined < o.agents) {
+    std::cerr << "lifeline-etcd-load: only " << joined << " of " << o.agents << " agents joined in " << join_seconds
+              << " s" << std::endl;
+    if (o.protocol != "before") {
+      stop_workers();
+      return 1;
+    }
+    std::cerr << "lifeline-etcd-load: measuring the window with the rest still joining" << std::endl;
+  } else {
+    std::cerr << "lifeline-etcd-load: all joined in " << join_seconds << " s; training for " << seconds << " s"
+              << std::endl;
+  }
+  // The most summary bytes one agent (the leader) received, and how many have joined by now.
+  auto ask = [&](int* joined_now) {
+    uint64_t most = 0;
+    *joined_now = 0;
+    for (const Worker& w : workers) WriteLine(w.to, "bytes");
+    for (const Worker& w : workers) {
+      std::istringstream said(ReadLine(w.from));
+      uint64_t bytes = 0;
+      int j = 0;
+      said >> bytes >> j;
+      most = std::max(most, bytes);
+      *joined_now += j;
+    }
+    return most;
+  };
+
+  // The training window, a probe putting a key every 20 ms throughout.
+  std::atomic<bool> window_over{false};
+  std::this_thread::sleep_for(std::chrono::seconds(2));  // past the join's tail
+  std::vector<double> probe_ms;
+  std::atomic<bool> counting{false};
+  std::atomic<uint64_t> probe_puts{0};
+  std::thread probe([&] {
+    std::unique_ptr<EtcdClient> c = std::move(EtcdClient::Create(o.endpoint, 5.0)).value();
+    while (!window_over) {
+      const Clock::time_point t = Clock::now();
+      const bool counted = counting;
+      if (c->Put("/probe/" + o.job, "x").ok()) probe_ms.push_back(SecondsSince(t) * 1000);
+      if (counted) ++probe_puts;
+      std::this_thread::sleep_until(t + std::chrono::milliseconds(20));
+    }
+  });
+  int joined_then = 0;
+  const uint64_t leader_in0 = ask(&joined_then);
+  const EtcdCounters c0 = Scrape(o.endpoint);
+  counting = true;
+  const double cpu0 = ProcessCpuSeconds(etcd.pid());
+  const Clock::time_point w0 = Clock::now();
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+  counting = false;
+  const EtcdCounters c1 = Scrape(o.endpoint);
+  const double cpu1 = ProcessCpuSeconds(etcd.pid());
+  const double window = SecondsSince(w0);
+  const uint64_t leader_in1 = ask(&joined_then);
+  window_over = true;
+  probe.join();
+  stop_workers();
+
+  nlohmann::json out = {{"protocol", o.protocol},
+                        {"agents", o.agents},
+                        {"processes", processes},
+                        {"ranks", o.agents * o.nproc},
+                        {"lease_seconds", o.lease_seconds},
+                        {"summary_bytes", RealisticSummary(0, o.nproc).size()},
+                        {"joined", joined},
+                        {"joined_by_window_end", joined_then},
+                        {"join_seconds", joined == o.agents ? nlohmann::json(join_seconds) : nlohmann::json(nullptr)},
                         {"window_seconds", window},
                         {"etcd_requests_per_second", (c1.total() - c0.total() - static_cast<double>(probe_puts)) / window},
                         {"etcd_received_bytes_per_second", (c1.received_bytes - c0.received_bytes) / window},
@@ -408,7 +534,7 @@ int main(int argc, char** argv) {
     if (d > 0) by_method[m] = d / window;
   }
   out["etcd_requests_per_second_by_method"] = by_method;
-  if (!now.empty())  // the summaries' way now: straight to the leader, compressed
+  if (o.protocol != "before")  // the summaries' way now: straight to the leader, compressed
     out["leader_summary_bytes_in_per_second"] = static_cast<double>(leader_in1 - leader_in0) / window;
   std::cout << out.dump(json ? -1 : 2) << std::endl;
   return 0;
