@@ -31,12 +31,26 @@ TEST(SummaryStreamTest, TheLeaderHoldsEachNodesNewestSummaryOfTheRoundAndWhether
   const std::string big(100000, 'x');  // compresses to little: the wire carries less than the text
   ASSERT_TRUE(a->Send("127.0.0.1", port, 3, "first").ok());
   ASSERT_TRUE(a->Send("127.0.0.1", port, 3, big).ok());
-  ASSERT_TRUE(b.Send("127.0.0.1", port, 3, "from b").ok());
+  ASSERT_TRUE(b.Send("127.0.0.1", port, 3, "from b", 2.0, std::chrono::steady_clock::now() - std::chrono::seconds(3))
+                  .ok());  // node b last renewed its lease 3 s ago
   ASSERT_TRUE(Eventually([&] {
     const auto s = (*receiver)->Summaries(3);
     return s.size() == 2 && s[0].summary == big && s[1].summary == "from b";
   }));
   EXPECT_LT(a->wire_bytes(), 1000u);
+  // Without the text, everything else is the same (the leader's cut-off check reads etcd_age so).
+  const auto full = (*receiver)->Summaries(3), light = (*receiver)->Summaries(3, /*with_text=*/false);
+  ASSERT_EQ(light.size(), full.size());
+  for (size_t k = 0; k < full.size(); ++k) {
+    EXPECT_TRUE(light[k].summary.empty());
+    EXPECT_EQ(light[k].node, full[k].node);
+    EXPECT_EQ(light[k].received, full[k].received);
+    EXPECT_EQ(light[k].etcd_age, full[k].etcd_age);
+    EXPECT_EQ(light[k].frames, full[k].frames);
+    EXPECT_EQ(light[k].wire_bytes, full[k].wire_bytes);
+  }
+  EXPECT_EQ(full[0].frames, 2u);  // node-a: "first", then the big one
+  EXPECT_NEAR(full[1].etcd_age, 3.0, 0.5);
   for (const ReceivedSummary& s : (*receiver)->Summaries(3)) EXPECT_TRUE(s.connected) << s.node;
   EXPECT_TRUE((*receiver)->Summaries(2).empty());
   // A node gone: its connection closes, and the leader can tell.
