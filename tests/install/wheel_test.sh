@@ -5,12 +5,14 @@
 # verifies the checkpoint; lifeline and the ranks' start-up hook come from the venv's site-packages;
 # and the agent sees the ranks' steps, which only the hook reports.
 #
-# Usage: wheel_test.sh [PYTHON]   the interpreter to build with and make the venv from (python3).
+# Usage: wheel_test.sh [PYTHON [TORCH_PYTHON]]   the interpreter to build with and make the venv from
+# (python3), and one of the same Python version whose torch the venv may see (PYTHON).
 # The build reuses build-wheel/ in the source tree (pyproject.toml), as `pip install .` does.
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 python=${1:-python3}
+torch_python=${2:-$python}
 steps=4
 tmp=$(mktemp -d "${LIFELINE_TEST_TMPDIR:-/var/tmp}/lifeline-wheel.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
@@ -29,13 +31,17 @@ version=$(basename "$wheel" | cut -d- -f2)  # CMakeLists.txt's project VERSION
 echo "== a fresh venv with $(basename "$wheel") and torch"
 "$python" -m venv "$tmp/venv"
 venv=$tmp/venv
-# The torch of the interpreter the wheel was built with, as a user's environment has its torch
-# before Lifeline is installed (installing torch 2.13 again took a minute of this machine's CPU on
-# every run): a .pth puts that site-packages after the venv's own, so lifeline and its start-up
-# hook can only come from the venv (checked below). Without one, torch is installed here, pinned:
-# the CPU build on this machine's disk, never a download of the CUDA one.
-torch_site=$("$python" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))' 2>/dev/null ||
-  true)
+# TORCH_PYTHON's torch, as a user's environment has its torch before Lifeline is installed
+# (installing torch 2.13 again took a minute of this machine's CPU on every run): a .pth puts that
+# site-packages after the venv's own, so lifeline and its start-up hook can only come from the venv
+# (checked below). Without one of the same Python version, torch is installed here, pinned: the CPU
+# build on this machine's disk, never a download of the CUDA one.
+version() { "$1" -c 'import sys; print(sys.version_info[:2])'; }
+torch_site=""
+if [ "$(version "$torch_python" 2>/dev/null)" = "$(version "$python")" ]; then
+  torch_site=$("$torch_python" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))' \
+    2>/dev/null || true)
+fi
 if [ -n "$torch_site" ]; then
   echo "$torch_site" > "$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/_torch.pth"
   "$venv/bin/python" -m pip install "$wheel"
