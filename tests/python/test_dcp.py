@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import unittest
 
 import torch
@@ -177,11 +178,24 @@ def copy_staging_and_steps(args):
     init(args, 1)
     directory = os.path.join(args.dir, "steps")
     writer = lifeline.dcp.StorageWriter(directory, step=10, staging="copy")
+    # The order that once let async_save return before the copy was done: DCP's upload thread takes
+    # the save (set_up_storage_writer) before async_save synchronizes, while a 64 MiB copy runs.
+    taken = threading.Event()
+    set_up, synchronize = writer.set_up_storage_writer, writer.synchronize_staging
+    writer.set_up_storage_writer = lambda *a, **k: (set_up(*a, **k), taken.set())[0]
+    writer.synchronize_staging = lambda: (taken.wait(60), synchronize())[1]
+    big = torch.arange(float(1 << 26))
     w = torch.arange(6.0)
-    future = dcp.async_save({"w": w}, storage_writer=writer)
+    future = dcp.async_save({"w": w, "big": big}, storage_writer=writer)
     returned_as = type(future).__name__
     w.add_(100.0)  # after async_save returned: not in step 10
+    big.add_(100.0)
     future.result()
+    writer.set_up_storage_writer, writer.synchronize_staging = set_up, synchronize
+    got = {"big": torch.zeros(1 << 26)}
+    dcp.load(got, storage_reader=lifeline.dcp.StorageReader(directory, step=10))
+    big_changed = int((got["big"] != torch.arange(float(1 << 26))).sum())
+    del big, got
     dcp.save({"w": w}, storage_writer=writer)  # step 11
     writer.step = 10
     try:
@@ -201,7 +215,7 @@ def copy_staging_and_steps(args):
     writer.close()
     interleaved = steps_of(both, (0, 1), 4)
     gloo_ranks.finish({"returned_as": returned_as, "refused": refused, "loaded": loaded, "interleaved": interleaved,
-                       "steps": [c["step"] for c in lifeline.Checkpointer(directory, run_id="t").list()]})
+                       "big_changed": big_changed, "steps": [c["step"] for c in lifeline.Checkpointer(directory, run_id="t").list()]})
 
 
 def whole_without_a_state_dict(args):
@@ -267,6 +281,7 @@ class DcpWriterOptions(unittest.TestCase):
     def test_copy_staging_and_named_steps(self):
         result = self.one_rank("copy_staging_and_steps")
         self.assertEqual(result["returned_as"], "Future")
+        self.assertEqual(result["big_changed"], 0, "elements of step 10 changed after async_save returned")
         self.assertEqual(result["loaded"], {"10": [0.0, 1.0, 2.0, 3.0, 4.0, 5.0],
                                             "11": [100.0, 101.0, 102.0, 103.0, 104.0, 105.0]})
         self.assertIn("step 10", result["refused"] or "")

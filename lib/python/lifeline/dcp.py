@@ -157,6 +157,9 @@ class StorageWriter(_StorageWriter, _AsyncStager):
         self._next = None            # the step after the last one this writer saved
         # (step, ticket, thread) of the saves stage() started, oldest first, until a DCP save takes one
         self._staged = _collections.deque()
+        # tickets of the saves stage() started whose snapshot synchronize_staging() has not yet seen
+        # complete (the upload thread may take a save off _staged before async_save synchronizes)
+        self._copying = []
         self._lock = _threading.Lock()
         # .saving: (step, ticket) of the DCP save this thread runs; .local_bytes: its rank's bytes
         # items before DCP left each to one rank
@@ -237,6 +240,8 @@ class StorageWriter(_StorageWriter, _AsyncStager):
         staged = (step, ticket, _threading.get_ident())
         with self._lock:
             self._staged.append(staged)
+            if self._synchronize_after_execute:
+                self._copying.append(ticket)
         if self._synchronize_after_execute:
             return state_dict
         done = _futures.Future()
@@ -256,9 +261,15 @@ class StorageWriter(_StorageWriter, _AsyncStager):
 
     def synchronize_staging(self):
         with self._lock:
-            staged = list(self._staged)
-        for _step, ticket, _thread in staged:
-            ticket.wait_snapshot()
+            copying, self._copying = self._copying, []
+        failed = None
+        for ticket in copying:  # every one, even after one failed: none may still read the state
+            try:
+                ticket.wait_snapshot()
+            except BaseException as e:  # noqa: B902 - raised below, once all are waited for
+                failed = failed or e
+        if failed is not None:
+            raise failed
 
     # ---- StorageWriter ----
 
