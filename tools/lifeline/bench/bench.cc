@@ -63,8 +63,8 @@
 // Checkpointer::PrepareStaging; not timed), ranks, tp,
 // dp, step (the last), hidden, layers, tensors, dir, direct_io.
 // load: --iterations loads (default 3), each from a cold page cache (the data files' pages dropped
-// with posix_fadvise(DONTNEED), and the whole cache through /proc/sys/vm/drop_caches where
-// writable; mincore then checks that none stayed), each followed by the read limit: the step's
+// with posix_fadvise(DONTNEED), mincore checking that none stayed; only where some did, the whole
+// machine's cache through /proc/sys/vm/drop_caches where writable), each followed by the read limit: the step's
 // data files read whole, raw (io_uring, O_DIRECT, into prefaulted registered huge-page buffers, one
 // reader per file up to 8), cold too, with each of two settings (8 MiB x 16 and 1 MiB x 64 in
 // flight per reader), the better counting. Figures are medians over the iterations.
@@ -787,34 +787,10 @@ struct CacheDrop {
   bool cold() const { return problem.empty() && resident_bytes == 0; }
 };
 
-// Drops the files' pages from the page cache: posix_fadvise(DONTNEED) on each (allowed to anyone
-// who can open them), then the whole cache through /proc/sys/vm/drop_caches where writable (root
-// outside a container). Then counts, with mincore, the bytes of the files still cached, so a drop
-// that did not happen (pages mapped by another process, a file system that ignores the advice) is
-// reported rather than assumed. A cache below the guest (a virtual disk's host) is out of reach.
-CacheDrop DropPageCache(const std::vector<std::string>& paths) {
-  CacheDrop drop;
-  bool advised = true;
-  for (const std::string& path : paths) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      advised = false;
-      drop.problem = path + ": " + std::strerror(errno);
-      continue;
-    }
-    if (const int rc = ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED); rc != 0) {
-      advised = false;
-      drop.problem = path + ": posix_fadvise(DONTNEED): " + std::strerror(rc);
-    }
-    ::close(fd);
-  }
-  bool global = false;
-  if (const int fd = ::open("/proc/sys/vm/drop_caches", O_WRONLY | O_CLOEXEC); fd >= 0) {
-    global = ::write(fd, "1", 1) == 1;
-    ::close(fd);
-  }
-  drop.method = global ? "drop_caches" : advised ? "fadvise" : "none";
+// Bytes of the files now in the page cache (mincore over a read-only mapping of each).
+uint64_t ResidentBytes(const std::vector<std::string>& paths) {
   const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  uint64_t total = 0;
   std::vector<unsigned char> resident;
   for (const std::string& path : paths) {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -826,13 +802,50 @@ CacheDrop DropPageCache(const std::vector<std::string>& paths) {
       if (map != MAP_FAILED) {
         resident.assign((bytes + page - 1) / page, 0);
         if (::mincore(map, bytes, resident.data()) == 0) {
-          for (unsigned char r : resident) drop.resident_bytes += (r & 1) ? page : 0;
+          for (unsigned char r : resident) total += (r & 1) ? page : 0;
         }
         ::munmap(map, bytes);
       }
     }
     ::close(fd);
   }
+  return total;
+}
+
+// Drops the files' pages from the page cache: posix_fadvise(DONTNEED) on each (allowed to anyone
+// who can open them), and counts with mincore the bytes still cached. Only when some stayed (pages
+// mapped by another process, a file system that ignores the advice) is the whole machine's page
+// cache dropped, through /proc/sys/vm/drop_caches where writable (root outside a container), and
+// counted again: that drop costs every other process on the machine its cached files, so it is the
+// last resort, not the rule. A drop that did not happen is reported rather than assumed. A cache
+// below the guest (a virtual disk's host) is out of reach.
+CacheDrop DropPageCache(const std::vector<std::string>& paths) {
+  CacheDrop drop;
+  std::string unopened, not_advised;  // the last file that could not be opened, or advised
+  for (const std::string& path : paths) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      unopened = path + ": " + std::strerror(errno);
+      continue;
+    }
+    if (const int rc = ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED); rc != 0)
+      not_advised = path + ": posix_fadvise(DONTNEED): " + std::strerror(rc);
+    ::close(fd);
+  }
+  const bool advised = unopened.empty() && not_advised.empty();
+  drop.method = advised ? "fadvise" : "none";
+  drop.resident_bytes = ResidentBytes(paths);
+  if (!advised || drop.resident_bytes > 0) {
+    if (const int fd = ::open("/proc/sys/vm/drop_caches", O_WRONLY | O_CLOEXEC); fd >= 0) {
+      if (::write(fd, "1", 1) == 1) {
+        drop.method = "drop_caches";
+        drop.resident_bytes = ResidentBytes(paths);
+        not_advised.clear();  // the whole cache went: the advice no longer matters
+      }
+      ::close(fd);
+    }
+  }
+  drop.problem = !unopened.empty() ? unopened : not_advised;
   if (drop.problem.empty() && drop.resident_bytes > 0)
     drop.problem = FormatByteSize(drop.resident_bytes) + " of the data files stayed in the page cache";
   return drop;
@@ -870,10 +883,16 @@ Result<ReadLimit> DirectReadLimit(const std::vector<FileDescription>& files, con
     threads.emplace_back([&, w] {
       bool arrived = false;
       auto run = [&]() -> Status {
-        const uint64_t region_bytes = setting.depth * setting.block_bytes;
+        // No more blocks than this reader has requests to make: small files need no 128 MiB of
+        // prefaulted buffers (which cost more than their reads).
+        uint64_t requests = 0;
+        for (size_t f = w; f < files.size(); f += readers)
+          requests += (files[f].size + setting.block_bytes - 1) / setting.block_bytes;
+        const unsigned depth = static_cast<unsigned>(std::clamp<uint64_t>(requests, 1, setting.depth));
+        const uint64_t region_bytes = depth * setting.block_bytes;
         LL_ASSIGN_OR_RETURN(MappedRegion blocks, SlotMemory(region_bytes));
         blocks.Prefault();
-        LL_ASSIGN_OR_RETURN(std::unique_ptr<IoQueue> queue, env->NewIoQueue(IoQueueOptions{setting.depth, 4}));
+        LL_ASSIGN_OR_RETURN(std::unique_ptr<IoQueue> queue, env->NewIoQueue(IoQueueOptions{depth, 4}));
         engines[w] = queue->engine();
         const int buffer_index = queue->RegisterBuffers({{blocks.data(), blocks.size()}}).ok() ? 0 : -1;
         FileOptions fopt;
@@ -890,7 +909,7 @@ Result<ReadLimit> DirectReadLimit(const std::vector<FileDescription>& files, con
         arrived = true;
         go.wait();
         std::vector<size_t> free_blocks;
-        for (size_t b = 0; b < setting.depth; ++b) free_blocks.push_back(b);
+        for (size_t b = 0; b < depth; ++b) free_blocks.push_back(b);
         IoPump pump(queue.get(), [&](const IoCompletion& c) { free_blocks.push_back(static_cast<size_t>(c.tag)); });
         size_t file = 0;
         uint64_t offset = 0;
