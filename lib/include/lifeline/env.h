@@ -148,6 +148,8 @@ class LIFELINE_EXPORT Env {
 
   // The POSIX environment. Never deleted.
   static Env* Default();
+  // `env`, or Default() where it is null (what every option `Env* env = nullptr` means).
+  static Env* OrDefault(Env* env) { return env != nullptr ? env : Default(); }
 
   // Creates (or truncates) a file for writing.
   virtual Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path,

@@ -7,24 +7,23 @@
 
 namespace lifeline {
 namespace {
-Env* Or(Env* env) { return env != nullptr ? env : Env::Default(); }
 }  // namespace
 
 Result<std::vector<CheckpointInfo>> ScanCheckpointDirectory(const std::string& root, Env* env) {
-  return ScanCheckpoints(Or(env), root);
+  return ScanCheckpoints(Env::OrDefault(env), root);
 }
 
-Status CheckCheckpointMetadata(const CheckpointInfo& info, Env* env) { return CheckStepMetadata(Or(env), info); }
+Status CheckCheckpointMetadata(const CheckpointInfo& info, Env* env) { return CheckStepMetadata(Env::OrDefault(env), info); }
 
-Result<std::string> FindMemoryTierOf(const std::string& dir, Env* env) { return FindMemoryTierRoot(Or(env), dir); }
+Result<std::string> FindMemoryTierOf(const std::string& dir, Env* env) { return FindMemoryTierRoot(Env::OrDefault(env), dir); }
 
 Result<std::vector<CheckpointInfo>> ScanMemoryTierOf(const std::string& dir, Env* env) {
-  LL_ASSIGN_OR_RETURN(std::string root, FindMemoryTierRoot(Or(env), dir));
-  return ListTierSteps(Or(env), dir, root);
+  LL_ASSIGN_OR_RETURN(std::string root, FindMemoryTierRoot(Env::OrDefault(env), dir));
+  return ListTierSteps(Env::OrDefault(env), dir, root);
 }
 
 Result<VerifyResult> VerifyCheckpoint(const std::string& root, std::optional<uint64_t> step, Env* env) {
-  LL_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(Or(env), root, step));
+  LL_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(Env::OrDefault(env), root, step));
   VerifyReport report;
   VerifyResult result;
   result.status = reader->Verify(&report);

@@ -253,7 +253,7 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::Open(CheckpointerOptions opt
   std::unique_ptr<Checkpointer> c(new Checkpointer(std::move(options)));
   const CheckpointerOptions& o = c->options_;
   Impl& m = *c->impl_;
-  m.env = o.env != nullptr ? o.env : Env::Default();
+  m.env = Env::OrDefault(o.env);
   m.run_hash = RunHash(o.run_id);
   m.resume_pinned = !o.resume_step.empty();
   m.resume_step = resume_step;

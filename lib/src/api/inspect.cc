@@ -19,7 +19,6 @@
 namespace lifeline {
 namespace {
 
-Env* Or(Env* env) { return env != nullptr ? env : Env::Default(); }
 
 uint64_t StoredLength(const format::CheckpointIndex& m, const format::FragmentInfo& f) {
   uint64_t n = 0;
@@ -65,7 +64,7 @@ uint64_t CheckpointDescription::stored_bytes() const {
 }
 
 Result<CheckpointDescription> DescribeCheckpoint(const std::string& root, std::optional<uint64_t> step, Env* env) {
-  LL_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(Or(env), root, step));
+  LL_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(Env::OrDefault(env), root, step));
   const format::CheckpointIndex& m = reader->manifest();
   CheckpointDescription d;
   d.step = m.step;
@@ -116,7 +115,7 @@ const char* CheckpointStateName(CheckpointState state) {
 }
 
 Result<CheckpointListing> ListCheckpoints(const std::string& dir, Env* env) {
-  env = Or(env);
+  env = Env::OrDefault(env);
   LL_ASSIGN_OR_RETURN(std::vector<CheckpointInfo> disk, ScanCheckpoints(env, dir));
   CheckpointListing listing;
   for (CheckpointInfo& c : disk) listing.checkpoints.push_back({std::move(c), false});
@@ -144,14 +143,14 @@ Result<CheckpointListing> ListCheckpoints(const std::string& dir, Env* env) {
 }
 
 Result<std::optional<std::string>> DescribeSavingLaunch(const std::string& dir, Env* env) {
-  LL_ASSIGN_OR_RETURN(std::optional<SaveLockHolder> holder, FindSaveLockHolder(Or(env), dir));
+  LL_ASSIGN_OR_RETURN(std::optional<SaveLockHolder> holder, FindSaveLockHolder(Env::OrDefault(env), dir));
   if (!holder) return std::optional<std::string>();
   return std::optional<std::string>(holder->Describe());
 }
 
 Result<std::vector<RetentionDecision>> PlanRetention(const std::string& root, const RetentionOptions& options,
                                                      Env* env) {
-  env = Or(env);
+  env = Env::OrDefault(env);
   LL_ASSIGN_OR_RETURN(std::vector<CheckpointInfo> all, ScanCheckpoints(env, root));
   const std::vector<bool> remove = RetentionPlan(all, PolicyFor(env, root, options));
   std::vector<RetentionDecision> plan;
@@ -161,7 +160,7 @@ Result<std::vector<RetentionDecision>> PlanRetention(const std::string& root, co
 }
 
 Status ApplyRetention(const std::string& root, const RetentionOptions& options, Env* env) {
-  env = Or(env);
+  env = Env::OrDefault(env);
   if (options.remove_partial && !options.even_while_saving) {
     LL_ASSIGN_OR_RETURN(std::optional<SaveLockHolder> holder, FindSaveLockHolder(env, root));
     if (holder && (options.saving_run_id.empty() || holder->run_id != options.saving_run_id))

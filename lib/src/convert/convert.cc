@@ -38,7 +38,7 @@ std::vector<int64_t> Zeros(size_t n) { return std::vector<int64_t>(n, 0); }
 
 format::Region WholeRegion(const SourceTensor& t) { return format::RegionOfBox(Zeros(t.shape.size()), t.shape); }
 
-Env* EnvOf(const ConvertOptions& o) { return o.env != nullptr ? o.env : Env::Default(); }
+Env* EnvOf(const ConvertOptions& o) { return Env::OrDefault(o.env); }
 
 // "convert-<pid>-<hex ns>": unique among the runs of this machine, like the CLI's run ids.
 std::string NewConvertRunId() {

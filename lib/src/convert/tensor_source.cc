@@ -436,7 +436,7 @@ bool HasHdf5Signature(Env* env, const std::string& path) {
 }  // namespace
 
 Result<std::unique_ptr<TensorSource>> OpenTensorSource(const std::string& path, const SourceOptions& options) {
-  Env* env = options.env != nullptr ? options.env : Env::Default();
+  Env* env = Env::OrDefault(options.env);
   LL_ASSIGN_OR_RETURN(const EntryType type, env->GetEntryType(path));
   // A link the user names is followed (IsDirectory follows it).
   if (env->IsDirectory(path)) {
