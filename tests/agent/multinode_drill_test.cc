@@ -477,7 +477,9 @@ TEST_F(MultiNodeTest, WithAGroupOfThreeEveryNodeHoldsEveryRankAndResumesFromMemo
   for (const NodeRun& r : runs) {
     ASSERT_EQ(r.exit_code, 0) << r.output;
     for (const auto& a : r.actions)
-      if (a.value("action", "") == "resumed") EXPECT_EQ(a.value("source", ""), "memory") << a.dump();
+      if (a.value("action", "") == "resumed") {
+        EXPECT_EQ(a.value("source", ""), "memory") << a.dump();
+      }
     EXPECT_EQ(Count(r.actions, "action", "resumed"), 1) << Dump(r.actions);
     finals.insert(r.finals.begin(), r.finals.end());
     output += r.output;
@@ -1017,8 +1019,9 @@ TEST_F(MultiNodeTest, RanksKeepingTheirTierWhereTheAgentDoesNotLookAreSaid) {
     ASSERT_EQ(r.exit_code, 0) << r.output;
     ASSERT_EQ(Count(r.actions, "action", "replication_blind"), 1) << Dump(r.actions);
     for (const auto& a : r.actions)
-      if (a.value("action", "") == "replication_blind")
+      if (a.value("action", "") == "replication_blind") {
         EXPECT_NE(a["ranks_tier"].get<std::string>().find("/elsewhere."), std::string::npos) << a.dump();
+      }
     EXPECT_NE(r.output.find("LIFELINE_MEMORY_TIER_DIR differs between the agent and its ranks"), std::string::npos);
   }
 }

@@ -159,7 +159,9 @@ TEST_F(SymlinkTest, ALoadOfTheLatestPassesOverAStepWithAPlantedFifoOrLink) {
   const std::string index = FileOfStep(2, ".index");
   ASSERT_EQ(0, ::rename(index.c_str(), (outside_ + "/moved.index").c_str()));
   for (const std::string& n : ListDir(StepDir(2)))  // the manifest would describe it without the index
-    if (n.find(".manifest") != std::string::npos) ASSERT_EQ(0, ::unlink((StepDir(2) + "/" + n).c_str()));
+    if (n.find(".manifest") != std::string::npos) {
+      ASSERT_EQ(0, ::unlink((StepDir(2) + "/" + n).c_str()));
+    }
   PlantLink(outside_ + "/moved.index", index);
 
   auto ckpt = Checkpointer::Open(Options());

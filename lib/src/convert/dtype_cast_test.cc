@@ -117,7 +117,9 @@ TEST(DTypeCastTest, EveryHalfAndBF16ValueWidensExactly) {
       ASSERT_EQ(static_cast<double>(f), d) << std::hex << b;
       ASSERT_EQ(h, CastOne<uint16_t>(DType::kF32, half, f)) << std::hex << b;
       ASSERT_EQ(h, CastOne<uint16_t>(DType::kF64, half, d)) << std::hex << b;
-      if (half == DType::kBF16) ASSERT_EQ(uint32_t{h} << 16, F32Bits(f)) << std::hex << b;
+      if (half == DType::kBF16) {
+        ASSERT_EQ(uint32_t{h} << 16, F32Bits(f)) << std::hex << b;
+      }
     }
   }
 }
