@@ -13,7 +13,8 @@
 
 namespace lifeline::agent {
 
-std::vector<RankProgress> SummarizeProgress(const Timeline& timeline, int node, uint64_t now_ns) {
+std::vector<RankProgress> SummarizeProgress(const Timeline& timeline, int node, uint64_t now_ns,
+                                            const SampleCursor* after) {
   std::vector<RankProgress> out;
   for (int r = 0; r < timeline.world(); ++r) {
     const RankTimeline& v = timeline.rank(r);
@@ -38,8 +39,15 @@ std::vector<RankProgress> SummarizeProgress(const Timeline& timeline, int node, 
       // Its newest ended collectives on this communicator.
       const std::map<uint64_t, CollectiveRecord>* records = timeline.Collectives(comm);
       if (records == nullptr) continue;
+      uint64_t sent = 0;  // the leader has every ended collective up to this seq
+      bool any_sent = false;
+      if (after != nullptr) {
+        const auto c = after->find({comm, p.rank});
+        if (c != after->end()) sent = c->second, any_sent = true;
+      }
       std::vector<CollectiveSample> samples;
       for (auto it = records->rbegin(); it != records->rend() && samples.size() < kSamplesPerComm; ++it) {
+        if (any_sent && it->first <= sent) break;
         const CollectiveRecord& rec = it->second;
         const size_t i = static_cast<size_t>(r);
         if (i >= rec.end_ns.size() || rec.end_ns[i] == 0 || rec.begin_ns[i] == 0) continue;
@@ -60,6 +68,14 @@ std::vector<RankProgress> SummarizeProgress(const Timeline& timeline, int node, 
   return out;
 }
 
+void AdvanceCursor(const std::vector<RankProgress>& ranks, SampleCursor* cursor) {
+  for (const RankProgress& p : ranks)
+    for (const CollectiveSample& s : p.recent) {
+      const auto [it, fresh] = cursor->try_emplace({s.comm, p.rank}, s.seq);
+      if (!fresh) it->second = std::max(it->second, s.seq);
+    }
+}
+
 int64_t UnixMillisNow() {
   // LIFELINE_TEST_CLOCK_OFFSET_MS shifts this agent's wall clock, as a node whose clock is off
   // would have it (the skew tests; read once).
@@ -72,7 +88,7 @@ int64_t UnixMillisNow() {
          offset;
 }
 
-std::string EncodeProgress(const std::vector<RankProgress>& ranks, int64_t unix_ms) {
+std::string EncodeProgressJson(const std::vector<RankProgress>& ranks, int64_t unix_ms) {
   nlohmann::json out = nlohmann::json::array();
   for (const RankProgress& p : ranks) {
     nlohmann::json comms = nlohmann::json::object();
@@ -131,13 +147,17 @@ uint32_t CommId(const std::string& key) {
 
 }  // namespace
 
-Result<std::vector<RankProgress>> DecodeProgress(std::string_view text, const std::string& what, int64_t now_unix_ms) {
+namespace {
+
+// The JSON summary of §17.1, ages as written (no transit).
+Result<SummaryFrame> DecodeJson(std::string_view text, const std::string& what) {
   const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return Status::Corruption(what, "not a progress summary of lifeline-agent");
-  std::vector<RankProgress> out;
+  SummaryFrame frame;
+  std::vector<RankProgress>& out = frame.ranks;
   try {
-    const int64_t t = Int(j.at("t"), 0, kMaxTime, "t");
-    const double transit = now_unix_ms > t ? static_cast<double>(now_unix_ms - t) * 1e-3 : 0;
+    frame.unix_ms = Int(j.at("t"), 0, kMaxTime, "t");
+    constexpr double transit = 0;
     for (const nlohmann::json& r : Array(j.at("r"), 0, "r")) {
       Array(r, 6, "a rank");
       RankProgress p;
@@ -177,7 +197,258 @@ Result<std::vector<RankProgress>> DecodeProgress(std::string_view text, const st
   } catch (const std::exception& e) {
     return Status::Corruption(what, std::string("not a progress summary of lifeline-agent: ") + e.what());
   }
+  return frame;
+}
+
+
+// The binary summary (§17): LEB128 varints, zigzag for the signed ones.
+constexpr char kMagic[4] = {'L', 'L', 'S', '\x02'};
+
+void PutVarint(std::string* out, uint64_t v) {
+  while (v >= 0x80) {
+    out->push_back(static_cast<char>((v & 0x7f) | 0x80));
+    v >>= 7;
+  }
+  out->push_back(static_cast<char>(v));
+}
+
+uint64_t ZigZag(int64_t v) { return (static_cast<uint64_t>(v) << 1) ^ static_cast<uint64_t>(v >> 63); }
+int64_t UnZigZag(uint64_t v) { return static_cast<int64_t>(v >> 1) ^ -static_cast<int64_t>(v & 1); }
+
+// Microseconds or milliseconds of an age, as written: never negative, at most kMaxTime.
+uint64_t Units(double seconds, double per_second) {
+  const double v = seconds * per_second;
+  if (!(v > 0)) return 0;
+  return v >= static_cast<double>(kMaxTime) ? static_cast<uint64_t>(kMaxTime) : static_cast<uint64_t>(v);
+}
+
+class WireReader {
+ public:
+  explicit WireReader(std::string_view bytes) : p_(bytes) {}
+  uint64_t Varint(const char* field) {
+    uint64_t v = 0;
+    for (int shift = 0;; shift += 7) {
+      if (p_.empty()) throw Refused(std::string(field) + " runs past the end");
+      const uint8_t b = static_cast<uint8_t>(p_[0]);
+      p_.remove_prefix(1);
+      if (shift == 63 && b > 1) throw Refused(std::string(field) + " is not a 64-bit varint");
+      v |= static_cast<uint64_t>(b & 0x7f) << shift;
+      if ((b & 0x80) == 0) return v;
+      if (shift == 63) throw Refused(std::string(field) + " is not a 64-bit varint");
+    }
+  }
+  uint64_t Upto(uint64_t hi, const char* field) {
+    const uint64_t v = Varint(field);
+    if (v > hi) throw Refused(std::string(field) + " " + std::to_string(v) + " is out of range");
+    return v;
+  }
+  // A count of entries each at least `min_bytes` long: no more than the bytes left can hold.
+  size_t Count(size_t min_bytes, const char* field) {
+    const uint64_t n = Varint(field);
+    if (n > p_.size() / min_bytes) throw Refused(std::string(field) + " " + std::to_string(n) + " exceeds the bytes left");
+    return static_cast<size_t>(n);
+  }
+  bool done() const { return p_.empty(); }
+
+ private:
+  std::string_view p_;
+};
+
+SummaryFrame DecodeBinary(std::string_view bytes) {
+  WireReader in(bytes.substr(sizeof(kMagic)));
+  SummaryFrame frame;
+  frame.number = in.Varint("number");
+  frame.base = in.Varint("base");
+  frame.unix_ms = static_cast<int64_t>(in.Upto(kMaxTime, "t"));
+  const size_t ranks = in.Count(7, "ranks");
+  frame.ranks.reserve(ranks);
+  for (size_t k = 0; k < ranks; ++k) {
+    RankProgress p;
+    p.rank = static_cast<int>(in.Upto(INT32_MAX, "rank"));
+    p.node = static_cast<int>(in.Upto(INT32_MAX, "node"));
+    p.alive = in.Upto(1, "alive") != 0;
+    p.step = std::max<int64_t>(-1, UnZigZag(in.Varint("step")));
+    p.silent_seconds = static_cast<double>(in.Upto(kMaxTime, "silent_ms")) * 1e-3;
+    const size_t comms = in.Count(6, "communicators");
+    for (size_t c = 0; c < comms; ++c) {
+      const uint32_t id = static_cast<uint32_t>(in.Upto(UINT32_MAX, "communicator id"));
+      CommProgress cp;
+      cp.begun = in.Varint("begun");
+      cp.open = std::max<int64_t>(-1, UnZigZag(in.Varint("open")));
+      cp.posted = in.Upto(1, "posted") != 0;
+      cp.op = static_cast<int>(in.Upto(UINT16_MAX, "op"));
+      const double open_ms = static_cast<double>(in.Upto(kMaxTime, "open_ms"));
+      cp.open_seconds = cp.open >= 0 ? open_ms * 1e-3 : 0;
+      p.comms[id] = cp;
+    }
+    const size_t samples = in.Count(6, "collectives");
+    p.recent.reserve(samples);
+    uint64_t seq = 0;
+    for (size_t c = 0; c < samples; ++c) {
+      CollectiveSample x;
+      x.comm = static_cast<uint32_t>(in.Upto(UINT32_MAX, "comm"));
+      seq += in.Varint("seq");  // the difference to the one before, modulo 2^64
+      x.seq = seq;
+      x.op = static_cast<int>(in.Upto(UINT16_MAX, "op"));
+      const int64_t begin = static_cast<int64_t>(in.Upto(kMaxTime, "begin_us"));
+      // Posted and ended: how long after it began, in µs (zigzag; the post's plus 1, 0: none).
+      auto after_begin = [&](uint64_t zigzag, const char* field) {
+        const int64_t d = UnZigZag(zigzag);
+        if (d < -kMaxTime || d > kMaxTime || begin - d < 0 || begin - d > kMaxTime)
+          throw Refused(std::string(field) + " is out of range");
+        return static_cast<double>(begin - d) * 1e-6;
+      };
+      x.begin_ago = static_cast<double>(begin) * 1e-6;
+      const uint64_t posted = in.Varint("posted_us");
+      x.posted_ago = posted == 0 ? -1 : after_begin(posted - 1, "posted_us");
+      x.end_ago = after_begin(in.Varint("end_us"), "end_us");
+      p.recent.push_back(x);
+    }
+    frame.ranks.push_back(std::move(p));
+  }
+  if (!in.done()) throw Refused("bytes after the last rank");
+  return frame;
+}
+
+// Every age of rank `p` older by `seconds`, the summary's own too.
+void Age(RankProgress& p, double seconds) {
+  p.silent_seconds += seconds;
+  p.summary_age_seconds += seconds;
+  for (auto& [comm, c] : p.comms)
+    if (c.open >= 0) c.open_seconds += seconds;
+  for (CollectiveSample& s : p.recent) {
+    s.begin_ago += seconds;
+    s.end_ago += seconds;
+    if (s.posted_ago >= 0) s.posted_ago += seconds;
+  }
+}
+
+void Age(std::vector<RankProgress>* ranks, double seconds) {
+  if (seconds <= 0) return;
+  for (RankProgress& p : *ranks) Age(p, seconds);
+}
+
+double Transit(int64_t written_ms, int64_t now_ms) {
+  return now_ms > written_ms ? static_cast<double>(now_ms - written_ms) * 1e-3 : 0;
+}
+
+}  // namespace
+
+std::string EncodeProgress(const std::vector<RankProgress>& ranks, int64_t unix_ms, uint64_t number, uint64_t base) {
+  std::string out(kMagic, sizeof(kMagic));
+  out.reserve(32 + ranks.size() * 64);
+  PutVarint(&out, number);
+  PutVarint(&out, base);
+  PutVarint(&out, static_cast<uint64_t>(std::clamp<int64_t>(unix_ms, 0, kMaxTime)));
+  PutVarint(&out, ranks.size());
+  for (const RankProgress& p : ranks) {
+    PutVarint(&out, static_cast<uint64_t>(std::max(0, p.rank)));
+    PutVarint(&out, static_cast<uint64_t>(std::max(0, p.node)));
+    out.push_back(p.alive ? 1 : 0);
+    PutVarint(&out, ZigZag(std::max<int64_t>(-1, p.step)));
+    PutVarint(&out, Units(p.silent_seconds, 1e3));
+    PutVarint(&out, p.comms.size());
+    for (const auto& [comm, c] : p.comms) {
+      PutVarint(&out, comm);
+      PutVarint(&out, c.begun);
+      PutVarint(&out, ZigZag(std::max<int64_t>(-1, c.open)));
+      out.push_back(c.posted ? 1 : 0);
+      PutVarint(&out, static_cast<uint64_t>(std::clamp(c.op, 0, 65535)));
+      PutVarint(&out, c.open >= 0 ? Units(c.open_seconds, 1e3) : 0);
+    }
+    PutVarint(&out, p.recent.size());
+    uint64_t seq = 0;
+    for (const CollectiveSample& s : p.recent) {
+      PutVarint(&out, s.comm);
+      PutVarint(&out, s.seq - seq);
+      seq = s.seq;
+      PutVarint(&out, static_cast<uint64_t>(std::clamp(s.op, 0, 65535)));
+      const int64_t begin = static_cast<int64_t>(Units(s.begin_ago, 1e6));
+      PutVarint(&out, static_cast<uint64_t>(begin));
+      PutVarint(&out, s.posted_ago < 0 ? 0 : ZigZag(begin - static_cast<int64_t>(Units(s.posted_ago, 1e6))) + 1);
+      PutVarint(&out, ZigZag(begin - static_cast<int64_t>(Units(s.end_ago, 1e6))));
+    }
+  }
   return out;
+}
+
+uint64_t SummaryNumber(std::string_view bytes) {
+  if (bytes.size() <= sizeof(kMagic) || bytes.substr(0, sizeof(kMagic)) != std::string_view(kMagic, sizeof(kMagic)))
+    return 0;
+  try {
+    return WireReader(bytes.substr(sizeof(kMagic))).Varint("number");
+  } catch (const Refused&) {
+    return 0;
+  }
+}
+
+Result<SummaryFrame> DecodeSummary(std::string_view bytes, const std::string& what, int64_t now_unix_ms) {
+  Result<SummaryFrame> frame = Status::Corruption(what, "not a progress summary of lifeline-agent");
+  if (bytes.size() >= sizeof(kMagic) && bytes.substr(0, sizeof(kMagic)) == std::string_view(kMagic, sizeof(kMagic))) {
+    try {
+      frame = DecodeBinary(bytes);
+    } catch (const std::exception& e) {
+      return Status::Corruption(what, std::string("not a progress summary of lifeline-agent: ") + e.what());
+    }
+  } else {
+    frame = DecodeJson(bytes, what);
+  }
+  if (frame.ok()) Age(&frame->ranks, Transit(frame->unix_ms, now_unix_ms));
+  return frame;
+}
+
+Result<std::vector<RankProgress>> DecodeProgress(std::string_view bytes, const std::string& what, int64_t now_unix_ms) {
+  LL_ASSIGN_OR_RETURN(SummaryFrame frame, DecodeSummary(bytes, what, now_unix_ms));
+  return std::move(frame.ranks);
+}
+
+void SummaryMerger::Merge(const std::string& node, SummaryFrame frame, int64_t read_unix_ms) {
+  Node& n = nodes_[node];
+  if (frame.base != 0 && frame.number != 0 && frame.number <= n.number) return;  // had it already
+  if (frame.base == 0 || n.ranks.empty()) {
+    if (frame.base != 0) ++gaps_;
+    n.number = frame.number;
+    n.read_unix_ms = read_unix_ms;
+    n.ranks = std::move(frame.ranks);
+    return;
+  }
+  if (frame.base > n.number) ++gaps_;  // the summaries between were not merged: their collectives are missed
+  // What the node held, aged to this read; each rank's window extended by the new collectives.
+  Age(&n.ranks, Transit(n.read_unix_ms, read_unix_ms));
+  std::map<int, std::vector<CollectiveSample>*> held;
+  for (RankProgress& p : n.ranks) held[p.rank] = &p.recent;
+  for (RankProgress& p : frame.ranks) {
+    const auto it = held.find(p.rank);
+    if (it == held.end()) continue;
+    std::vector<CollectiveSample>& old = *it->second;
+    // Per communicator, oldest first: the old window, then what is newer; the newest kSamplesPerComm.
+    std::map<uint32_t, std::vector<CollectiveSample>> by_comm;
+    for (const CollectiveSample& s : old) by_comm[s.comm].push_back(s);
+    for (const CollectiveSample& s : p.recent) {
+      std::vector<CollectiveSample>& w = by_comm[s.comm];
+      if (w.empty() || s.seq > w.back().seq) w.push_back(s);
+    }
+    std::vector<CollectiveSample> merged;
+    for (auto& [comm, w] : by_comm) {
+      const size_t from = w.size() > kSamplesPerComm ? w.size() - kSamplesPerComm : 0;
+      merged.insert(merged.end(), w.begin() + static_cast<std::ptrdiff_t>(from), w.end());
+    }
+    p.recent = std::move(merged);
+  }
+  n.number = frame.number;
+  n.read_unix_ms = read_unix_ms;
+  n.ranks = std::move(frame.ranks);
+}
+
+void SummaryMerger::View(int64_t now_unix_ms, std::vector<RankProgress>* out) const {
+  out->clear();
+  for (const auto& [node, n] : nodes_) {
+    const size_t from = out->size();
+    out->insert(out->end(), n.ranks.begin(), n.ranks.end());
+    const double later = Transit(n.read_unix_ms, now_unix_ms);
+    if (later > 0)
+      for (size_t k = from; k < out->size(); ++k) Age((*out)[k], later);
+  }
 }
 
 }  // namespace lifeline::agent

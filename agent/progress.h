@@ -13,6 +13,7 @@
 #include <map>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "agent/timeline.h"
@@ -53,15 +54,69 @@ struct RankProgress {
 
 inline constexpr size_t kSamplesPerComm = 32;
 
-// The progress of `timeline`'s ranks at `now_ns`, as node `node` of the job.
-std::vector<RankProgress> SummarizeProgress(const Timeline& timeline, int node, uint64_t now_ns);
+// Where a node's summaries to the leader stand: per (communicator, global rank) the newest seq of
+// an ended collective the leader has been sent.
+using SampleCursor = std::map<std::pair<uint32_t, int>, uint64_t>;
 
-// Compact JSON stamped with the wall-clock time `unix_ms`, and back: the ages in a summary read
-// at `now_unix_ms` grow by the time it spent in transit (clocks of the nodes assumed in step, as
-// NTP keeps them to milliseconds; never negative). Corruption naming `what` for text that is not
-// a summary or holds a value outside the bounds of formats/SPEC.md §17 (the format, field by field).
-std::string EncodeProgress(const std::vector<RankProgress>& ranks, int64_t unix_ms);
-Result<std::vector<RankProgress>> DecodeProgress(std::string_view text, const std::string& what, int64_t now_unix_ms);
+// The progress of `timeline`'s ranks at `now_ns`, as node `node` of the job; with `after`, only the
+// ended collectives newer than it (what the leader has not been sent yet: issue 36, "only what
+// changed"). Every rank's state (step, silence, communicators) is in each summary, whole.
+std::vector<RankProgress> SummarizeProgress(const Timeline& timeline, int node, uint64_t now_ns,
+                                            const SampleCursor* after = nullptr);
+
+// `cursor` moved past the collectives `ranks` carry.
+void AdvanceCursor(const std::vector<RankProgress>& ranks, SampleCursor* cursor);
+
+// One summary as sent (formats/SPEC.md §17): its ranks, numbered by the sender (1, 2, ... per
+// agent), and the summary it follows (`base`: the collectives are those after the ones summary
+// `base` carried; 0: a whole window, a summary that stands alone).
+struct SummaryFrame {
+  uint64_t number = 0;
+  uint64_t base = 0;
+  int64_t unix_ms = 0;  // when it was written, by the writer's wall clock
+  std::vector<RankProgress> ranks;
+};
+
+// The binary summary of §17 stamped with the wall-clock time `unix_ms`, and back: the ages in a
+// summary read at `now_unix_ms` grow by the time it spent in transit (clocks of the nodes assumed in
+// step, as NTP keeps them to milliseconds; never negative). Corruption naming `what` for bytes that
+// are not a summary or hold a value outside the bounds of §17 (the format, field by field). The
+// reader also takes the JSON summaries agents wrote before (§17.1), as number 0, base 0.
+std::string EncodeProgress(const std::vector<RankProgress>& ranks, int64_t unix_ms, uint64_t number = 0,
+                           uint64_t base = 0);
+Result<SummaryFrame> DecodeSummary(std::string_view bytes, const std::string& what, int64_t now_unix_ms);
+Result<std::vector<RankProgress>> DecodeProgress(std::string_view bytes, const std::string& what, int64_t now_unix_ms);
+// The number of the summary `bytes` (0 when it is not a binary summary), without decoding it.
+uint64_t SummaryNumber(std::string_view bytes);
+// The JSON summary of §17.1, as agents wrote it before issue 36 (lifeline-etcd-load replays them).
+std::string EncodeProgressJson(const std::vector<RankProgress>& ranks, int64_t unix_ms);
+
+// The leader's copy of every node's summaries: a summary that follows another (`base`) adds its
+// collectives to the window the node's earlier ones left (at most kSamplesPerComm per rank and
+// communicator, each collective once); one that stands alone replaces it. What the leader's
+// job-wide view reads, as if each node had sent its whole window each time.
+//
+// Thread safety: none; the agent's loop.
+class SummaryMerger {
+ public:
+  // `frame` of node `node` as DecodeSummary read it at `read_unix_ms`.
+  void Merge(const std::string& node, SummaryFrame frame, int64_t read_unix_ms);
+  // Every node's ranks, ages as of `now_unix_ms` (nodes in the order of their names).
+  void View(int64_t now_unix_ms, std::vector<RankProgress>* out) const;
+  void Clear() { nodes_.clear(); }
+  size_t nodes() const { return nodes_.size(); }
+  // Summaries merged whose base this copy did not hold (collectives missed: the sender reconnected).
+  uint64_t gaps() const { return gaps_; }
+
+ private:
+  struct Node {
+    uint64_t number = 0;
+    int64_t read_unix_ms = 0;  // the ages below are as of this time
+    std::vector<RankProgress> ranks;
+  };
+  std::map<std::string, Node> nodes_;
+  uint64_t gaps_ = 0;
+};
 
 // Milliseconds since the Unix epoch, now, by this node's clock (shifted by
 // LIFELINE_TEST_CLOCK_OFFSET_MS when set: the skew tests' way to give a node a clock that is off).

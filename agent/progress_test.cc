@@ -1,6 +1,7 @@
 // The progress summary a node publishes for the job-wide view: what it says of a timeline, that it
-// survives its own encoding, and that it refuses what is not one and every value the encoder
-// would not write (formats/SPEC.md §17).
+// survives its own encoding, that it refuses what is not one and every value the encoder would not
+// write (formats/SPEC.md §17), and that summaries of only what changed, merged by the leader, give
+// the view whole summaries would.
 #include "agent/progress.h"
 
 #include <gtest/gtest.h>
@@ -138,6 +139,123 @@ TEST(ProgressTest, ReadsWhatItCanAndIgnoresWhatItDoesNotKnow) {
   EXPECT_DOUBLE_EQ(p.recent[0].end_ago, 1125899906.842624);
   EXPECT_EQ((*r)[1].step, 2);
   EXPECT_TRUE((*r)[1].recent.empty());
+}
+
+// A timeline of one rank (global rank 8) on communicator 3 whose collectives 1..n ended, each
+// begun at 100 ms x seq, posted 1 ms and ended 5 ms later.
+void EndCollectives(Timeline* t, uint64_t from, uint64_t to) {
+  for (uint64_t seq = from; seq <= to; ++seq) {
+    t->Apply(0, Coll(EventType::kCollectiveBegin, 100 * seq, seq, 3));
+    t->Apply(0, Coll(EventType::kCollectivePosted, 100 * seq + 1, seq, 3));
+    t->Apply(0, Coll(EventType::kCollectiveEnd, 100 * seq + 5, seq, 3));
+  }
+}
+
+TEST(ProgressTest, BinarySummaryIsSmallAndEveryCutOrStrayByteOfItIsCorruption) {
+  Timeline t;
+  t.Reset(1, /*rank_base=*/8);
+  EndCollectives(&t, 1, 40);
+  const std::vector<RankProgress> p = SummarizeProgress(t, /*node=*/1, 4100 * kMs);
+  ASSERT_EQ(p[0].recent.size(), kSamplesPerComm);
+  const std::string bytes = EncodeProgress(p, 1'000'000, /*number=*/5, /*base=*/4);
+  // 32 collectives of 6 numbers: about 10 bytes each (the JSON of §17.1 took about 34).
+  EXPECT_LT(bytes.size(), 32u * 11 + 40) << bytes.size();
+  EXPECT_GT(EncodeProgressJson(p, 1'000'000).size(), bytes.size() * 3) << bytes.size();
+  EXPECT_EQ(SummaryNumber(bytes), 5u);
+  auto whole = DecodeSummary(bytes, "summary of node n", 1'000'000);
+  ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+  EXPECT_EQ(whole->number, 5u);
+  EXPECT_EQ(whole->base, 4u);
+  ASSERT_EQ(whole->ranks.size(), 1u);
+  ASSERT_EQ(whole->ranks[0].recent.size(), kSamplesPerComm);
+  EXPECT_EQ(whole->ranks[0].recent.front().seq, 9u);
+  EXPECT_NEAR(whole->ranks[0].recent.back().end_ago, 4.100 - 4.005, 1e-9);
+  EXPECT_NEAR(whole->ranks[0].recent.back().posted_ago, 4.100 - 4.001, 1e-9);
+  for (size_t cut = 0; cut < bytes.size(); ++cut) {
+    auto r = DecodeSummary(bytes.substr(0, cut), "summary of node n", 0);
+    ASSERT_FALSE(r.ok()) << "accepted the first " << cut << " bytes";
+    EXPECT_TRUE(r.status().IsCorruption()) << r.status().ToString();
+    EXPECT_NE(r.status().ToString().find("summary of node n"), std::string::npos) << r.status().ToString();
+  }
+  EXPECT_FALSE(DecodeSummary(bytes + '\0', "n", 0).ok());
+  // A count beyond what the bytes left could hold is refused before anything is allocated for it.
+  std::string huge("LLS\x02\x01\x00\x01", 7);
+  huge += std::string("\xff\xff\xff\xff\x0f", 5);
+  auto r = DecodeSummary(huge, "n", 0);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().ToString().find("ranks"), std::string::npos) << r.status().ToString();
+  // Values the encoder would not write: alive 2, an op beyond 16 bits, a varint of 11 bytes.
+  const std::string head("LLS\x02\x01\x00\x01\x01", 8);  // number 1, base 0, t 1, one rank
+  const std::string rank("\x00\x00\x01\x01\x00", 5);       // rank 0, node 0, alive, step -1, silent 0
+  ASSERT_TRUE(DecodeSummary(head + rank + std::string("\x00\x00", 2), "n", 0).ok());
+  for (const std::string& bad : {head + std::string("\x00\x00\x02\x01\x00\x00\x00", 7),
+                                 head + rank + std::string("\x01\x00\x00\x01\x00\x80\x80\x04\x00\x00", 10),
+                                 std::string("LLS\x02\xff\xff\xff\xff\xff\xff\xff\xff\xff\x7f\x00\x01\x00", 17)}) {
+    auto b = DecodeSummary(bad, "n", 0);
+    EXPECT_FALSE(b.ok()) << testing::PrintToString(bad);
+  }
+}
+
+TEST(ProgressTest, SummaryOfOnlyWhatChangedMergedGivesTheWholeWindow) {
+  Timeline t;
+  t.Reset(1, /*rank_base=*/8);
+  EndCollectives(&t, 1, 20);
+  // The first summary: all 20; the second follows it and carries 21..30 only.
+  const std::vector<RankProgress> first = SummarizeProgress(t, 1, 2100 * kMs);
+  ASSERT_EQ(first[0].recent.size(), 20u);
+  SampleCursor cursor;
+  AdvanceCursor(first, &cursor);
+  EXPECT_EQ(cursor.at({3u, 8}), 20u);
+  EndCollectives(&t, 21, 30);
+  const std::vector<RankProgress> second = SummarizeProgress(t, 1, 3100 * kMs, &cursor);
+  ASSERT_EQ(second[0].recent.size(), 10u);
+  EXPECT_EQ(second[0].recent.front().seq, 21u);
+  EXPECT_EQ(second[0].comms.at(3).begun, 30u);  // the rank's state is whole in each
+
+  // The leader reads the first at 2.1 s + 0.2 s, the second 0.3 s after it was written.
+  SummaryMerger merger;
+  merger.Merge("summary of node n", *DecodeSummary(EncodeProgress(first, 2100, 1, 0), "n", 2300), 2300);
+  merger.Merge("summary of node n", *DecodeSummary(EncodeProgress(second, 3100, 2, 1), "n", 3400), 3400);
+  merger.Merge("summary of node n", *DecodeSummary(EncodeProgress(second, 3100, 2, 1), "n", 3400), 3400);  // again: no effect
+  std::vector<RankProgress> view;
+  merger.View(/*now_unix_ms=*/3500, &view);
+  const std::vector<RankProgress> whole = SummarizeProgress(t, 1, 3500 * kMs);  // all of it, at the view's time
+  ASSERT_EQ(view.size(), 1u);
+  ASSERT_EQ(view[0].recent.size(), kSamplesPerComm - 2);  // 30 collectives ended: all of them
+  ASSERT_EQ(whole[0].recent.size(), view[0].recent.size());
+  for (size_t k = 0; k < whole[0].recent.size(); ++k) {
+    EXPECT_EQ(view[0].recent[k].seq, whole[0].recent[k].seq);
+    EXPECT_NEAR(view[0].recent[k].begin_ago, whole[0].recent[k].begin_ago, 2e-6);
+    EXPECT_NEAR(view[0].recent[k].posted_ago, whole[0].recent[k].posted_ago, 2e-6);
+    EXPECT_NEAR(view[0].recent[k].end_ago, whole[0].recent[k].end_ago, 2e-6);
+  }
+  EXPECT_NEAR(view[0].summary_age_seconds, 0.4, 1e-9);  // the second, written at 3.1 s
+  EXPECT_NEAR(view[0].silent_seconds, whole[0].silent_seconds, 1e-3);
+  EXPECT_EQ(merger.gaps(), 0u);
+
+  // More than a window later: the oldest fall out, the newest kSamplesPerComm stay.
+  SampleCursor after_second = cursor;
+  AdvanceCursor(second, &after_second);
+  EndCollectives(&t, 31, 45);
+  const std::vector<RankProgress> third = SummarizeProgress(t, 1, 4600 * kMs, &after_second);
+  merger.Merge("summary of node n", *DecodeSummary(EncodeProgress(third, 4600, 3, 2), "n", 4600), 4600);
+  merger.View(4600, &view);
+  ASSERT_EQ(view[0].recent.size(), kSamplesPerComm);
+  EXPECT_EQ(view[0].recent.front().seq, 45u - kSamplesPerComm + 1);
+  EXPECT_EQ(view[0].recent.back().seq, 45u);
+
+  // A summary that follows one the leader never merged (the sender's connection was replaced):
+  // counted as a gap; a whole one (base 0) then replaces what the leader held.
+  merger.Merge("summary of node n", *DecodeSummary(EncodeProgress(third, 4700, 9, 7), "n", 4700), 4700);
+  EXPECT_EQ(merger.gaps(), 1u);
+  merger.Merge("summary of node n", *DecodeSummary(EncodeProgress(first, 4800, 1, 0), "n", 4800), 4800);
+  merger.View(4800, &view);
+  EXPECT_EQ(view[0].recent.size(), 20u);
+  // Nodes are kept apart by name.
+  merger.Merge("summary of node m", *DecodeSummary(EncodeProgress(first, 4800, 1, 0), "m", 4800), 4800);
+  merger.View(4800, &view);
+  EXPECT_EQ(view.size(), 2u);
+  EXPECT_EQ(merger.nodes(), 2u);
 }
 
 }  // namespace progress_test

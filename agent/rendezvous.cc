@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <iterator>
 #include <map>
 #include <set>
 #include <utility>
@@ -12,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "agent/launcher.h"
+#include "agent/progress.h"
 #include "agent/resume.h"
 
 namespace lifeline::agent {
@@ -737,6 +739,9 @@ RendezvousNews Rendezvous::TakeNews() {
   std::lock_guard<std::mutex> lock(mu_);
   RendezvousNews out = news_;
   out.summary_errors = summaries_->ErrorsSince(&summary_errors_seen_);
+  // A summary acknowledged on a connection since replaced is not the new connection's; one the
+  // leader took for its own, not another leader's.
+  out.progress_acked = (acked_.first == 0 ? out.leader : acked_.first == sender_->connections()) ? acked_.second : 0;
   news_.round.reset();
   news_.lost_nodes.clear();
   news_.lost_how.clear();
@@ -830,19 +835,18 @@ void Rendezvous::Watch() {
         if (it != summary_to_.end()) to = it->second;
       }
       if (!summary.empty() && !leader && to.second != 0 &&
-          sender_->Send(to.first, static_cast<uint16_t>(to.second), mine, summary, 1.0, last_renewal).ok())
+          sender_->Send(to.first, static_cast<uint16_t>(to.second), mine, summary, 1.0, last_renewal).ok()) {
         last_leader_contact = Clock::now();  // a failed one: the next retries
+        std::lock_guard<std::mutex> lock(mu_);
+        acked_ = {sender_->connections(), SummaryNumber(summary)};
+      }
       if (leader) {
         std::vector<EtcdKeyValue> all;
-        for (ReceivedSummary& r : summaries_->Summaries(mine)) {
-          if (r.summary.empty()) continue;  // connected, nothing sent yet
-          EtcdKeyValue kv;
-          kv.key = "summary of node " + r.node;
-          kv.value = std::move(r.summary);
-          all.push_back(std::move(kv));
-        }
+        for (ReceivedSummary& r : summaries_->TakeSummaries(mine))
+          for (std::string& frame : r.frames_pending) all.push_back({"summary of node " + r.node, std::move(frame)});
         std::lock_guard<std::mutex> lock(mu_);
         if (!own_summary_.empty()) all.push_back({"summary of node " + node_id_, own_summary_});
+        acked_ = {0, SummaryNumber(own_summary_)};  // its own: the leader has each at once
         progress = std::move(all);
       }
     }
@@ -918,7 +922,9 @@ void Rendezvous::Watch() {
         if (now_leader && !leader_) leading_since_ = Clock::now();
         leader_ = now_leader;
         news_.leader = leader_;
-        if (progress) news_.progress = std::move(*progress);
+        if (progress)  // appended: the frames of a summary are merged in order, none skipped
+          news_.progress.insert(news_.progress.end(), std::make_move_iterator(progress->begin()),
+                                std::make_move_iterator(progress->end()));
         // Judged only once the mirror holds the entries (it follows them from the moment this
         // node leads).
         if (leader && !refocus) {

@@ -139,8 +139,12 @@ struct RoundPlan {
 struct RendezvousNews {
   std::optional<uint64_t> round;          // the job moved to this round (past the agent's)
   bool leader = false;                    // this node runs the job-wide detectors of its round
-  std::vector<EtcdKeyValue> progress;     // the leader's: every node's newest progress summary (key:
-                                          // "summary of node <id>", value: the summary)
+  std::vector<EtcdKeyValue> progress;     // the leader's: the progress summaries that came, each
+                                          // node's oldest first (key: "summary of node <id>")
+  // The number of this node's newest summary the leader has (on the connection open now; the
+  // leader: its own newest), 0: none. Not news but the state now: the next summary carries only
+  // what came after that one (agent/progress.h).
+  uint64_t progress_acked = 0;
   std::string give_up;                    // the job ended: why
   std::vector<std::string> lost_nodes;    // the leader's: nodes of its round found gone...
   std::map<std::string, std::string> lost_how;  // ...and how, for those not found by their lease
@@ -279,6 +283,9 @@ class Rendezvous {
   std::chrono::steady_clock::time_point leader_missing_since_{};  // the watcher's own
   std::optional<uint64_t> leader_seen_round_;  // the watcher's own: the round in which it saw a leader
   std::chrono::steady_clock::time_point leading_since_{};  // the watcher's own: when it began to lead its round
+  // This node's newest summary the leader has: (the sender's connection it went on, 0: this node
+  // leads; its number).
+  std::pair<uint64_t, uint64_t> acked_{0, 0};  // GUARDED_BY(mu_)
   std::optional<uint64_t> connected_to_leader_round_;     // the watcher's own: the round whose leader it said hello to
   std::optional<uint64_t> isolated_round_;                // the watcher's own: the round it said it was cut off in
   // Whether this node is cut off (RendezvousNews::isolated): why, or "".

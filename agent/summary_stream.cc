@@ -90,8 +90,25 @@ std::vector<ReceivedSummary> SummaryReceiver::Summaries(uint64_t round, bool wit
     // Named: positional, the frame count once landed in etcd_age (the field between), and a leader
     // cut off from etcd misjudged when the others had last reached it.
     ReceivedSummary light{.node = s.node, .summary = {}, .received = s.received, .connected = s.connected,
-                          .etcd_age = s.etcd_age, .frames = s.frames, .wire_bytes = s.wire_bytes};
+                          .etcd_age = s.etcd_age, .frames = s.frames, .wire_bytes = s.wire_bytes,
+                          .frames_pending = {}, .frames_dropped = s.frames_dropped};
     out.push_back(std::move(light));
+  }
+  return out;
+}
+
+std::vector<ReceivedSummary> SummaryReceiver::TakeSummaries(uint64_t round) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<ReceivedSummary> out;
+  const auto it = by_round_.find(round);
+  if (it == by_round_.end()) return out;
+  for (auto& [node, s] : it->second) {
+    if (s.frames_pending.empty()) continue;
+    ReceivedSummary taken{.node = s.node, .summary = {}, .received = s.received, .connected = s.connected,
+                          .etcd_age = s.etcd_age, .frames = s.frames, .wire_bytes = s.wire_bytes,
+                          .frames_pending = std::move(s.frames_pending), .frames_dropped = s.frames_dropped};
+    s.frames_pending.clear();
+    out.push_back(std::move(taken));
   }
   return out;
 }
@@ -162,6 +179,12 @@ void SummaryReceiver::Run() {
     ReceivedSummary& s = by_round_[p.round][p.node];
     s.node = p.node;
     s.summary = plain;
+    // Kept until the leader takes them: a summary may carry only what the one before it did not.
+    if (s.frames_pending.size() >= kMaxPendingSummaries) {
+      s.frames_pending.erase(s.frames_pending.begin());
+      ++s.frames_dropped;
+    }
+    s.frames_pending.push_back(std::move(plain));
     s.received = Clock::now();
     s.connected = true;
     s.etcd_age = etcd_age / 10.0;
@@ -375,6 +398,7 @@ Status SummarySender::ConnectLocked(const std::string& host, uint16_t port, uint
       }
       fd_ = fd;
       to_ = to;
+      ++connections_;
       wire_bytes_ += hello_frame.size();
     }
   }

@@ -9,14 +9,15 @@
 //   u8   kind: 1 hello, 2 summary
 //   hello:   the text "<job>\n<round>\n<node id>" (the first frame, once per connection)
 //   summary: u8 how long ago the sender last renewed its etcd lease, in tenths of a second (255:
-//            that long or longer), then the summary text (formats/SPEC.md §17) compressed with
-//            zstd, one zstd frame
+//            that long or longer), then the summary (formats/SPEC.md §17) compressed with zstd,
+//            one zstd frame
 // Each summary is answered with one byte: how long ago the leader last renewed its lease, in the
 // same tenths. So a node cut off from etcd can tell whether it alone is (the others renewed after it
 // could not: it stops its ranks before its lease runs out) or etcd is away for all (it goes on).
 // A frame that breaks these rules closes its connection, naming the peer in
-// `errors()`; the receiver keeps each node's newest summary for its round, when it came, and
-// whether the node's connection is open (what the leader needs to notice a node gone quiet).
+// `errors()`; the receiver keeps each node's summaries for its round until the leader takes them
+// (a summary may carry only what the one before it did not), when the newest came, and whether the
+// node's connection is open (what the leader needs to notice a node gone quiet).
 //
 // Thread safety: both are thread-safe; the receiver runs one thread of its own.
 #ifndef LIFELINE_AGENT_SUMMARY_STREAM_H_
@@ -54,7 +55,13 @@ struct ReceivedSummary {
   double etcd_age = 0;       // how long before its newest summary it had last renewed its lease (s)
   uint64_t frames = 0;
   uint64_t wire_bytes = 0;   // compressed bytes received from it
+  // The summaries that came since the leader last took them (TakeSummaries), oldest first, at most
+  // kMaxPendingSummaries: the older ones are dropped (and counted) when the leader does not read.
+  std::vector<std::string> frames_pending;
+  uint64_t frames_dropped = 0;
 };
+
+inline constexpr size_t kMaxPendingSummaries = 16;
 
 class SummaryReceiver {
  public:
@@ -68,6 +75,8 @@ class SummaryReceiver {
   // Every node that sent a summary for `round`, with its newest one (without its text: just when
   // it came and whether the connection is open, cheap to ask often).
   std::vector<ReceivedSummary> Summaries(uint64_t round, bool with_text = true) const;
+  // The nodes of `round` with summaries not taken yet, each with them (frames_pending), taken.
+  std::vector<ReceivedSummary> TakeSummaries(uint64_t round);
   // Connections closed for breaking the wire's rules, each naming the peer and why (the newest 16).
   std::vector<std::string> errors() const;
   // The errors refused since the caller last asked (`*seen`: how many it has been told of; at most
@@ -114,6 +123,9 @@ class SummarySender {
   // Connects (and says hello) without a summary yet: the leader hears of this node from the start.
   Status Connect(const std::string& host, uint16_t port, uint64_t round, double timeout_seconds = 1.0);
   uint64_t wire_bytes() const { return wire_bytes_; }
+  // How many connections it has made (1 the first): a summary sent on one the leader has since
+  // lost is not on the leader's new one.
+  uint64_t connections() const { return connections_; }
 
  private:
   void Close();
@@ -126,6 +138,7 @@ class SummarySender {
   std::string to_;          // GUARDED_BY(mu_): "host:port round" of the open connection
   void* zstd_ = nullptr;    // ZSTD_CCtx*, GUARDED_BY(mu_)
   std::atomic<uint64_t> wire_bytes_{0};
+  std::atomic<uint64_t> connections_{0};
   std::optional<std::chrono::steady_clock::time_point> leader_renewed_;  // GUARDED_BY(mu_)
 };
 

@@ -71,6 +71,36 @@ TEST(SummaryStreamTest, TheLeaderHoldsEachNodesNewestSummaryOfTheRoundAndWhether
   EXPECT_TRUE((*receiver)->errors().empty());
 }
 
+// A summary may carry only what the one before it did not (agent/progress.h): the leader takes every
+// one that came, in order, none overwritten by the next; a sender counts its connections, so that
+// what it sent on one the leader has since lost is not taken for the new one's.
+TEST(SummaryStreamTest, TheLeaderTakesEverySummaryThatCameInOrderOnce) {
+  auto receiver = SummaryReceiver::Start("job");
+  ASSERT_TRUE(receiver.ok()) << receiver.status().ToString();
+  const uint16_t port = (*receiver)->port();
+  SummarySender a("job", "node-a");
+  EXPECT_EQ(a.connections(), 0u);
+  for (int k = 1; k <= 3; ++k) ASSERT_TRUE(a.Send("127.0.0.1", port, 3, "summary " + std::to_string(k)).ok());
+  EXPECT_EQ(a.connections(), 1u);
+  ASSERT_TRUE(Eventually([&] { return (*receiver)->Summaries(3).size() == 1 && (*receiver)->Summaries(3)[0].frames == 3; }));
+  auto taken = (*receiver)->TakeSummaries(3);
+  ASSERT_EQ(taken.size(), 1u);
+  EXPECT_EQ(taken[0].node, "node-a");
+  EXPECT_EQ(taken[0].frames_pending, (std::vector<std::string>{"summary 1", "summary 2", "summary 3"}));
+  EXPECT_TRUE((*receiver)->TakeSummaries(3).empty());  // taken once
+  EXPECT_EQ((*receiver)->Summaries(3)[0].summary, "summary 3");  // the newest stays for a look
+  // A leader that does not read keeps the newest kMaxPendingSummaries, counting those it dropped.
+  for (size_t k = 0; k < kMaxPendingSummaries + 4; ++k) ASSERT_TRUE(a.Send("127.0.0.1", port, 3, "s" + std::to_string(k)).ok());
+  ASSERT_TRUE(Eventually([&] { return (*receiver)->Summaries(3)[0].frames == 3 + kMaxPendingSummaries + 4; }));
+  taken = (*receiver)->TakeSummaries(3);
+  ASSERT_EQ(taken[0].frames_pending.size(), kMaxPendingSummaries);
+  EXPECT_EQ(taken[0].frames_pending.front(), "s4");
+  EXPECT_EQ(taken[0].frames_dropped, 4u);
+  // Another round is another connection.
+  ASSERT_TRUE(a.Send("127.0.0.1", port, 4, "round 4").ok());
+  EXPECT_EQ(a.connections(), 2u);
+}
+
 TEST(SummaryStreamTest, ALeaderThatCannotBeReachedIsUnavailableNamingItWithinTheTimeout) {
   SummarySender s("job", "node-a");
   auto listener = net::Listen(0, 1, "test");

@@ -40,6 +40,8 @@ void Supervisor::Launched(const SupervisedLaunch& launch) {
   timeline_.Reset(world_, rank_base_);  // the detectors name global ranks
   for (auto& d : detectors_) d->Reset(world_);
   if (job_view_ != nullptr && plan_) job_view_->Reset(static_cast<int>(plan_->world_size));
+  merger_.Clear();
+  summary_cursors_.clear();  // a new launch numbers its collectives afresh
   wait_status_.assign(static_cast<size_t>(world_), 0);
   exited_.assign(static_cast<size_t>(world_), false);
   exited_ns_.assign(static_cast<size_t>(world_), 0);
@@ -204,19 +206,30 @@ void Supervisor::ReadRound(const PollInput& in, std::vector<Anomaly>* anomalies,
   }
   if (in.now_ns - published_ns_ >= publish_ns_) {
     Enter(PollMeter::Part::kSummary);
-    out->progress = EncodeProgress(SummarizeProgress(timeline_, plan_->group_rank, in.now_ns), in.unix_ms);
+    // Only what the leader has not been sent: the collectives after those of the newest summary it
+    // has (news.progress_acked); all of them when it has none of the last few.
+    const SampleCursor* after = nullptr;
+    uint64_t base = 0;
+    for (const auto& [number, cursor] : summary_cursors_)
+      if (number == news.progress_acked && number != 0) after = &cursor, base = number;
+    std::vector<RankProgress> ranks = SummarizeProgress(timeline_, plan_->group_rank, in.now_ns, after);
+    SampleCursor cursor = after != nullptr ? *after : SampleCursor{};
+    AdvanceCursor(ranks, &cursor);
+    out->progress = EncodeProgress(ranks, in.unix_ms, ++summary_number_, base);
+    summary_cursors_.emplace_back(summary_number_, std::move(cursor));
+    while (summary_cursors_.size() > kSummariesRemembered) summary_cursors_.pop_front();
     Leave(PollMeter::Part::kSummary);
     published_ns_ = in.now_ns;
   }
   // With one node in the round its own detectors see everything: no second view, no second alarm.
   if (news.leader && !news.progress.empty() && MultiNode()) {
     Enter(PollMeter::Part::kJobView);
-    job_progress_.clear();
-    for (const EtcdKeyValue& kv : news.progress) {
-      Result<std::vector<RankProgress>> ranks = DecodeProgress(kv.value, kv.key, in.unix_ms);
-      if (!ranks.ok()) continue;  // not one of ours: no say in the verdict
-      job_progress_.insert(job_progress_.end(), ranks->begin(), ranks->end());
+    for (const EtcdKeyValue& kv : news.progress) {  // each node's, oldest first
+      Result<SummaryFrame> frame = DecodeSummary(kv.value, kv.key, in.unix_ms);
+      if (!frame.ok()) continue;  // not one of ours: no say in the verdict
+      merger_.Merge(kv.key, std::move(*frame), in.unix_ms);
     }
+    merger_.View(in.unix_ms, &job_progress_);
     if (job_view_ == nullptr) {
       job_view_ = std::make_unique<JobView>(config_);
       job_view_->Reset(static_cast<int>(plan_->world_size));

@@ -19,6 +19,7 @@
 #define LIFELINE_AGENT_SUPERVISOR_H_
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <set>
@@ -148,6 +149,9 @@ class PollMeter {
 
 // How often a node of a multi-node job hands its progress summary to the round's watcher.
 inline constexpr double kProgressPublishSeconds = 0.5;
+// How many of its newest summaries a node remembers what they carried: the leader's acknowledgement
+// (RendezvousNews::progress_acked) lags a send or two behind.
+inline constexpr size_t kSummariesRemembered = 8;
 
 class Supervisor {
  public:
@@ -252,6 +256,11 @@ class Supervisor {
   Timeline timeline_;
   std::unique_ptr<JobView> job_view_;  // made when this node first leads a multi-node round
   std::vector<RankProgress> job_progress_;
+  SummaryMerger merger_;  // the leader's: every node's summaries, merged
+  // This node's summaries: the number of the newest, and of the last few what they carried up to
+  // (a summary follows the newest of them the leader has: only what it has not been sent).
+  uint64_t summary_number_ = 0;
+  std::deque<std::pair<uint64_t, SampleCursor>> summary_cursors_;
   // The current launch.
   int world_ = 0;
   int rank_base_ = 0;

@@ -115,9 +115,10 @@ double ProcessCpuSeconds(pid_t pid) {
   return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
-// A node's summary as the agent encodes it: `nproc` ranks in two communicators, each with its
-// window of ended collectives full (the largest a summary gets).
-std::string RealisticSummary(int node, int nproc) {
+// A node's summary as the agent encodes it (`json`: as the agents before issue 36 did): `nproc`
+// ranks in two communicators, each with its window of ended collectives full (the largest a
+// summary gets: the agents now send only the collectives the leader has not had, these send all).
+std::string RealisticSummary(int node, int nproc, bool json) {
   std::vector<RankProgress> ranks;
   for (int k = 0; k < nproc; ++k) {
     RankProgress r;
@@ -132,7 +133,7 @@ std::string RealisticSummary(int node, int nproc) {
     }
     ranks.push_back(std::move(r));
   }
-  return EncodeProgress(ranks, UnixMillisNow());
+  return json ? EncodeProgressJson(ranks, UnixMillisNow()) : EncodeProgress(ranks, UnixMillisNow());
 }
 
 std::string NodeEntry(int node, int nproc) {
@@ -281,7 +282,7 @@ int RunWorker(const LoadOptions& o, int first, int count, int in, int out) {
   std::vector<std::unique_ptr<BeforeAgent>> before;
   std::vector<std::unique_ptr<Rendezvous>> now;
   std::vector<std::string> summaries;
-  for (int n = first; n < first + count; ++n) summaries.push_back(RealisticSummary(n, o.nproc));
+  for (int n = first; n < first + count; ++n) summaries.push_back(RealisticSummary(n, o.nproc, o.protocol == "before"));
   const Clock::time_point began = Clock::now();
   if (o.protocol == "before") {
     for (int n = first; n < first + count; ++n) {
@@ -514,7 +515,7 @@ int main(int argc, char** argv) {
                         {"processes", processes},
                         {"ranks", o.agents * o.nproc},
                         {"lease_seconds", o.lease_seconds},
-                        {"summary_bytes", RealisticSummary(0, o.nproc).size()},
+                        {"summary_bytes", RealisticSummary(0, o.nproc, o.protocol == "before").size()},
                         {"joined", joined},
                         {"joined_by_window_end", joined_then},
                         {"join_seconds", joined == o.agents ? nlohmann::json(join_seconds) : nlohmann::json(nullptr)},

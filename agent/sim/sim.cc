@@ -17,6 +17,7 @@
 
 #include "agent/progress.h"
 #include "agent/rendezvous.h"
+#include "agent/summary_stream.h"
 #include "agent/supervisor.h"
 #include "lifeline/trace.h"
 
@@ -255,8 +256,11 @@ struct NodeAgent {
   // News for the agent (RendezvousNews), taken at its next poll.
   bool news_leader = false;
   bool news_moved = false;
-  std::vector<std::string> news_progress;
+  std::vector<EtcdKeyValue> news_progress;
   std::vector<std::string> news_lost;
+  // Its newest summary the leader has, and which leader that was (-1: none; a new leader has none).
+  uint64_t acked = 0;
+  int acked_by = -1;
 };
 
 class JobSimulation {
@@ -302,7 +306,7 @@ class JobSimulation {
       n.last_progress = n.next_watch - c.progress_seconds * uniform(rng);
       n.probing.assign(c.nodes, -1);
     }
-    progress_.assign(c.nodes, "");
+    progress_.assign(c.nodes, {});
     summary_at_.assign(c.nodes, 1.0);
     failures_.assign(c.nodes, -1);
   }
@@ -424,8 +428,12 @@ class JobSimulation {
     if (t - n.last_progress >= c_.progress_seconds) {
       progress_tick = true;
       n.last_progress = t;
-      if (!n.progress_out.empty()) {  // straight to the leader (agent/summary_stream.h)
-        progress_[n.group] = std::move(n.progress_out);
+      if (!n.progress_out.empty() && leader_ >= 0) {  // straight to the leader (agent/summary_stream.h)
+        n.acked = SummaryNumber(n.progress_out);
+        n.acked_by = leader_;
+        std::vector<std::string>& pending = progress_[n.group];
+        if (pending.size() >= kMaxPendingSummaries) pending.erase(pending.begin());
+        pending.push_back(std::move(n.progress_out));
         summary_at_[n.group] = t;
       }
       n.progress_out.clear();
@@ -445,10 +453,11 @@ class JobSimulation {
     if (i_am_leader && !n.leader) n.leading_since = t;
     n.leader = i_am_leader;
     n.news_leader = i_am_leader;
-    if (leader && progress_tick) {
-      n.news_progress.clear();
-      for (int g = 0; g < c_.nodes; ++g)
-        if (LeaseAlive(g, t) && !progress_[g].empty()) n.news_progress.push_back(progress_[g]);
+    if (leader && progress_tick) {  // appended to what the agent has not taken (none: it polls often)
+      for (int g = 0; g < c_.nodes; ++g) {
+        for (std::string& frame : progress_[g]) n.news_progress.push_back({"summary of node " + nodes_[g].id, std::move(frame)});
+        progress_[g].clear();
+      }
     }
     // Lost nodes are the leader's to find (Rendezvous::Watch): a lease gone, or, first, a node that
     // sent no summary for twice the summaries' interval and does not answer a probe within 0.5 s
@@ -490,7 +499,8 @@ class JobSimulation {
     RendezvousNews news;
     news.leader = n.news_leader;
     if (n.news_moved) news.round = 1;
-    for (std::string& text : n.news_progress) news.progress.push_back({"progress of " + n.id, std::move(text)});
+    news.progress = std::move(n.news_progress);
+    news.progress_acked = n.acked_by == leader_ ? n.acked : 0;
     news.lost_nodes = std::move(n.news_lost);
     n.news_progress.clear();
     n.news_lost.clear();
@@ -604,7 +614,7 @@ class JobSimulation {
   RoundPlan plan_;
   std::vector<NodeAgent> nodes_;
   // etcd.
-  std::vector<std::string> progress_;  // per node: its newest summary sent to the leader
+  std::vector<std::vector<std::string>> progress_;  // per node: its summaries the leader has not taken
   std::vector<double> summary_at_;     // ...and when it arrived
   std::vector<int64_t> failures_;      // per node: when its first rank failed (unix ms), -1: none
   int leader_ = -1;

@@ -1,12 +1,13 @@
 // libFuzzer target: arbitrary bytes as a node's progress summary as the leader receives it (formats/SPEC.md
-// §17) into DecodeProgress. It must never crash or let an exception out; whatever it accepts must
+// §17, binary or JSON) into DecodeProgress. It must never crash or let an exception out; whatever it accepts must
 // lie within the spec's bounds (no negative rank, node or age, an op of 16 bits), and encode again
 // to a summary it reads back the same: every integer equal, every age within the unit it is
 // written in.
 //
-// Seeds (tests/fuzz/corpus/progress_summary/) are EncodeProgress's own output for a small timeline
-// (two ranks, an open collective, ended ones with and without a post), an empty summary and a rank
-// of the older six-element form.
+// Seeds (tests/fuzz/corpus/progress_summary/): a binary summary of two ranks (one that follows
+// another, an open collective, ended ones with and without a post), and JSON ones (§17.1) as the
+// agents wrote them for a small timeline (two ranks, an open collective, ended ones with and without
+// a post), an empty summary and a rank of the older six-element form.
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
