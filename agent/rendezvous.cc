@@ -755,9 +755,10 @@ void Rendezvous::PublishProgress(std::string summary) {
   progress_out_ = std::move(summary);
 }
 
-Status Rendezvous::RenewOrRejoin() {
+Status Rendezvous::RenewOrRejoin(bool* regranted) {
   Status s = lease_client_->KeepAlive(lease_.load());
   if (!s.IsNotFound()) return s;
+  *regranted = true;
   // The lease expired (etcd was away longer than its TTL): a new one, and this node's entry again
   // so the round it is in still counts it.
   LL_ASSIGN_OR_RETURN(int64_t lease, client_->GrantLease(static_cast<int64_t>(std::max(2.0, config_.lease_seconds))));
@@ -775,6 +776,8 @@ void Rendezvous::Watch() {
   Clock::time_point last_renewal = Clock::now();
   Clock::time_point last_progress = Clock::now();
   bool renewed = true;  // the last renewal went through
+  bool resync_due = false;  // since the last renewal that went through: one failed at once, or the lease ran out
+  Clock::time_point last_try = Clock::now();
   Clock::time_point last_hello{};  // the last try to connect to the leader before a summary
   Clock::time_point last_leader_contact = Clock::now();  // a summary sent, or a connection made
   uint64_t seen = 0;
@@ -795,13 +798,23 @@ void Rendezvous::Watch() {
       std::lock_guard<std::mutex> lock(mu_);
       if (stopping_) return;
     }
-    if (SecondsSince(last_renewal) >= config_.lease_seconds / 3) {
-      const bool was = renewed;
-      renewed = RenewOrRejoin().ok();
+    // A renewal every lease/3; after one that failed, the next half a second later (not at every
+    // wake: a busy etcd is not asked more).
+    if (SecondsSince(last_renewal) >= config_.lease_seconds / 3 && (renewed || SecondsSince(last_try) >= 0.5)) {
+      last_try = Clock::now();
+      bool regranted = false;
+      renewed = RenewOrRejoin(&regranted).ok();
       if (renewed) last_renewal = Clock::now();
-      // etcd failed and answers again: a stream that outlived the outage may have missed nothing,
-      // or everything (an etcd restored from a backup); a fresh read settles it.
-      if (renewed && !was) mirror_->Resync();
+      if (regranted || (!renewed && !lease_client_->last_timed_out())) resync_due = true;
+      // etcd was gone (refused, reset) and answers again, or it no longer had this node's lease: a
+      // stream that outlived the outage may have missed nothing, or everything (an etcd restored
+      // from a backup); a fresh read settles it. A renewal that only took too long (etcd busy)
+      // leaves the stream whole: no read of the whole job on top of a busy etcd (at 2,048 nodes,
+      // that read after every late renewal was most of etcd's load).
+      if (renewed && resync_due) {
+        mirror_->Resync();
+        resync_due = false;
+      }
     }
     uint64_t mine;
     bool in_round;

@@ -239,7 +239,7 @@ class Rendezvous {
   Result<uint64_t> MirroredRound() const;
   std::string Key(const std::string& tail) const { return prefix_ + tail; }
   Result<uint64_t> CurrentRound();
-  Status RenewOrRejoin();
+  Status RenewOrRejoin(bool* regranted);  // *regranted: the lease had run out, and a new one holds the entry
   void Watch();
   Result<RoundPlan> ClosedPlan(uint64_t round, const std::string& text) const;
   // Closes `round` when its members make a job (see the top): `last_call` when no node joined for

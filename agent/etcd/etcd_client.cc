@@ -106,6 +106,7 @@ Result<nlohmann::json> EtcdClient::Call(std::string_view path, const nlohmann::j
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);  // no SIGALRM for timeouts: the agent owns its signals
     curl_easy_setopt(c, CURLOPT_PROXY, "");     // etcd is reached directly, whatever http_proxy says
     rc = curl_easy_perform(c);
+    last_timed_out_ = rc == CURLE_OPERATION_TIMEDOUT;
     curl_slist_free_all(headers);
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &http);
     curl_off_t sent = 0;
@@ -131,6 +132,11 @@ Result<nlohmann::json> EtcdClient::Call(std::string_view path, const nlohmann::j
   if (answer.is_discarded() || !answer.is_object())
     return Status::Corruption(what, std::string(path) + ": an answer that is not a JSON object");
   return answer;
+}
+
+bool EtcdClient::last_timed_out() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_timed_out_;
 }
 
 Status EtcdClient::Ping() { return Call("/v3/maintenance/status", nlohmann::json::object()).status(); }

@@ -88,6 +88,9 @@ class EtcdClient {
   Result<bool> CompareAndSwap(std::string_view key, std::string_view expected, std::string_view value);
 
   EtcdTraffic traffic() const;
+  // Whether the last request ran out of its time (etcd slow, or a network that drops) rather than
+  // failing at once (nothing listens, the connection was reset) or answering.
+  bool last_timed_out() const;
 
  private:
   EtcdClient(std::string endpoint, std::string base_url, double timeout_seconds);
@@ -101,6 +104,7 @@ class EtcdClient {
   mutable std::mutex mu_;
   void* curl_ = nullptr;  // CURL*, GUARDED_BY(mu_)
   EtcdTraffic traffic_;   // GUARDED_BY(mu_)
+  bool last_timed_out_ = false;  // GUARDED_BY(mu_)
 };
 
 // An int64 field of a gateway answer (written as a JSON string; left out when zero).

@@ -345,6 +345,7 @@ class JobSimulation {
     out.summary_cpu_seconds = meter_.cpu_seconds[1];
     out.view_reads = meter_.view_reads;
     out.view_samples = view_samples_;
+    out.summary_bytes = summary_bytes_;
     out.view_cpu_seconds = meter_.cpu_seconds[2];
     out.echoes = echoes_;
     Score(&out);
@@ -431,6 +432,7 @@ class JobSimulation {
       if (!n.progress_out.empty() && leader_ >= 0) {  // straight to the leader (agent/summary_stream.h)
         n.acked = SummaryNumber(n.progress_out);
         n.acked_by = leader_;
+        summary_bytes_ += n.progress_out.size();
         std::vector<std::string>& pending = progress_[n.group];
         if (pending.size() >= kMaxPendingSummaries) pending.erase(pending.begin());
         pending.push_back(std::move(n.progress_out));
@@ -624,7 +626,7 @@ class JobSimulation {
   double now_ = 0;              // the simulation's clock
   // What the run cost and saw.
   CpuMeter meter_;
-  uint64_t node_events_ = 0, summary_ranks_ = 0, view_samples_ = 0;
+  uint64_t node_events_ = 0, summary_ranks_ = 0, view_samples_ = 0, summary_bytes_ = 0;
   std::vector<uint64_t> newest_seen_;
   std::vector<int> echoes_;
 };
@@ -900,7 +902,7 @@ nlohmann::json Report(const SimConfig& config, const std::vector<DrillResult>& r
   };
   std::map<std::string, Tally> by_drill;
   nlohmann::json misses = nlohmann::json::array();
-  uint64_t node_events = 0, summary_ranks = 0, view_reads = 0, view_samples = 0;
+  uint64_t node_events = 0, summary_ranks = 0, view_reads = 0, view_samples = 0, summary_bytes = 0;
   double node_cpu = 0, summary_cpu = 0, view_cpu = 0, simulated = 0;
   // The time-lost account: the drills' ETTR (wall and productive time summed over them), and
   // each restart's cost by phase.
@@ -925,6 +927,7 @@ nlohmann::json Report(const SimConfig& config, const std::vector<DrillResult>& r
     view_reads += r.view_reads;
     view_samples += r.view_samples;
     view_cpu += r.view_cpu_seconds;
+    summary_bytes += r.summary_bytes;
     simulated += r.simulated_seconds;
     false_alarms += r.false_alarms;
     wrong_kind += r.wrong_kind;
@@ -999,7 +1002,14 @@ nlohmann::json Report(const SimConfig& config, const std::vector<DrillResult>& r
           {"replayed_events", view_samples * 3},
           {"cpu_seconds", view_cpu},
           {"ms_per_read", view_reads ? std::round(view_cpu / view_reads * 1e3 * 100) / 100 : 0.0},
-          {"ns_per_replayed_event", per_event(view_cpu, view_samples * 3)}}}}},
+          {"ns_per_replayed_event", per_event(view_cpu, view_samples * 3)}}},
+        // What one leader takes per second of the job: its view's CPU, and the summaries' bytes
+        // coming in (as encoded; zstd on the wire makes them smaller).
+        {"leader",
+         {{"cpu_seconds_per_second", simulated > 0 ? std::round(view_cpu / simulated * 1e4) / 1e4 : 0.0},
+          {"summary_bytes_per_second", simulated > 0 ? std::round(static_cast<double>(summary_bytes) / simulated) : 0.0},
+          {"summary_bytes_per_rank_second",
+           simulated > 0 ? std::round(static_cast<double>(summary_bytes) / simulated / config.ranks * 10) / 10 : 0.0}}}}},
       {"time_lost", TimeLostReport(config, ettr_wall, ettr_productive, lost_by_phase, lost_per_restart)},
       {"simulated_seconds", std::round(simulated * 10) / 10},
       {"wall_seconds", std::round(wall_seconds * 10) / 10},

@@ -138,7 +138,8 @@ struct DrillResult {
   double summary_cpu_seconds = 0;  // SummarizeProgress + EncodeProgress
   uint64_t view_reads = 0;         // leader reads of every summary
   uint64_t view_samples = 0;       // ended collectives new to the leader (what JobView replays, x3 events)
-  double view_cpu_seconds = 0;     // DecodeProgress + JobView::Update
+  double view_cpu_seconds = 0;     // DecodeSummary, SummaryMerger + JobView::Update
+  uint64_t summary_bytes = 0;      // summaries delivered to the leader (before zstd)
   // The time-lost account of the node that decided the restart (or node 0's, with no restart):
   // wall time from the first launch to the relaunched ranks' first step, productive time, and the
   // restart's cost by phase.
