@@ -11,6 +11,7 @@
 #include <utility>
 
 #include <nlohmann/json.hpp>
+#include <zstd.h>
 
 #include "agent/launcher.h"
 #include "agent/progress.h"
@@ -249,9 +250,47 @@ Result<uint64_t> Rendezvous::CurrentRound() {
   return *round;
 }
 
+namespace {
+
+// A plan's value in etcd: the JSON as it is, or, from kPlanCompressFrom bytes, "LLZ" 0x01 and one
+// zstd frame of it (docs/multi-node.md: a plan of 2,048 nodes is 685 KB of JSON and 32 KB so;
+// every agent of the round receives it through its watch, and a job-sized value to each of 2,048
+// watchers was most of what a join cost etcd).
+constexpr char kPlanMagic[4] = {'L', 'L', 'Z', '\x01'};
+constexpr size_t kPlanCompressFrom = 1024;
+constexpr size_t kMaxPlanBytes = 64u << 20;
+
+std::string EncodePlanValue(const std::string& json) {
+  if (json.size() < kPlanCompressFrom) return json;
+  std::string out(kPlanMagic, sizeof(kPlanMagic));
+  out.resize(sizeof(kPlanMagic) + ZSTD_compressBound(json.size()));
+  const size_t n = ZSTD_compress(out.data() + sizeof(kPlanMagic), out.size() - sizeof(kPlanMagic), json.data(),
+                                 json.size(), 3);
+  if (ZSTD_isError(n)) return json;
+  out.resize(sizeof(kPlanMagic) + n);
+  return out;
+}
+
+Result<std::string> DecodePlanValue(const std::string& value, const std::string& what) {
+  if (value.size() < sizeof(kPlanMagic) || value.compare(0, sizeof(kPlanMagic), kPlanMagic, sizeof(kPlanMagic)) != 0)
+    return value;
+  const char* frame = value.data() + sizeof(kPlanMagic);
+  const size_t frame_size = value.size() - sizeof(kPlanMagic);
+  const unsigned long long size = ZSTD_getFrameContentSize(frame, frame_size);
+  if (size == ZSTD_CONTENTSIZE_ERROR || size == ZSTD_CONTENTSIZE_UNKNOWN || size > kMaxPlanBytes)
+    return Status::Corruption(what, "a compressed plan that is not one zstd frame of at most 64 MiB");
+  std::string json(size, '\0');
+  const size_t got = ZSTD_decompress(json.data(), json.size(), frame, frame_size);
+  if (ZSTD_isError(got) || got != size) return Status::Corruption(what, "a compressed plan that does not decompress");
+  return json;
+}
+
+}  // namespace
+
 Result<RoundPlan> Rendezvous::ClosedPlan(uint64_t round, const std::string& text) const {
   const std::string what = "etcd key " + prefix_ + "rounds/" + std::to_string(round) + "/plan";
-  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  LL_ASSIGN_OR_RETURN(const std::string json, DecodePlanValue(text, what));
+  const nlohmann::json j = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object() || !j.contains("nodes") || !j["nodes"].is_array())
     return Status::Corruption(what, "not a round plan of lifeline-agent");
   RoundPlan plan;
@@ -430,7 +469,7 @@ Status Rendezvous::TryClose(uint64_t round, const std::vector<EtcdKeyValue>& mem
   plan["checkpoint_dir"] = directory;
   plan["launch_id"] = config_.job + ":" + NewLaunchNonce() + ":" + std::to_string(round);
   plan["closed_by"] = node_id_;
-  return client_->PutIfAbsent(Key("rounds/" + std::to_string(round) + "/plan"), plan.dump()).status();
+  return client_->PutIfAbsent(Key("rounds/" + std::to_string(round) + "/plan"), EncodePlanValue(plan.dump())).status();
 }
 
 Result<bool> Rendezvous::EndedWithout(uint64_t round, size_t planned) {
@@ -603,11 +642,16 @@ Result<RoundPlan> Rendezvous::Join(const ResumeOffer& offer, const std::function
   uint64_t seen = mirror_->version();
   while (Clock::now() < deadline) {
     if (stop && stop()) return Status::Aborted("rendezvous", "the agent was stopped");
-    if (waiting && !closed_without_me && SecondsSince(began) >= 2 && (said == Clock::time_point{} || SecondsSince(said) >= 10)) {
+    const bool tell = !closed_without_me && SecondsSince(began) >= 2 && (said == Clock::time_point{} || SecondsSince(said) >= 10);
+    if (tell) {
       said = Clock::now();
-      // A round still waiting after 10 s is read afresh: whatever a stream might have missed
-      // (one slurm_kill run waited 10 minutes on a closer that counted 1 of 2 nodes) costs 10 s.
+      // A round still waiting after 10 s is read afresh, whoever asked to be told: whatever a
+      // stream might have missed (one slurm_kill run waited 10 minutes on a closer that counted 1
+      // of 2 nodes; at 2,048 agents a few in a thousand waited out their join on a plan their
+      // streams never brought) costs 10 s. A node that does not close the round follows a few keys.
       if (SecondsSince(began) >= 10) mirror_->Resync();
+    }
+    if (tell && waiting) {
       if (!members_known && round) {  // the closer counts; the others ask etcd, once per message
         Result<int64_t> n = client_->CountPrefix(Key("rounds/" + std::to_string(*round) + "/nodes/"));
         if (n.ok()) seen_members = static_cast<size_t>(*n);

@@ -17,6 +17,8 @@ for key in ("accuracy", "false_alarms", "drills", "ranks", "nodes", "seed"):
     assert key in d, key
 assert d["drills"] == 12 and d["ranks"] == 64 and d["nodes"] == 8, d
 assert d["accuracy"] == 1.0 and d["false_alarms"] == 0, d
+leader = d["cpu"]["leader"]  # what one leader takes: its view's CPU and the summaries' bytes
+assert leader["cpu_seconds_per_second"] > 0 and 0 < leader["summary_bytes_per_rank_second"] < 1000, leader
 PY
 [ "$(head -c 4 "$dir/sim.png" | od -An -c | tr -d ' ')" = "211PNG" ] || fail "no PNG at $dir/sim.png"
 echo "lifeline-sim: JSON and plot OK"
