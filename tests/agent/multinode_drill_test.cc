@@ -3,6 +3,7 @@
 // (Debian's etcd-server, started by the test); the drill's allreduce goes over TCP through global
 // rank 0, as a job spanning machines would. The job must form one world, act together on a fault
 // anywhere, end like a single-node run of as many ranks, and leave nothing of itself in etcd.
+#include <arpa/inet.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -12,6 +13,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -1051,6 +1053,57 @@ TEST_F(MultiNodeTest, ANodeWhoseClockIsTwoSecondsBehindRaisesNothing) {
 }
 
 // Issue 32, item 10: an agent whose round lacks nodes waited up to the join timeout without a word.
+// A connection to an agent's summary port that breaks the stream's rules (SPEC §17.2: here a hello
+// for another job) is closed, logged in the agent's events log as `summary_refused` naming the peer
+// and the rule, and printed as a warning; the job goes on and ends as it would have.
+TEST_F(MultiNodeTest, ASummaryConnectionOfAnotherJobIsRefusedLoggedAndTheJobGoesOn) {
+  const std::string steps = "--steps 300 --ckpt-every 100 --compute-ms 20";
+  const pid_t node0 = Spawn(AgentCommand("refused", 0, "refused", "--node-rank 0", steps), Out("refused", 0));
+  const pid_t node1 = Spawn(AgentCommand("refused", 1, "refused", "--node-rank 1", steps), Out("refused", 1));
+  // Node 0's summary port, from its round entry, once the round has formed.
+  uint16_t port = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (port == 0 && std::chrono::steady_clock::now() < deadline) {
+    for (const EtcdKeyValue& kv : JobKeys("refused")) {
+      if (kv.key.find("/rounds/0/nodes/") == std::string::npos) continue;
+      const nlohmann::json entry = nlohmann::json::parse(kv.value, nullptr, false);
+      if (!entry.is_discarded() && entry.value("requested_rank", -1) == 0 && entry.value("summary_port", 0) != 0)
+        port = entry["summary_port"].get<uint16_t>();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_NE(port, 0) << "no round entry of node 0 with its summary port";
+  Result<int> fd = net::Connect("127.0.0.1", port, std::chrono::steady_clock::now() + std::chrono::seconds(5));
+  ASSERT_TRUE(fd.ok()) << fd.status().ToString();
+  const std::string hello = "intruder\n0\nsomebody";
+  std::string frame(4, '\0');
+  const uint32_t length = htonl(static_cast<uint32_t>(1 + hello.size()));
+  std::memcpy(frame.data(), &length, 4);
+  frame += '\x01';
+  frame += hello;
+  ASSERT_TRUE(net::SendAll(*fd, frame.data(), frame.size(), "node 0's summary port").ok());
+  char byte;
+  EXPECT_EQ(recv(*fd, &byte, 1, 0), 0) << "the connection was not closed";
+  close(*fd);
+  NodeRun r0, r1;
+  r0.exit_code = WaitFor(node0, 120);
+  r1.exit_code = WaitFor(node1, 120);
+  Read("refused", 0, &r0);
+  Read("refused", 1, &r1);
+  ASSERT_EQ(r0.exit_code, 0) << r0.output;
+  ASSERT_EQ(r1.exit_code, 0) << r1.output;
+  EXPECT_TRUE(r0.anomalies.empty()) << Dump(r0.anomalies);
+  ASSERT_EQ(Count(r0.actions, "action", "summary_refused"), 1) << Dump(r0.actions);
+  for (const auto& a : r0.actions) {
+    if (a.value("action", "") != "summary_refused") continue;
+    const std::string message = a.value("message", "");
+    EXPECT_NE(message.find("127.0.0.1"), std::string::npos) << message;
+    EXPECT_NE(message.find("another job (intruder)"), std::string::npos) << message;
+  }
+  EXPECT_NE(r0.output.find("warning"), std::string::npos) << r0.output;
+  EXPECT_EQ(Count(r1.actions, "action", "summary_refused"), 0) << Dump(r1.actions);
+}
+
 TEST_F(MultiNodeTest, AnAgentWaitingForNodesSaysSo) {
   const std::string config = dir_ + "/short-join.yaml";
   std::ofstream(config) << "rendezvous:\n  join_timeout_seconds: 6\n";
