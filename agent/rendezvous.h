@@ -39,7 +39,9 @@
 // same keys every poll_seconds instead (for a proxy that does not pass streams).
 //
 // A background thread renews the lease and turns what the mirror holds into news; the agent's
-// loop reads that news without blocking.
+// loop reads that news without blocking. The mirror is read afresh after etcd refused a renewal
+// (gone, then back) or no longer had the lease, and every 10 s while a join waits; a renewal that
+// was only late (etcd busy) is not followed by a read of everything on top of the busy etcd.
 //
 // Thread safety: the public methods are called from one thread (the agent's); the watcher runs
 // alone on its own.

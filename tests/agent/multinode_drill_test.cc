@@ -189,10 +189,15 @@ class MultiNodeTest : public ::testing::Test {
     std::vector<pid_t> pids;
     for (int node = 0; node < nnodes; ++node)
       pids.push_back(Spawn(AgentCommand(name, node, name, agent_flags, drill_flags, nnodes), Out(name, node)));
-    std::vector<NodeRun> runs(nnodes);
-    for (int node = 0; node < nnodes; ++node) {
+    return WaitForNodes(name, pids, timeout_seconds);
+  }
+
+  // Waits for the agents `pids` (node 0, 1, ...) of job `name` and reads what each did.
+  std::vector<NodeRun> WaitForNodes(const std::string& name, const std::vector<pid_t>& pids, double timeout_seconds = 120) {
+    std::vector<NodeRun> runs(pids.size());
+    for (size_t node = 0; node < pids.size(); ++node) {
       runs[node].exit_code = WaitFor(pids[node], timeout_seconds);
-      Read(name, node, &runs[node]);
+      Read(name, static_cast<int>(node), &runs[node]);
     }
     return runs;
   }
@@ -529,11 +534,8 @@ TEST_F(MultiNodeTest, TheLeaderNamesAHungRankOfAnotherNodeFromTheProgressSummari
   std::string slow = AgentCommand("view", 1, "view", "--max-restarts 2 --node-rank 1", drill);
   slow.replace(slow.find("--hang-timeout 5"), 16, "--hang-timeout 60");
   const pid_t other = Spawn(slow, Out("view", 1));
-  NodeRun a, b;
-  a.exit_code = WaitFor(leader, 120);
-  b.exit_code = WaitFor(other, 120);
-  Read("view", 0, &a);
-  Read("view", 1, &b);
+  const std::vector<NodeRun> runs = WaitForNodes("view", {leader, other});
+  const NodeRun &a = runs[0], &b = runs[1];
   ASSERT_EQ(a.exit_code, 0) << a.output;
   ASSERT_EQ(b.exit_code, 0) << b.output;
   std::vector<nlohmann::json> hangs;
@@ -1085,11 +1087,8 @@ TEST_F(MultiNodeTest, ASummaryConnectionOfAnotherJobIsRefusedLoggedAndTheJobGoes
   char byte;
   EXPECT_EQ(recv(*fd, &byte, 1, 0), 0) << "the connection was not closed";
   close(*fd);
-  NodeRun r0, r1;
-  r0.exit_code = WaitFor(node0, 120);
-  r1.exit_code = WaitFor(node1, 120);
-  Read("refused", 0, &r0);
-  Read("refused", 1, &r1);
+  const std::vector<NodeRun> runs = WaitForNodes("refused", {node0, node1});
+  const NodeRun &r0 = runs[0], &r1 = runs[1];
   ASSERT_EQ(r0.exit_code, 0) << r0.output;
   ASSERT_EQ(r1.exit_code, 0) << r1.output;
   EXPECT_TRUE(r0.anomalies.empty()) << Dump(r0.anomalies);
