@@ -372,11 +372,16 @@ std::string EncodeProgress(const std::vector<RankProgress>& ranks, int64_t unix_
   return out;
 }
 
-uint64_t SummaryNumber(std::string_view bytes) {
+uint64_t SummaryNumber(std::string_view bytes, uint64_t* base) {
+  if (base != nullptr) *base = 0;
   if (bytes.size() <= sizeof(kMagic) || bytes.substr(0, sizeof(kMagic)) != std::string_view(kMagic, sizeof(kMagic)))
     return 0;
   try {
-    return WireReader(bytes.substr(sizeof(kMagic))).Varint("number");
+    WireReader in(bytes.substr(sizeof(kMagic)));
+    const uint64_t number = in.Varint("number");
+    const uint64_t follows = in.Varint("base");
+    if (base != nullptr) *base = follows;
+    return number;
   } catch (const Refused&) {
     return 0;
   }

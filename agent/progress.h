@@ -86,8 +86,9 @@ std::string EncodeProgress(const std::vector<RankProgress>& ranks, int64_t unix_
                            uint64_t base = 0);
 Result<SummaryFrame> DecodeSummary(std::string_view bytes, const std::string& what, int64_t now_unix_ms);
 Result<std::vector<RankProgress>> DecodeProgress(std::string_view bytes, const std::string& what, int64_t now_unix_ms);
-// The number of the summary `bytes` (0 when it is not a binary summary), without decoding it.
-uint64_t SummaryNumber(std::string_view bytes);
+// The number of the summary `bytes` (0 when it is not a binary summary), and in `*base` the
+// summary it follows, without decoding it.
+uint64_t SummaryNumber(std::string_view bytes, uint64_t* base = nullptr);
 // The JSON summary of §17.1, as agents wrote it before issue 36 (lifeline-etcd-load replays them).
 std::string EncodeProgressJson(const std::vector<RankProgress>& ranks, int64_t unix_ms);
 

@@ -891,11 +891,17 @@ void Rendezvous::Watch() {
         const auto it = summary_to_.find(leader_id);
         if (it != summary_to_.end()) to = it->second;
       }
+      const uint64_t connection = sender_->connections();
       if (!summary.empty() && !leader && to.second != 0 &&
           sender_->Send(to.first, static_cast<uint16_t>(to.second), mine, summary, 1.0, last_renewal).ok()) {
         last_leader_contact = Clock::now();  // a failed one: the next retries
+        // The leader has this summary, and what it follows if that went on the same connection;
+        // one that follows a summary sent on another connection is not whole there: the next is.
+        uint64_t base = 0;
+        const uint64_t number = SummaryNumber(summary, &base);
         std::lock_guard<std::mutex> lock(mu_);
-        acked_ = {sender_->connections(), SummaryNumber(summary)};
+        const bool whole = base == 0 || (sender_->connections() == connection && acked_.first == connection);
+        acked_ = {sender_->connections(), whole ? number : 0};
       }
       if (leader) {
         std::vector<EtcdKeyValue> all;

@@ -430,7 +430,9 @@ class JobSimulation {
       progress_tick = true;
       n.last_progress = t;
       if (!n.progress_out.empty() && leader_ >= 0) {  // straight to the leader (agent/summary_stream.h)
-        n.acked = SummaryNumber(n.progress_out);
+        uint64_t base = 0;  // as Rendezvous::Watch: one that follows a summary another leader had is not whole
+        const uint64_t number = SummaryNumber(n.progress_out, &base);
+        n.acked = base == 0 || n.acked_by == leader_ ? number : 0;
         n.acked_by = leader_;
         summary_bytes_ += n.progress_out.size();
         std::vector<std::string>& pending = progress_[n.group];
