@@ -6,8 +6,8 @@
 // each node's agent is a Supervisor (agent/supervisor.h), the very class Agent::Run drives, with
 // its Timeline, detectors, progress summaries, the leader's JobView, the echo hold, node_lost and
 // the policies, polled every poll interval with the node's events, its ranks' exits and its
-// watcher's news, as Agent::Run polls it; the summaries go through EncodeProgress and
-// DecodeProgress as on their way to the leader. Simulated, on a virtual clock (nothing sleeps): the ranks (steps
+// watcher's news, as Agent::Run polls it; the summaries (only what the leader has not had) go
+// through EncodeProgress, DecodeSummary and the leader's SummaryMerger as on their way to it. Simulated, on a virtual clock (nothing sleeps): the ranks (steps
 // with lognormal compute jitter and rare spikes, one allreduce over the world per step completing
 // ring-like), the processes' exits as waitpid reports them, the control plane as Rendezvous::Watch
 // sees it (leases renewed every lease/3, the watcher's loop every 0.25 s, summaries sent straight
