@@ -34,6 +34,7 @@ void JobView::Reset(int world) {
   hang_.Reset(world);
   replayed_.clear();
   measured_offsets_.clear();  // the nodes of a new round are numbered afresh
+  reference_ends_.clear();
   unmeasured_updates_.clear();
   clock_reference_ = -1;
 }
@@ -81,9 +82,41 @@ void JobView::Update(const std::vector<RankProgress>& raw, uint64_t now_ns, std:
   std::vector<RankProgress> ranks = raw;
   int reference = -1;
   const std::map<int, double> measured = EstimateClockOffsets(ranks, &reference);
-  if (reference != clock_reference_) measured_offsets_.clear();  // measures against another node
+  if (reference != clock_reference_) {  // measures against another node
+    measured_offsets_.clear();
+    reference_ends_.clear();
+  }
   clock_reference_ = reference;
   for (const auto& [node, d] : measured) measured_offsets_[node] = d;
+  // A node this read shares too few collectives with the reference's: measured against the
+  // reference's ends of the reads before, as EstimateClockOffsets measures within one read.
+  const double now_s = static_cast<double>(now_ns) * 1e-9;
+  std::map<int, std::vector<double>> earlier;
+  for (const RankProgress& p : ranks) {
+    if (p.node == reference || measured.count(p.node)) continue;
+    for (const CollectiveSample& s : p.recent) {
+      const auto it = reference_ends_.find({s.comm, s.seq});
+      if (it != reference_ends_.end()) earlier[p.node].push_back(s.end_ago - (now_s - it->second));
+    }
+  }
+  for (auto& [node, d] : earlier) {
+    if (d.size() < 3) continue;
+    std::nth_element(d.begin(), d.begin() + d.size() / 2, d.end());
+    measured_offsets_[node] = d[d.size() / 2];
+  }
+  std::map<uint32_t, uint64_t> newest;
+  for (const RankProgress& p : ranks)
+    if (p.node == reference)
+      for (const CollectiveSample& s : p.recent) {
+        reference_ends_[{s.comm, s.seq}] = now_s - s.end_ago;
+        newest[s.comm] = std::max(newest[s.comm], s.seq);
+      }
+  // Kept: a few reads' worth per communicator.
+  for (auto it = reference_ends_.begin(); it != reference_ends_.end();) {
+    const auto n = newest.find(it->first.first);
+    const bool old = n == newest.end() ? false : it->first.second + 4 * kSamplesPerComm < n->second;
+    it = old ? reference_ends_.erase(it) : std::next(it);
+  }
   clock_offsets_.clear();
   for (const auto& [node, d] : measured_offsets_)
     if (std::abs(d) >= kMinClockOffsetSeconds) clock_offsets_[node] = d;

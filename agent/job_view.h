@@ -54,6 +54,12 @@ class JobView {
   std::map<int, double> measured_offsets_;  // every node measured against clock_reference_
   int clock_reference_ = -1;
   std::map<int, int> unmeasured_updates_;  // per node: Updates with samples but no measure yet
+  // The reference node's newest collective ends, by (comm, seq), in this leader's monotonic
+  // seconds: a node whose summary shares no collective with the reference's of the same read (a
+  // job of 40 collectives a second, whose summaries of 32 each are read a second apart) is measured
+  // against those of the reads before. Issue 50: held unmeasured for its 5 Updates, node 1 of a
+  // 6-second drill was never judged, and a slow link on it went unnamed.
+  std::map<std::pair<uint32_t, uint64_t>, double> reference_ends_;
   std::map<int, double> clock_offsets_;
 };
 

@@ -135,5 +135,51 @@ TEST(JobViewTest, ANodeWhoseClockIsOffRaisesNoFalseStragglerAndARealOneIsStillNa
   }
 }
 
+// Issue 50, item 5: in a fast job the leader's own summary and another node's, read together,
+// may share no collective (each carries its ranks' newest, and the other node's was sent up to a
+// second before). Node 1 here is 2 s behind and always 10 collectives behind node 0's summary of
+// the same read: it is measured against node 0's collectives of the read before, from the second
+// read on, so its ranks are judged at once and without a false straggler; rank 3's 40 ms is named.
+TEST(JobViewTest, ANodeSharingNoCollectiveWithinAReadIsMeasuredAgainstTheReadsBefore) {
+  for (int late : {-1, 3}) {
+    JobView view{AgentConfig()};
+    view.Reset(4);
+    std::vector<Anomaly> out;
+    for (uint64_t n = 10; n <= 80; n += 10) {
+      const uint64_t now = 1000 * kMs + n * 100 * kMs + 200 * kMs;
+      std::vector<RankProgress> ranks = Summaries(now, n, late, 40);
+      for (RankProgress& p : ranks) {
+        std::vector<CollectiveSample> kept;
+        for (CollectiveSample s : p.recent) {
+          const bool newest = s.seq + 10 > n;                   // node 0: this read's ten
+          const bool before = s.seq + 10 <= n && s.seq + 20 > n;  // node 1: the read before's
+          if (p.node == 0 ? !newest : !before) continue;
+          if (p.node == 1) {
+            s.begin_ago += 2.0;
+            s.posted_ago += 2.0;
+            s.end_ago += 2.0;
+          }
+          kept.push_back(s);
+        }
+        p.recent = kept;
+        p.summary_age_seconds = p.node == 0 ? 0 : 2.5;
+        if (p.node == 1) p.silent_seconds += 2.0;
+      }
+      view.Update(ranks, now, &out);
+      if (n == 20) {
+        ASSERT_EQ(view.clock_offsets().size(), 1u) << "measured at the second read";
+        EXPECT_NEAR(view.clock_offsets().at(1), 2.0, 0.001);
+      }
+    }
+    if (late < 0) {
+      EXPECT_TRUE(out.empty()) << out[0].message;
+    } else {
+      ASSERT_EQ(out.size(), 1u) << out[0].message;
+      EXPECT_EQ(out[0].ranks, std::vector<int>({3}));
+      EXPECT_NE(out[0].message.find("40.0 ms late"), std::string::npos) << out[0].message;
+    }
+  }
+}
+
 }  // namespace job_view_test
 }  // namespace lifeline::agent

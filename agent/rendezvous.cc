@@ -478,6 +478,7 @@ Result<bool> Rendezvous::EndedWithout(uint64_t round, size_t planned) {
 }
 
 void Rendezvous::Refocus() {
+  std::lock_guard<std::mutex> refocusing(refocus_mu_);
   std::vector<std::string> ranges = {Key("round"), Key("give_up")};
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -521,6 +522,7 @@ Result<RoundPlan> Rendezvous::Join(const ResumeOffer& offer, const std::function
   size_t seen_members = 0;
   bool members_known = false;     // seen_members counts (this node closes, or it asked etcd)
   Clock::time_point last_change = Clock::now();
+  Clock::time_point last_count{};  // the closer's last count of the entries in etcd
   bool closed_without_me = false;
   size_t planned_without_me = 0;  // the nodes of the round that closed without this node
   std::vector<std::string> previous;  // the names of the nodes of the round before the one joined
@@ -632,6 +634,17 @@ Result<RoundPlan> Rendezvous::Join(const ResumeOffer& offer, const std::function
       seen_members = members.size();
       members_known = true;
       last_change = Clock::now();
+    }
+    // The closer counts what its copy holds. A copy short of an entry etcd holds (a stream that
+    // missed it, or a mirror pointed at stale ranges: see Refocus) would keep the round waiting
+    // until the 10 s fresh read below (issue 50 saw a round of two nodes close 9 s after both
+    // joined; not reproduced here): while the copy has been still for a second short of MAX, etcd
+    // is asked for the count alone (once a second, one agent per round), and a copy behind it is
+    // read afresh.
+    if (members.size() < config_.max_nodes && SecondsSince(last_change) >= 1 && SecondsSince(last_count) >= 1) {
+      last_count = Clock::now();
+      Result<int64_t> n = client_->CountPrefix(Key(round_dir + "nodes/"));
+      if (n.ok() && static_cast<size_t>(*n) > members.size()) mirror_->Resync();
     }
     if (members.size() >= config_.min_nodes || members.size() >= config_.max_nodes)
       LL_RETURN_IF_ERROR(TryClose(*round, members, SecondsSince(last_change) >= config_.last_call_seconds, previous));
@@ -789,6 +802,7 @@ RendezvousNews Rendezvous::TakeNews() {
   news_.round.reset();
   news_.lost_nodes.clear();
   news_.lost_how.clear();
+  news_.lost_silent_seconds.clear();
   news_.isolated.clear();
   news_.progress.clear();
   return out;
@@ -962,6 +976,7 @@ void Rendezvous::Watch() {
     // its summary receiver shows gone, confirmed by a probe, without waiting for their leases.
     std::set<std::string> present, finished;
     std::map<std::string, std::string> gone;
+    std::map<std::string, double> silent;
     if (leader && ready) {
       for (const char* dir : {"nodes/", "finished/"}) {
         const std::string prefix = Key(round_dir + dir);
@@ -970,7 +985,7 @@ void Rendezvous::Watch() {
           if (dir[0] == 'f') finished.insert(kv.key.substr(prefix.size()));
         }
       }
-      gone = FindLostByStream(mine, nodes, finished);
+      gone = FindLostByStream(mine, nodes, finished, &silent);
     }
     bool refocus = false;
     {
@@ -997,7 +1012,10 @@ void Rendezvous::Watch() {
               continue;
             reported_lost_.push_back(id);
             news_.lost_nodes.push_back(id);
-            if (how != gone.end() && present.count(id)) news_.lost_how[id] = how->second;
+            if (how != gone.end() && present.count(id)) {
+              news_.lost_how[id] = how->second;
+              if (const auto q = silent.find(id); q != silent.end()) news_.lost_silent_seconds[id] = q->second;
+            }
           }
         }
       }
@@ -1046,7 +1064,8 @@ std::string Rendezvous::CutOff(uint64_t round, bool leader, size_t nodes, double
 }
 
 std::map<std::string, std::string> Rendezvous::FindLostByStream(uint64_t round, const std::vector<std::string>& nodes,
-                                                                const std::set<std::string>& finished) {
+                                                                const std::set<std::string>& finished,
+                                                                std::map<std::string, double>* silent) {
   std::map<std::string, std::string> out;
   // Summaries come every progress_seconds: twice that without one is a node to look at, once the
   // senders had the time to find a new leader.
@@ -1056,11 +1075,14 @@ std::map<std::string, std::string> Rendezvous::FindLostByStream(uint64_t round, 
   std::map<std::string, ReceivedSummary> got;
   for (ReceivedSummary& r : summaries_->Summaries(round, /*with_text=*/false)) got[r.node] = std::move(r);
   std::vector<std::string> suspects, why;
+  std::vector<Clock::time_point> last_sign;  // the suspect's newest frame, or its connection's close
   std::vector<std::pair<std::string, uint16_t>> targets;
   for (const std::string& id : nodes) {
     if (id == node_id_ || finished.count(id)) continue;
     const auto it = got.find(id);
     std::string w;
+    // Never heard of in this round: silent at least since this node leads it.
+    const Clock::time_point sign = it == got.end() ? leading_since_ : std::max(it->second.received, it->second.closed);
     if (it == got.end()) {
       w = "it sent the leader no summary in " + FormatSeconds(leading) + " s";
     } else if (!it->second.connected) {
@@ -1081,6 +1103,7 @@ std::map<std::string, std::string> Rendezvous::FindLostByStream(uint64_t round, 
     if (to.second == 0) continue;  // an agent without a summary port: its lease decides
     suspects.push_back(id);
     why.push_back(std::move(w));
+    last_sign.push_back(sign);
     targets.emplace_back(to.first, static_cast<uint16_t>(to.second));
   }
   if (suspects.empty()) return out;
@@ -1089,8 +1112,10 @@ std::map<std::string, std::string> Rendezvous::FindLostByStream(uint64_t round, 
   const std::vector<Status> probes = ProbeAll(targets, 0.5);
   for (size_t k = 0; k < suspects.size(); ++k) {
     probed_[suspects[k]] = Clock::now();
-    if (!probes[k].ok())
+    if (!probes[k].ok()) {
       out[suspects[k]] = why[k] + ", and its agent did not accept a connection (" + probes[k].ToString() + ")";
+      (*silent)[suspects[k]] = SecondsSince(last_sign[k]);  // after the probe: as of the verdict
+    }
   }
   return out;
 }

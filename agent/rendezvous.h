@@ -150,6 +150,10 @@ struct RendezvousNews {
   std::string give_up;                    // the job ended: why
   std::vector<std::string> lost_nodes;    // the leader's: nodes of its round found gone...
   std::map<std::string, std::string> lost_how;  // ...and how, for those not found by their lease
+  // ...and, for those found by their summary stream, how long the leader had heard nothing of them
+  // when it named them (since their newest summary, or their connection's close, whichever came
+  // later): the detection as measured. Absent: found by the lease (the fault a lease before).
+  std::map<std::string, double> lost_silent_seconds;
   bool etcd_unreachable = false;          // etcd did not answer the last poll
   // This node is cut off (issue 36, item 3): it has not renewed its lease for nearly its whole
   // time while the job reaches etcd (the leader says so, or the other nodes tell the leader), or
@@ -235,8 +239,13 @@ class Rendezvous {
  private:
   explicit Rendezvous(RendezvousConfig config, std::unique_ptr<EtcdClient> client, std::unique_ptr<EtcdMirror> mirror,
                       std::unique_ptr<SummaryReceiver> summaries);
-  // Points the mirror at what this agent's part needs now (see the top).
+  // Points the mirror at what this agent's part needs now (see the top). Called by Join and the
+  // watcher after each changes that state: the state is read and the mirror pointed under
+  // refocus_mu_, so the mirror ends on the newest state's ranges (read and pointed apart, a
+  // watcher's read of the state before a Join's change could reach the mirror after the Join's,
+  // leaving it without the round the Join waits on).
   void Refocus();
+  std::mutex refocus_mu_;
   // The round's number as the mirror holds it (0 when absent); Corruption for a value not ours.
   Result<uint64_t> MirroredRound() const;
   std::string Key(const std::string& tail) const { return prefix_ + tail; }
@@ -296,9 +305,10 @@ class Rendezvous {
   std::map<std::string, std::chrono::steady_clock::time_point> probed_;  // the watcher's own: nodes probed, when
   // The leader's quick look for lost nodes (issue 36, item 3): `nodes` of round `round` whose
   // summary connection closed or went quiet, confirmed by a probe of their agent's port; each
-  // with how it was found.
+  // with how it was found, and in `*silent` how long nothing was heard of it (RendezvousNews).
   std::map<std::string, std::string> FindLostByStream(uint64_t round, const std::vector<std::string>& nodes,
-                                                      const std::set<std::string>& finished);
+                                                      const std::set<std::string>& finished,
+                                                      std::map<std::string, double>* silent);
   std::unique_ptr<SummarySender> sender_;  // the watcher's own
   std::thread watcher_;
 };

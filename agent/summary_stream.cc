@@ -90,6 +90,7 @@ std::vector<ReceivedSummary> SummaryReceiver::Summaries(uint64_t round, bool wit
     // Named: positional, the frame count once landed in etcd_age (the field between), and a leader
     // cut off from etcd misjudged when the others had last reached it.
     ReceivedSummary light{.node = s.node, .summary = {}, .received = s.received, .connected = s.connected,
+                          .closed = s.closed,
                           .etcd_age = s.etcd_age, .frames = s.frames, .wire_bytes = s.wire_bytes,
                           .frames_pending = {}, .frames_dropped = s.frames_dropped};
     out.push_back(std::move(light));
@@ -105,6 +106,7 @@ std::vector<ReceivedSummary> SummaryReceiver::TakeSummaries(uint64_t round) {
   for (auto& [node, s] : it->second) {
     if (s.frames_pending.empty()) continue;
     ReceivedSummary taken{.node = s.node, .summary = {}, .received = s.received, .connected = s.connected,
+                          .closed = s.closed,
                           .etcd_age = s.etcd_age, .frames = s.frames, .wire_bytes = s.wire_bytes,
                           .frames_pending = std::move(s.frames_pending), .frames_dropped = s.frames_dropped};
     s.frames_pending.clear();
@@ -203,7 +205,10 @@ void SummaryReceiver::Run() {
     const auto r = by_round_.find(p.round);
     if (r == by_round_.end()) return;
     const auto s = r->second.find(p.node);
-    if (s != r->second.end()) s->second.connected = false;
+    if (s != r->second.end()) {
+      s->second.connected = false;
+      s->second.closed = Clock::now();  // a process that dies closes its sockets: its last sign
+    }
   };
   // One epoll set of every connection: poll() looks at every connection for each summary that
   // comes, which with 2,048 nodes was about a quarter of lifeline-etcd-load's CPU.

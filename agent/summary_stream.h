@@ -52,6 +52,7 @@ struct ReceivedSummary {
   std::string summary;       // the summary text ("" until the first comes: connected only)
   std::chrono::steady_clock::time_point received{};
   bool connected = false;    // its connection is open now
+  std::chrono::steady_clock::time_point closed{};  // when its connection last closed ({}: never)
   double etcd_age = 0;       // how long before its newest summary it had last renewed its lease (s)
   uint64_t frames = 0;
   uint64_t wire_bytes = 0;   // compressed bytes received from it

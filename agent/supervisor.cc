@@ -65,7 +65,10 @@ std::string Supervisor::NodeOfRank(int global) const {
 
 void Supervisor::RecordFault(const Anomaly& reason, uint64_t now_ns) {
   // When the fault happened: a death when its exit was seen; a hang or a stuck exit when the
-  // culprits last said anything; a lost node a lease before its loss was named.
+  // culprits last said anything; a lost node when the leader last heard of it (found by its summary
+  // stream: its newest summary or its connection's close), or a lease before its loss was named
+  // (found by its lease: it renewed last then). Issue 50: a loss named within a second was
+  // accounted 10 s of detection, the lease, where the leader had measured it.
   uint64_t fault = reason.detected_ns != 0 ? reason.detected_ns : now_ns;
   if (reason.kind == "hang" || reason.kind == "exit_hang") {
     uint64_t last = 0;
@@ -76,7 +79,11 @@ void Supervisor::RecordFault(const Anomaly& reason, uint64_t now_ns) {
       last = fault - std::min(fault, Nanos(reason.evidence["waited_seconds"].get<double>()));
     if (last != 0) fault = std::min(fault, last);
   } else if (reason.kind == "node_lost") {
-    fault -= std::min(fault, Nanos(config_.rendezvous.lease_seconds));
+    const auto silent = reason.evidence.find("silent_seconds");
+    const double before = silent != reason.evidence.end() && silent->is_number() && silent->get<double>() >= 0
+                              ? silent->get<double>()
+                              : config_.rendezvous.lease_seconds;
+    fault -= std::min(fault, Nanos(before));
   }
   const std::string node = reason.ranks.empty() ? std::string() : NodeOfRank(reason.ranks.front());
   ledger_.Fault(reason.kind, reason.ranks, node, fault, now_ns);
@@ -250,6 +257,11 @@ void Supervisor::ReadRound(const PollInput& in, std::vector<Anomaly>* anomalies,
     if (how != news.lost_how.end()) {  // its summary stream, before its lease (issue 36, item 3)
       a.evidence["found_by"] = "summary_stream";
       a.message = "node " + std::to_string(group) + " (" + id + "): " + how->second + ": its agent or machine is gone";
+      const auto silent = news.lost_silent_seconds.find(id);
+      if (silent != news.lost_silent_seconds.end()) {
+        a.evidence["silent_seconds"] = silent->second;
+        a.message += " (nothing heard of it for " + detail::Duration(silent->second) + ")";
+      }
     } else {
       a.evidence["found_by"] = "lease";
       a.message = "node " + std::to_string(group) + " (" + id + ") stopped renewing its etcd lease for " +
@@ -368,6 +380,23 @@ void Supervisor::HoldFailureEchoes(const PollInput& in, bool moved, std::vector<
 }
 
 void Supervisor::ScreenHostNoise(std::vector<Anomaly>* anomalies, PollDecision* out) {
+  // The slow-collective detector's own finding first, whatever the host's pressure reads (issue 50:
+  // a host busy with other jobs paged "the whole communicator is slow" at x2.0): the ranks' work
+  // between collectives slowed as much as the collectives.
+  for (auto it = anomalies->begin(); it != anomalies->end();) {
+    if (it->kind != "slow_collective" || !it->ranks.empty() || !it->evidence.value("host_busy", false)) {
+      ++it;
+      continue;
+    }
+    out->records.push_back({{"action", "not_paged"},
+                            {"anomaly", it->kind},
+                            {"ranks", it->ranks},
+                            {"message", it->message},
+                            {"evidence", it->evidence},
+                            {"reason", "the ranks' own work between their collectives slowed as much as the collectives: "
+                                       "a host busy with other processes, not a slow communicator"}});
+    it = anomalies->erase(it);
+  }
   bool maybe_noise = false;
   for (const Anomaly& a : *anomalies)
     maybe_noise |= a.kind == "straggler" || a.kind == "slow_collective" || a.kind == "checkpoint";

@@ -429,6 +429,40 @@ TEST(SupervisorTest, AStragglerASaturatedHostExplainsIsNotPaged) {
   }
 }
 
+// Issue 50, item 5: a host busy with other processes slows the ranks' compute and their allreduce
+// alike (x2.4); its CPU pressure reads low (the kernel's average lags, or the host has cores to
+// spare but not for these ranks). The slow-collective detector tells it from a slow communicator
+// by the ranks' own work between collectives; it is logged as not paged, whatever the pressure.
+TEST(SupervisorTest, ABusyHostIsNotPagedAsASlowCommunicator) {
+  simulation::Sim sim;
+  sim.ranks = 4;
+  sim.steps = 120;
+  sim.op_seconds = [](int k) { return k >= 60 ? 0.012 : 0.005; };
+  sim.extra_compute = [](int, int k) { return k >= 60 ? 0.010 : 0.0; };
+  const simulation::Stream stream = simulation::Generate(sim);
+  Harness h(4, std::nullopt, Config(4));
+  h.now = 0;
+  h.around.host.saturated = false;
+  h.around.host.pressure_percent = 5;
+  std::vector<size_t> next(stream.size(), 0);
+  std::vector<RaisedAnomaly> raised;
+  std::vector<nlohmann::json> records;
+  while (h.now < simulation::LastTime(stream)) {
+    for (size_t r = 0; r < stream.size(); ++r)
+      for (; next[r] < stream[r].size() && stream[r][next[r]].time_ns <= h.now + 10 * kMs; ++next[r])
+        h.supervisor().Observe(static_cast<int>(r), stream[r][next[r]]);
+    PollDecision d = h.Poll(10 * kMs);
+    raised.insert(raised.end(), d.raised.begin(), d.raised.end());
+    records.insert(records.end(), d.records.begin(), d.records.end());
+  }
+  EXPECT_TRUE(raised.empty()) << raised[0].record.dump();
+  ASSERT_EQ(records.size(), 1u);
+  EXPECT_EQ(records[0]["action"], "not_paged");
+  EXPECT_EQ(records[0]["anomaly"], "slow_collective");
+  EXPECT_EQ(records[0]["evidence"]["host_busy"], true);
+  EXPECT_NE(records[0]["reason"].get<std::string>().find("a host busy with other processes"), std::string::npos);
+}
+
 TEST(SupervisorTest, RanksThatAllEndedWellConcludeTheJobAndAFailedOneGivesUp) {
   AgentConfig config = Config(2);
   config.policy["dead"] = Action::kLog;
@@ -534,6 +568,44 @@ TEST(SupervisorTest, ARestartsCostIsSettledOnceTheRelaunchedRanksAllStep) {
   ASSERT_FALSE(settled.records.empty());
   EXPECT_EQ(settled.records.back()["action"], "time_lost");
   EXPECT_LT(h.supervisor().ledger().ettr(h.now), 1.0);
+}
+
+// Issue 50, item 4: a node the leader found lost by its summary stream 1.2 s after it last heard
+// of it costs 1.2 s of detection, as measured; one found by its lease, the lease (it last renewed
+// then). Before, both were accounted the lease (10 s) for a loss named within a second.
+TEST(SupervisorTest, ALostNodesDetectionIsTheSilenceTheLeaderMeasuredOrElseTheLease) {
+  for (const bool by_stream : {true, false}) {
+    Harness h(2, ThreeNodes(), Config(2));
+    for (uint64_t step = 1; step <= 20; ++step) {  // a launch long past the lease
+      h.FullStep(0, step, step);
+      h.FullStep(1, step, step);
+      h.now += 1 * kSec;
+    }
+    RendezvousNews news;
+    news.lost_nodes = {"node-c"};
+    if (by_stream) {
+      news.lost_how["node-c"] = "its summary connection to the leader closed, and its agent did not accept a connection";
+      news.lost_silent_seconds["node-c"] = 1.2;
+    }
+    const PollDecision d = h.Poll(10 * kMs, {}, news);
+    ASSERT_TRUE(d.restart.has_value());
+    ASSERT_EQ(d.restart->kind, "node_lost");
+    EXPECT_EQ(d.restart->evidence["found_by"], by_stream ? "summary_stream" : "lease");
+    if (by_stream) {
+      EXPECT_EQ(d.restart->evidence["silent_seconds"], 1.2);
+      EXPECT_NE(d.restart->message.find("(nothing heard of it for 1.2 s)"), std::string::npos) << d.restart->message;
+    }
+    h.supervisor().StoppedForRound(h.now + 100 * kMs);
+    h.now += 1 * kSec;
+    h.Launch(2, ThreeNodes(), 1);
+    h.FullStep(0, 21, 21);
+    h.FullStep(1, 21, 21);
+    const PollDecision settled = h.Poll(10 * kMs);
+    ASSERT_TRUE(settled.restart_cost.has_value()) << by_stream;
+    EXPECT_EQ(settled.restart_cost->cause, "node_lost");
+    EXPECT_NEAR(settled.restart_cost->detection_seconds, by_stream ? 1.2 : 10.0, 1e-6) << by_stream;
+    EXPECT_NEAR(h.supervisor().ledger().lost_seconds("detection"), by_stream ? 1.2 : 10.0, 1e-6);
+  }
 }
 
 TEST(SupervisorTest, ARequeueMayHelpFaultsOfTheMachinesNotAFailingCommand) {

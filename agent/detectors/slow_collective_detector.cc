@@ -17,6 +17,7 @@ using trace::Op;
 void SlowCollectiveDetector::Reset(int world) {
   world_ = std::max(world, 0);
   stats_.clear();
+  last_end_.clear();
 }
 
 void SlowCollectiveDetector::Observe(const Timeline& t, const TimelineChange& c) {
@@ -45,9 +46,39 @@ void SlowCollectiveDetector::Observe(const Timeline& t, const TimelineChange& c)
     if (t.rank(m).alive) exits.push_back(SecondsBetween(last_begin, rec.end_ns[m]));
   if (exits.empty()) return;
   sample.duration = Median(std::move(exits));
+  // Once every part is in: from the last post to the median member's exit (NaN when a member
+  // posts no part: its contribution's time is unknown).
+  sample.transfer = kNaN;
+  uint64_t last_post = 0;
+  bool all_posted = true;
+  for (int m : members) {
+    if (!t.rank(m).alive) continue;
+    all_posted = all_posted && rec.posted_ns[m] != 0;
+    last_post = std::max(last_post, rec.posted_ns[m]);
+  }
+  if (all_posted && last_post != 0) {
+    std::vector<double> after_post;
+    for (int m : members)
+      if (t.rank(m).alive) after_post.push_back(rec.end_ns[m] >= last_post ? SecondsBetween(last_post, rec.end_ns[m]) : 0.0);
+    sample.transfer = Median(std::move(after_post));
+  }
+  // Each member's own time since its previous collective on this communicator ended (that one
+  // judged here too, so consecutive): its compute, its host's doing, never the link's.
+  std::vector<std::pair<uint64_t, uint64_t>>& last = last_end_[comm];
+  last.resize(static_cast<size_t>(world_), {0, 0});
+  std::vector<double> work;
+  for (int m : members) {
+    if (!t.rank(m).alive || rec.end_ns[m] == 0) continue;
+    const auto [prev_seq, prev_end] = last[m];
+    if (prev_seq + 1 == sample.seq && prev_end != 0 && rec.begin_ns[m] >= prev_end)
+      work.push_back(SecondsBetween(prev_end, rec.begin_ns[m]));
+    last[m] = {sample.seq, rec.end_ns[m]};
+  }
+  sample.work = Median(std::move(work));
   OpStats& st = stats_[{comm, rec.op}];
   if (st.baseline.size() < std::max<uint32_t>(config_.baseline_window, 1)) {
     st.baseline.push_back(sample.duration);
+    if (!std::isnan(sample.work)) st.baseline_work.push_back(sample.work);
   } else {
     PushToWindow(&st.recent, std::move(sample), config_.recent_window);
     st.dirty = true;
@@ -127,11 +158,18 @@ void SlowCollectiveDetector::Check(const Timeline& t, uint32_t comm, Op op, OpSt
       if (x.excess > c.min_excess_seconds && (x.z > kCulpritZ || x.clear_max)) outliers.push_back(x);
     }
   }
-  // A rank that alone holds every collective back by (factor - 1) x the baseline slows it by the
-  // factor, as the communicator's own check would have it had that rank entered last.
+  // A rank that alone holds every collective back by (factor - 1) x the collective's own cost
+  // slows it by the factor, as the communicator's own check would have it had that rank entered
+  // last. The cost: the baseline, or when less what the collective takes once every part is in
+  // (the last post to the median exit; the baseline may have formed while the rank was late
+  // already: see the header).
+  std::vector<double> transfers;
+  for (const Sample& s : st->recent)
+    if (!std::isnan(s.transfer)) transfers.push_back(s.transfer);
+  const double own_cost = 2 * transfers.size() >= st->recent.size() ? std::min(base, Median(transfers)) : base;
   std::vector<RankDelay> culprit_delays;
   for (const RankDelay& x : outliers)
-    if (comm_slow || (x.excess > (c.factor - 1) * base && (x.z > kLoneCulpritZ || x.clear_max)))
+    if (comm_slow || (x.excess > (c.factor - 1) * own_cost && (x.z > kLoneCulpritZ || x.clear_max)))
       culprit_delays.push_back(x);
   if (!comm_slow && culprit_delays.empty()) return;
   if (cooling && culprit_delays.empty()) return;
@@ -153,6 +191,16 @@ void SlowCollectiveDetector::Check(const Timeline& t, uint32_t comm, Op op, OpSt
     worst = std::max(worst, culprit_delays[i].excess);
   }
 
+  // The ranks' own work between collectives against its baseline: slowed as much as the
+  // collectives (kHostBusyShare of their growth), a communicator slow as a whole is the host's.
+  std::vector<double> recent_work;
+  for (const Sample& s : st->recent)
+    if (!std::isnan(s.work)) recent_work.push_back(s.work);
+  const double work_base = Median(st->baseline_work);
+  const double work_recent = 2 * recent_work.size() >= st->recent.size() ? Median(recent_work) : kNaN;
+  const bool host_busy = comm_slow && culprits.empty() && !std::isnan(work_base) && !std::isnan(work_recent) &&
+                         work_recent - work_base >= kHostBusyShare * (recent - base);
+
   const std::string name = std::string(trace::OpName(op)) + " on comm " + std::to_string(comm);
   Anomaly a;
   a.kind = "slow_collective";
@@ -172,18 +220,30 @@ void SlowCollectiveDetector::Check(const Timeline& t, uint32_t comm, Op op, OpSt
   // "communicator": its median duration slowed past the factor; "rank": it did not (the late
   // ranks entered early enough to hide it), but the named ranks hold their part back that long.
   a.evidence["trigger"] = comm_slow ? "communicator" : "rank";
+  if (!std::isnan(work_base) && !std::isnan(work_recent)) {
+    a.evidence["work_baseline_median_seconds"] = work_base;
+    a.evidence["work_recent_median_seconds"] = work_recent;
+  }
+  if (host_busy) a.evidence["host_busy"] = true;
   std::string what;
   if (comm_slow) {
     what = name + " slowed to " + Duration(recent) + " (median of the last " + std::to_string(st->recent.size()) +
            ", baseline " + Duration(base) + (base > 0 ? ", x" + Fmt("%.1f", recent / base) : std::string()) + ")";
   } else {
-    const double held = base + worst;
-    a.evidence["held_back_factor"] = base > 0 ? Number(held / base) : nlohmann::json(nullptr);
-    what = name + " held back to " + Duration(held) + " by late parts (baseline " + Duration(base) +
-           (base > 0 ? ", x" + Fmt("%.1f", held / base) : std::string()) + "; from the last entry " +
+    // Against the collective's own cost, as the rank was judged.
+    const double cost = own_cost;
+    const double held = cost + worst;
+    a.evidence["held_back_factor"] = cost > 0 ? Number(held / cost) : nlohmann::json(nullptr);
+    a.evidence["own_cost_seconds"] = cost;
+    what = name + " held back to " + Duration(held) + " by late parts (" +
+           (cost < base ? "without them " + Duration(cost) + ", baseline " + Duration(base) : "baseline " + Duration(base)) +
+           (cost > 0 ? ", x" + Fmt("%.1f", held / cost) : std::string()) + "; from the last entry " +
            Duration(recent) + ", median of the last " + std::to_string(st->recent.size()) + ")";
   }
-  if (culprits.empty()) {
+  if (host_busy) {
+    what += ": no rank stands out, and the ranks' own work between collectives slowed as much (" +
+            Duration(work_base) + " to " + Duration(work_recent) + "): the host is busy, not the communicator";
+  } else if (culprits.empty()) {
     what += ": no rank stands out, the whole communicator is slow";
   } else {
     std::string each;

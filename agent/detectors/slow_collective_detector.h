@@ -17,6 +17,24 @@
 // after a typical one, so a typical rank posting its part late holds the collective back past that
 // entry by much less than it holds its part. Such an anomaly names that rank, with evidence
 // "trigger": "rank" (else "communicator").
+// The bar for a rank alone is (factor - 1) x the collective's own cost, taken as the smaller of the
+// baseline median and what the collective takes once every part is in (from the last member's post
+// to the median member's exit, median over the recent window): a baseline formed while the rank was
+// already late (the leader's job-wide view sees a job's collectives only from its first summaries
+// on; issue 50: a link 20 ms slow from step 97 made the baseline of collectives 91 to 140, and went
+// unnamed) does not hide it. So a slow link is named once its lateness at least doubles the
+// collective (factor 2), and is at least min_excess_seconds: with an allreduce of 0.4 ms, from 5 ms
+// late on; with one of 28 ms (a 2-core host saturated by other work), from 28 ms late.
+//
+// A busy host is not a slow communicator: CPUs taken by other processes slow the ranks' own work
+// between their collectives (from a member's end of the previous collective on the communicator to
+// its begin of the next) as much as the collectives, where a slow link or fabric slows the
+// collectives alone. When the communicator slowed naming no rank, and the members' work between
+// collectives (median over members, then over the window, against its own baseline) grew by at
+// least kHostBusyShare of the collective's growth, the anomaly says so: evidence "host_busy": true
+// and the work's medians; the Supervisor logs it as not paged (TakeHostNoise, agent/host_cpu.h).
+// A communicator with no gap between its collectives (back-to-back buckets) has no such evidence,
+// and is judged on its durations as before.
 // Cooldown per (comm, op); an alarm naming ranks still follows one that named none within it.
 //
 // Thread safety: none (see agent/detector.h).
@@ -46,9 +64,12 @@ class SlowCollectiveDetector : public Detector {
     uint64_t step = trace::kNoStep;
     double duration = 0;
     std::vector<double> posted_delay;  // per rank; NaN without a CollectivePosted
+    double work = 0;      // the members' median time from the previous collective's end; NaN: unknown
+    double transfer = 0;  // from the last member's post to the median member's exit; NaN: unknown
   };
   struct OpStats {
     std::vector<double> baseline;
+    std::vector<double> baseline_work;  // the baseline samples' `work` (finite ones)
     std::deque<Sample> recent;
     bool dirty = false;
     bool reported = false;
@@ -60,7 +81,13 @@ class SlowCollectiveDetector : public Detector {
   SlowCollectiveConfig config_;
   int world_ = 0;
   std::map<std::pair<uint32_t, trace::Op>, OpStats> stats_;
+  // Per communicator, per rank: the seq and end time of its newest collective judged here.
+  std::map<uint32_t, std::vector<std::pair<uint64_t, uint64_t>>> last_end_;
 };
+
+// The share of a communicator's slowdown that the ranks' own work between its collectives must
+// have slowed as well for the slowdown to be the host's (above).
+inline constexpr double kHostBusyShare = 0.5;
 
 }  // namespace lifeline::agent
 

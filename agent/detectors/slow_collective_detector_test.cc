@@ -50,6 +50,106 @@ TEST(SlowCollectiveDetectorTest, WholeCommunicatorSlowNamesNoRank) {
   ASSERT_EQ(driver.all().size(), 1u) << Describe(driver.all());
   EXPECT_TRUE(driver.all()[0].ranks.empty());
   EXPECT_NE(driver.all()[0].message.find("whole communicator"), std::string::npos) << driver.all()[0].message;
+  // The ranks' own work between collectives did not slow: the fabric, not the host.
+  EXPECT_FALSE(driver.all()[0].evidence.value("host_busy", false)) << driver.all()[0].evidence.dump();
+  EXPECT_NEAR(driver.all()[0].evidence["work_recent_median_seconds"].get<double>(),
+              driver.all()[0].evidence["work_baseline_median_seconds"].get<double>(), 0.002);
+}
+
+// Issue 50, item 5: a host busy with other processes (a `lifeline gc` loop and another job beside
+// a CPU-bound one): from step 60 the ranks' compute takes 10 ms more and their allreduce 12 ms
+// instead of 5 (x2.4), every rank alike. No rank stands out and the ranks' own work between their
+// collectives slowed as much as the collective: the host is busy, which the anomaly says (the
+// Supervisor logs it as not paged: SupervisorTest.ABusyHostIsNotPagedAsASlowCommunicator).
+TEST(SlowCollectiveDetectorTest, ABusyHostIsToldFromASlowCommunicator) {
+  Sim sim;
+  sim.steps = 120;
+  sim.op_seconds = [](int k) { return k >= 60 ? 0.012 : 0.005; };
+  sim.extra_compute = [](int, int k) { return k >= 60 ? 0.010 : 0.0; };
+  SlowCollectiveDetector slow(SlowCollectiveConfig{});
+  SimDriver driver(sim, {&slow});
+  driver.RunPast(1 * kSec);
+  ASSERT_EQ(driver.all().size(), 1u) << Describe(driver.all());
+  const Anomaly& a = driver.all()[0];
+  EXPECT_TRUE(a.ranks.empty());
+  EXPECT_EQ(a.evidence.value("host_busy", false), true) << a.evidence.dump();
+  EXPECT_GT(a.evidence["work_recent_median_seconds"].get<double>(),
+            a.evidence["work_baseline_median_seconds"].get<double>() + 0.005) << a.evidence.dump();
+  EXPECT_NE(a.message.find("the host is busy, not the communicator"), std::string::npos) << a.message;
+}
+
+// The same busy host, and one rank's link slow as well: the rank stands out and is named; the
+// host's share does not hide it.
+TEST(SlowCollectiveDetectorTest, ASlowLinkOnABusyHostIsStillNamed) {
+  Sim sim;
+  sim.steps = 120;
+  sim.op_seconds = [](int k) { return k >= 60 ? 0.012 : 0.005; };
+  sim.extra_compute = [](int, int k) { return k >= 60 ? 0.010 : 0.0; };
+  sim.extra_post = [](int r, int k) { return r == 3 && k >= 60 ? 0.030 : 0.0; };
+  SlowCollectiveDetector slow(SlowCollectiveConfig{});
+  SimDriver driver(sim, {&slow});
+  driver.RunPast(1 * kSec);
+  ASSERT_EQ(driver.all().size(), 1u) << Describe(driver.all());
+  EXPECT_EQ(driver.all()[0].ranks, std::vector<int>{3});
+  EXPECT_FALSE(driver.all()[0].evidence.value("host_busy", false));
+}
+
+// Issue 50, item 5: the two-node drill's shape as the leader's job-wide view saw it. Its allreduce
+// takes 0.4 ms; rank 2's link is 20 ms slower from step 8, so the detector's baseline (the first
+// 50 collectives it sees: the leader's view saw collectives 91 to 140 of a job whose link slowed
+// at step 97) is made mostly of slow collectives, and the communicator never slows against it.
+// Rank 2 posts its part 20 ms after entering where its peers post at once, holding back a
+// collective whose own cost (from the last part posted to the median exit) is 0.4 ms: named.
+TEST(SlowCollectiveDetectorTest, ASlowLinkAlreadyLateWhenTheBaselineFormedIsNamed) {
+  Sim sim;
+  sim.steps = 150;
+  sim.compute = 0.005;
+  sim.compute_sigma = 0.0003;
+  sim.op = 0.0004;
+  sim.op_sigma = 0.00005;
+  sim.extra_post = [](int r, int k) { return r == 2 && k >= 8 ? 0.020 : 0.0; };
+  SlowCollectiveDetector slow(SlowCollectiveConfig{});
+  SimDriver driver(sim, {&slow});
+  driver.RunPast(1 * kSec);
+  ASSERT_EQ(driver.all().size(), 1u) << Describe(driver.all());
+  const Anomaly& a = driver.all()[0];
+  EXPECT_EQ(a.ranks, std::vector<int>{2});
+  EXPECT_EQ(a.evidence["trigger"], "rank") << a.evidence.dump();
+  EXPECT_GT(a.evidence["baseline_median_seconds"].get<double>(), 0.010) << "the baseline holds the slow link";
+  EXPECT_LT(a.evidence["own_cost_seconds"].get<double>(), 0.001) << a.evidence.dump();
+  EXPECT_GT(a.evidence["held_back_factor"].get<double>(), 10) << a.evidence.dump();
+  EXPECT_NE(a.message.find("rank 2 posts its part"), std::string::npos) << a.message;
+}
+
+// The detector's sensitivity (its header; docs/figures.md): a slow link is named once its lateness
+// is (factor - 1) x the collective's own cost, and min_excess_seconds (5 ms). Where the allreduce
+// takes 28 ms (this 2-core machine saturated by other work, as tests/agent/multinode_drill_test.cc
+// found), a link 30 ms slow from step 97 is named and one 20 ms slow (x1.7) is not: its documented
+// miss. Where it takes 0.4 ms (the two-node drill on an idle machine), 6 ms is named, 4 ms is not.
+TEST(SlowCollectiveDetectorTest, TheSmallestSlowLinkNamedDoublesTheCollective) {
+  struct Case {
+    double op, late;
+    bool named;
+  };
+  for (const Case& c : {Case{0.028, 0.020, false}, Case{0.028, 0.030, true}, Case{0.0004, 0.004, false},
+                        Case{0.0004, 0.006, true}}) {
+    Sim sim;
+    sim.steps = 200;
+    sim.compute = 0.005;
+    sim.compute_sigma = 0.0003;
+    sim.op = c.op;
+    sim.op_sigma = c.op / 30;
+    sim.extra_post = [late = c.late](int r, int k) { return r == 1 && k >= 97 ? late : 0.0; };
+    SlowCollectiveDetector slow(SlowCollectiveConfig{});
+    SimDriver driver(sim, {&slow});
+    driver.RunPast(1 * kSec);
+    if (!c.named) {
+      EXPECT_TRUE(driver.all().empty()) << c.op << " " << c.late << ": " << Describe(driver.all());
+      continue;
+    }
+    ASSERT_EQ(driver.all().size(), 1u) << c.op << " " << c.late << ": " << Describe(driver.all());
+    EXPECT_EQ(driver.all()[0].ranks, std::vector<int>{1});
+  }
 }
 
 // The whole communicator slows first (on a saturated host, say: that alarm is not paged), then one

@@ -15,6 +15,7 @@
 #include <set>
 #include <utility>
 
+#include "agent/detectors/evidence.h"
 #include "agent/progress.h"
 #include "agent/rendezvous.h"
 #include "agent/summary_stream.h"
@@ -258,6 +259,8 @@ struct NodeAgent {
   bool news_moved = false;
   std::vector<EtcdKeyValue> news_progress;
   std::vector<std::string> news_lost;
+  std::map<std::string, std::string> news_lost_how;      // those found by their summary stream...
+  std::map<std::string, double> news_lost_silent;        // ...and how long the leader heard nothing of them
   // Its newest summary the leader has, and which leader that was (-1: none; a new leader has none).
   uint64_t acked = 0;
   int acked_by = -1;
@@ -470,18 +473,24 @@ class JobSimulation {
     const double quiet = 2 * c_.progress_seconds;
     for (int g = 0; g < c_.nodes; ++g) {
       if (g == n.group) continue;
-      bool lost = !LeaseAlive(g, t);
+      const bool lease_gone = !LeaseAlive(g, t);
+      bool by_stream = false;
       if (t - summary_at_[g] > quiet && t - n.leading_since > quiet + 1) {
         if (n.probing[g] < 0) n.probing[g] = t;
-        lost = lost || (nodes_[g].gone && t - n.probing[g] >= 0.5);
+        by_stream = nodes_[g].gone && t - n.probing[g] >= 0.5;
       } else {
         n.probing[g] = -1;
       }
-      if (!lost) continue;
+      if (!lease_gone && !by_stream) continue;
       const std::string& id = nodes_[g].id;
       if (std::count(n.reported_lost.begin(), n.reported_lost.end(), id)) continue;
       n.reported_lost.push_back(id);
       n.news_lost.push_back(id);
+      if (!lease_gone) {  // as the Rendezvous says it: how, and the silence it measured
+        n.news_lost_how[id] = "it sent the leader no summary for " + detail::Duration(t - summary_at_[g]) +
+                              ", and its agent did not accept a connection (simulated)";
+        n.news_lost_silent[id] = t - summary_at_[g];
+      }
     }
   }
 
@@ -506,8 +515,12 @@ class JobSimulation {
     news.progress = std::move(n.news_progress);
     news.progress_acked = n.acked_by == leader_ ? n.acked : 0;
     news.lost_nodes = std::move(n.news_lost);
+    news.lost_how = std::move(n.news_lost_how);
+    news.lost_silent_seconds = std::move(n.news_lost_silent);
     n.news_progress.clear();
     n.news_lost.clear();
+    n.news_lost_how.clear();
+    n.news_lost_silent.clear();
     in.news = &news;
     meter_.BeginDrain();
     for (int local = 0; local < per_node_; ++local) {
