@@ -24,10 +24,10 @@
 #include "agent/metrics.h"
 #include "agent/progress.h"
 #include "agent/resume.h"
-#include "lib/src/store/save_lock.h"
-#include "agent/replication/tier_replica.h"
 #include "lifeline/checkpoint.h"
 #include "lifeline/env.h"
+#include "lifeline/inspect.h"
+#include "lifeline/internal/tier_replica.h"
 
 namespace lifeline::agent {
 namespace {
@@ -298,12 +298,11 @@ Status Agent::Setup() {
 
 Status Agent::CheckCheckpointDirFree() const {
   if (config_.checkpoint_dir.empty()) return Status::OK();
-  Result<std::optional<SaveLockHolder>> holder = FindSaveLockHolder(Env::Default(), config_.checkpoint_dir);
-  if (!holder.ok() || !holder->has_value()) return Status::OK();  // the ranks' saves decide then
   // The job's own ranks (another node's, launched first) are welcome: the agent gives its ranks
   // the job id (LIFELINE_JOB) and the lock says it.
-  if ((*holder)->job == config_.job_id) return Status::OK();
-  return DirectoryInUse(config_.checkpoint_dir, **holder).Annotate("--checkpoint-dir");
+  Status free = CheckNoOtherJobSaving(config_.checkpoint_dir, config_.job_id);
+  if (free.code() != StatusCode::kFailedPrecondition) return Status::OK();  // unreadable: the ranks' saves decide then
+  return free.Annotate("--checkpoint-dir");
 }
 
 Status Agent::Launch() {

@@ -59,7 +59,8 @@ class Agent {
   Status Setup();
   Status Launch();
   // FailedPrecondition naming the other job when --checkpoint-dir is being saved into by a job
-  // other than this one (its save lock, lib/src/store/save_lock.h): refused before any rank starts.
+  // other than this one (its save lock: lifeline/inspect.h, CheckNoOtherJobSaving): refused before any
+  // rank starts.
   Status CheckCheckpointDirFree() const;
   // Says once per launch when ranks start fresh although the launch resumes from a step.
   void CheckResumeStep();

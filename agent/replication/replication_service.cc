@@ -4,7 +4,7 @@
 
 #include "lifeline/checkpoint.h"
 #include "lifeline/internal/replication_record.h"
-#include "agent/replication/tier_replica.h"
+#include "lifeline/internal/tier_replica.h"
 
 namespace lifeline::replication {
 

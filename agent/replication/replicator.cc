@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "lifeline/checkpoint.h"
-#include "agent/replication/tier_replica.h"
+#include "lifeline/internal/tier_replica.h"
 
 namespace lifeline::replication {
 namespace {

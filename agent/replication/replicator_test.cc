@@ -14,7 +14,7 @@
 
 #include "lifeline/checkpoint.h"
 #include "agent/replication/replication_service.h"
-#include "agent/replication/tier_replica.h"
+#include "lifeline/internal/tier_replica.h"
 #include "tests/kit/test_kit.h"
 
 namespace lifeline::replication {

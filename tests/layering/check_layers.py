@@ -24,6 +24,11 @@ The layers, lowest first (a file may include headers of its own layer and of low
 
 A header of lib/include/lifeline/internal/x.h belongs to the layer of the source file that
 implements it (x.cc, which includes it first). Tests (*_test.cc, *_fuzz.cc, tests/) may include anything.
+
+What is above liblifeline (net, python, agent, tools) uses only what the library publishes: its
+public headers (lifeline/*.h) and the internal interface it declares for its own programs
+(lifeline/internal/*.h), never a header of lib/src/, however the include names it (from the root
+or relative to the including file), so that the library's inside can change without them.
 """
 
 import argparse
@@ -43,7 +48,8 @@ PREFIXES = [  # longest first
 ]
 BASE_HEADERS = {"lib/include/lifeline/" + h for h in ("status.h", "dtype.h", "export.h", "log.h")}
 SOURCE = re.compile(r"\.(cc|h|cu)$")
-INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+# Blanks as [ \t], not \s: \s would match the empty lines above an include, and name the wrong line.
+INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([^"]+)"', re.M)
 
 
 def is_test(path):
@@ -59,14 +65,34 @@ def sources(root):
                     yield os.path.relpath(os.path.join(dirpath, name), root)
 
 
+# Layers outside liblifeline: they may not include lib/src/ (see the module's comment).
+ABOVE_LIBRARY = ("net", "top:python", "top:agent", "top:tools")
+LIBRARY_INSIDE = "lib/src/"
+
+
+def resolve(root, path, target):
+    """The file an include names, relative to the root, as the compiler finds it: next to the
+    including file first, then from the root (-I of the source tree), then lib/include (lifeline/...).
+    None when it is none of the tree's files (a system or generated header)."""
+    candidates = [os.path.join(os.path.dirname(path), target), target]
+    if target.startswith("lifeline/"):
+        candidates.append("lib/include/" + target)
+    for c in candidates:
+        c = os.path.normpath(c)
+        if c.startswith("..") or os.path.isabs(c):
+            continue
+        if os.path.isfile(os.path.join(root, c)):
+            return c.replace(os.sep, "/")
+    return None
+
+
 def includes(root, path):
     with open(os.path.join(root, path), encoding="utf-8", errors="replace") as f:
         text = f.read()
     out = []
     for m in INCLUDE.finditer(text):
-        target = m.group(1)
-        resolved = "lib/include/" + target if target.startswith("lifeline/") else target
-        if os.path.isfile(os.path.join(root, resolved)):
+        resolved = resolve(root, path, m.group(1))
+        if resolved is not None:
             out.append((text.count("\n", 0, m.start()) + 1, resolved))
     return out
 
@@ -112,6 +138,10 @@ def violations(root):
         if mine is None:
             continue
         for line, target in includes(root, path):
+            if mine in ABOVE_LIBRARY and target.startswith(LIBRARY_INSIDE):
+                found.append(f"{path}:{line}: {mine} includes {target}, inside liblifeline: use what the library "
+                             "publishes (lifeline/*.h, or lifeline/internal/*.h for Lifeline's own programs)")
+                continue
             theirs = layer_of(target, internal)
             if theirs is None or theirs == mine:
                 continue
@@ -122,13 +152,22 @@ def violations(root):
 
 
 def self_test():
-    cases = {  # file -> (contents, expected to be refused)
-        "lib/src/load/reader.cc": ('#include "lib/src/save/writer.h"\n', True),
+    cases = {  # file -> (contents, refused: False, True, or the line the refusal must name)
+        "lib/src/load/reader.cc": ('#include "lib/src/save/writer.h"\n', 1),
         "lib/src/save/writer.cc": ('#include "lib/src/save/writer.h"\n#include "lib/src/load/reader.h"\n', False),
+        "lib/src/save/relative.cc": ('#include "../load/reader.h"\n', False),  # resolved next to the file: load
+        "lib/src/load/relative.cc": ('#include <vector>\n#include "../save/writer.h"\n', 2),  # save, above load
         "formats/codec.cc": ('#include "lifeline/env.h"\n', True),
         "formats/model.cc": ('#include "lifeline/status.h"\n', False),
         "tools/lifeline/bench.cc": ('#include "agent/net/socket.h"\n', True),
-        "agent/agent.cc": ('#include "lib/net/socket.h"\n#include "lib/src/api/c.h"\n', False),
+        "agent/agent.cc": ('#include "lib/net/socket.h"\n#include "lifeline/internal/ring.h"\n', False),
+        # Above the library: lib/src/ refused whatever layer it is, from the root or by a relative path.
+        "agent/lock.cc": ('#include "lib/net/socket.h"\n#include "lib/src/api/c.h"\n', 2),
+        "tools/x.cc": ('#include "lifeline/env.h"\n#include "lib/src/save/foo.h"\n', 2),
+        "tools/lifeline/y.cc": ('#include <string>\n\n#include "../../lib/src/save/foo.h"\n', 3),
+        "lib/python/binding.cc": ('#include "lib/src/env/io.h"\n', 1),
+        "lib/net/stream.cc": ('#include "lifeline/internal/ring.h"\n#include "../src/env/io.h"\n', 2),
+        "tools/x_test.cc": ('#include "lib/src/save/foo.h"\n', False),  # tests may include anything
         "lib/src/env/ring_user.cc": ('#include "lifeline/internal/ring.h"\n', True),  # ring.cc is in trace/, above env
         "lib/src/store/scan.cc": ('#include "lifeline/internal/ring.h"\n', False),
         "lib/src/trace/ring.cc": ('#include "lifeline/internal/ring.h"\n', False),
@@ -137,7 +176,7 @@ def self_test():
     }
     headers = ["lib/src/save/writer.h", "lib/src/load/reader.h", "lifeline/env.h", "lifeline/status.h",
                "agent/net/socket.h", "lib/net/socket.h", "lib/src/api/c.h", "lifeline/internal/ring.h",
-               "tests/kit/test_kit.h"]
+               "tests/kit/test_kit.h", "lib/src/save/foo.h", "lib/src/env/io.h"]
     tmp = tempfile.mkdtemp(prefix="lifeline-layers-")
     try:
         for h in headers:
@@ -152,8 +191,10 @@ def self_test():
         wrong = []
         for path, (_, refused) in cases.items():
             flagged = any(v.startswith(path + ":") for v in found)
-            if flagged != refused:
+            if flagged != bool(refused):
                 wrong.append(f"{path}: {'not refused' if refused else 'refused'}, expected the opposite")
+            elif refused is not True and refused and not any(v.startswith(f"{path}:{refused}: ") for v in found):
+                wrong.append(f"{path}: refused, but not naming line {refused}")
         for w in wrong:
             print("self-test:", w)
         print(f"self-test: {len(cases) - len(wrong)} of {len(cases)} cases as expected")
@@ -172,7 +213,7 @@ def main():
     found = violations(args.root)
     for v in found:
         print(v)
-    print(f"layering: {len(found)} upward or sideways include(s)" if found else "layering: every include goes down")
+    print(f"layering: {len(found)} upward, sideways or inward include(s)" if found else "layering: every include goes down")
     return 1 if found else 0
 
 

@@ -171,6 +171,13 @@ LIFELINE_EXPORT Status ApplyRetention(const std::string& root, const RetentionOp
 // 'ID' (pid P on host H, since T)". nullopt when no job is saving there.
 LIFELINE_EXPORT Result<std::optional<std::string>> DescribeSavingLaunch(const std::string& dir, Env* env = nullptr);
 
+// What a launcher checks before it starts a job of id `job` saving into `dir`: OK when no launch
+// is saving there, or when the one saving there is of that job (its processes' LIFELINE_JOB, as
+// lifeline-agent sets it: another node's ranks of the same job). FailedPrecondition naming the
+// directory and the other launch otherwise, the refusal that job's first save would meet. Other
+// errors are those of reading the save lock.
+LIFELINE_EXPORT Status CheckNoOtherJobSaving(const std::string& dir, const std::string& job, Env* env = nullptr);
+
 // ---- this node's memory tiers --------------------------------------------------------------------
 
 // One memory-tier root of this user on this node (under $LIFELINE_MEMORY_TIER_DIR or /dev/shm,

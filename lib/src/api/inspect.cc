@@ -148,6 +148,12 @@ Result<std::optional<std::string>> DescribeSavingLaunch(const std::string& dir, 
   return std::optional<std::string>(holder->Describe());
 }
 
+Status CheckNoOtherJobSaving(const std::string& dir, const std::string& job, Env* env) {
+  LL_ASSIGN_OR_RETURN(std::optional<SaveLockHolder> holder, FindSaveLockHolder(Env::OrDefault(env), dir));
+  if (!holder || holder->job == job) return Status::OK();
+  return DirectoryInUse(dir, *holder);
+}
+
 Result<std::vector<RetentionDecision>> PlanRetention(const std::string& root, const RetentionOptions& options,
                                                      Env* env) {
   env = Env::OrDefault(env);

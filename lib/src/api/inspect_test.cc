@@ -11,6 +11,7 @@
 #include "lib/src/store/checkpoint_layout.h"
 #include "lifeline/checkpoint.h"
 #include "lifeline/env.h"
+#include "tests/kit/test_kit.h"
 
 namespace lifeline {
 namespace inspect_test {
@@ -190,6 +191,25 @@ TEST_F(InspectTest, RetentionOfASavingLaunchRemovesPartialStepsOfEndedLaunchesOn
 
   ASSERT_TRUE(ApplyRetention("/ckpt", saving, env_.get()).ok());
   EXPECT_EQ(Steps(), (std::vector<uint64_t>{8, 2}));
+}
+
+// What lifeline-agent checks before it launches: a directory saved into by another job is refused,
+// naming that launch; one saved into by the agent's own job (another node's ranks) is not.
+TEST(CheckNoOtherJobSavingTest, RefusesAnotherJobOnlyWhileItHoldsTheLock) {
+  test::TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  EXPECT_TRUE(CheckNoOtherJobSaving(dir.path(), "job-b").ok());  // nobody saving
+  {
+    auto lock = Env::Default()->LockFile(dir.Sub("lifeline.lock"));
+    ASSERT_TRUE(lock.ok()) << lock.status().ToString();
+    ASSERT_TRUE((*lock)->SetHolder("run_id=launch-a\njob=job-a\nhost=elsewhere\npid=1\n").ok());
+    EXPECT_TRUE(CheckNoOtherJobSaving(dir.path(), "job-a").ok());
+    Status other = CheckNoOtherJobSaving(dir.path(), "job-b");
+    EXPECT_EQ(other.code(), StatusCode::kFailedPrecondition) << other.ToString();
+    EXPECT_NE(other.ToString().find(dir.path()), std::string::npos) << other.ToString();
+    EXPECT_NE(other.ToString().find("launch 'launch-a'"), std::string::npos) << other.ToString();
+  }
+  EXPECT_TRUE(CheckNoOtherJobSaving(dir.path(), "job-b").ok());  // the lock went with its holder
 }
 
 }  // namespace inspect_test

@@ -1,4 +1,4 @@
-#include "lib/src/env/io_pump.h"
+#include "lifeline/internal/io_pump.h"
 
 #include <utility>
 

@@ -1,6 +1,6 @@
 // IoPump over the fault-injecting Env: every buffer comes back, the first failure is kept and
 // stops submission, a broken queue is not waited on.
-#include "lib/src/env/io_pump.h"
+#include "lifeline/internal/io_pump.h"
 
 #include <memory>
 #include <string>

@@ -16,8 +16,8 @@
 #include "formats/index_codec.h"
 #include "lib/src/env/aligned_buffer.h"
 #include "lib/src/store/checkpoint_layout.h"
-#include "lib/src/env/io_pump.h"
-#include "lib/src/load/load_plan.h"
+#include "lifeline/internal/io_pump.h"
+#include "lifeline/internal/load_plan.h"
 #include "lib/src/store/step_scan.h"
 #include "lifeline/internal/copy_kernel.h"
 #include "lifeline/log.h"
@@ -407,7 +407,7 @@ Result<LoadStats> CheckpointReader::Load(const std::vector<TensorShard>& targets
     index_names();  // the fallback to the rank indexes replaces the manifest
   }
 
-  // Targets checked against what is stored; then the plan (lib/src/load/load_plan.h).
+  // Targets checked against what is stored; then the plan (lifeline/internal/load_plan.h).
   std::vector<format::Region> target_regions(targets.size());
   std::vector<LoadTarget> planned(targets.size());
   for (uint32_t i = 0; i < targets.size(); ++i) {

@@ -1,4 +1,4 @@
-#include "lib/src/load/load_plan.h"
+#include "lifeline/internal/load_plan.h"
 
 #include <algorithm>
 #include <utility>

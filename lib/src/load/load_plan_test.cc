@@ -1,6 +1,6 @@
 // The load planner: which chunks feed which target, and a clear error when the stored fragments
 // do not cover a target.
-#include "lib/src/load/load_plan.h"
+#include "lifeline/internal/load_plan.h"
 
 #include <gtest/gtest.h>
 

@@ -4,14 +4,19 @@
 // at another tensor-parallel degree gets every element right and reads about the bytes it needs,
 // where the row-major layout reads twice as much.
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "formats/checksum.h"
 #include "formats/geometry.h"
+#include "lib/src/env/aligned_buffer.h"
+#include "lib/src/save/copy_engine.h"
 #include "lib/src/save/rank_data.h"
+#include "lib/src/save/save_job.h"
 #include "lifeline/checkpoint.h"
 #include "lifeline/env.h"
 #include "tests/kit/test_kit.h"
@@ -100,6 +105,68 @@ TEST(ColumnBlocksPlanTest, ShardsThatAreNotColumnSplitsOrAreSmallStayWhole) {
     EXPECT_EQ(1u, plan->fragments.size()) << req.tensors[0].name;
     EXPECT_FALSE(plan->fragments[0].strided()) << req.tensors[0].name;
   }
+}
+
+// The snapshot copies the blocks of a shard together: chunk k of each of its equal blocks makes one
+// band (read row by row once), the narrower last block goes alone, and every chunk lands where the
+// index says with the checksum of its bytes.
+TEST(ColumnBlocksCopyTest, TheEqualBlocksOfAShardAreCopiedInBandsOfOneChunkEach) {
+  constexpr int64_t kCut = 1000;  // 1048 columns: 16 blocks, 15 of 66 and one of 58
+  std::vector<float> right = Columns(kCut, kCols - kCut);
+  SaveRequest req = OneShard(
+      TensorShard::Box("w", DType::kF32, {kRows, kCols}, {0, kCut}, {kRows, kCols - kCut}, right.data()));
+  req.objects.emplace_back("rng", std::string(40, 'r'));
+  Result<RankSavePlan> plan = PlanRankSave(req, 1 << 20, true, /*column_blocks=*/true);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  ASSERT_EQ(16u, plan->fragments.size());
+
+  auto job = std::make_shared<internal::SaveJob>(1, nullptr, "/ckpt");
+  job->plan = std::make_shared<const RankSavePlan>(std::move(*plan));
+  job->objects = req.objects;
+  job->write_options.chunk_bytes = 16 << 10;
+  job->layout = LayoutImage(*job->plan, job->objects);
+  job->index = RawImageIndex(*job->plan, job->objects, "", job->layout, job->write_options);
+  job->block_bytes = 4096;
+  job->bytes_total = job->layout.bytes;
+  AlignedBuffer image(AlignUp(job->layout.bytes, 4096));
+  job->image = image.data();
+  internal::PlanPieces(*job, req);
+  job->InitCounters(req.tensors.size());
+
+  // 15 blocks of 66 columns (67,584 bytes: 5 chunks of 16 KiB, the last partial) in 5 bands of 15;
+  // the last block's 4 chunks (59,392 bytes) alone; then the object.
+  ASSERT_EQ(15u * 5 + 4 + 1, job->pieces.size());
+  for (size_t k = 0; k < 5; ++k) {
+    const internal::CopyPiece& first = job->pieces[k * 15];
+    EXPECT_EQ(15u, first.band) << "band " << k;
+    for (size_t b = 1; b < 15; ++b) {
+      const internal::CopyPiece& p = job->pieces[k * 15 + b];
+      EXPECT_EQ(0u, p.band);
+      EXPECT_EQ(first.source_offset, p.source_offset);
+      EXPECT_EQ(first.length, p.length);
+      EXPECT_EQ(job->index.fragments[b].first_chunk + k, p.target);
+    }
+  }
+  for (size_t i = 75; i < job->pieces.size(); ++i) EXPECT_EQ(1u, job->pieces[i].band) << "piece " << i;
+
+  {
+    CopyEngine engine(2, 0);
+    engine.Submit(job);
+    ASSERT_TRUE(job->WaitSnapshot().ok());
+  }
+  for (size_t i = 0; i < job->plan->fragments.size(); ++i) {
+    const format::FragmentInfo& f = job->index.fragments[i];
+    const uint64_t bytes = static_cast<uint64_t>(job->plan->fragments[i].region.num_elements()) * sizeof(float);
+    std::vector<uint8_t> want(bytes);
+    CopyFragmentBytes(job->plan->fragments[i], 0, bytes, want.data());
+    ASSERT_EQ(0, std::memcmp(want.data(), image.data() + job->layout.fragment_offset[i], bytes)) << "block " << i;
+    for (uint64_t k = 0; k < f.num_chunks; ++k) {
+      const format::ChunkInfo& c = job->index.chunks[f.first_chunk + k];
+      EXPECT_EQ(format::Checksum64(want.data() + k * job->write_options.chunk_bytes, c.stored_length), c.checksum)
+          << "block " << i << " chunk " << k;
+    }
+  }
+  EXPECT_EQ(format::Checksum64(req.objects[0].second), job->index.objects[0].checksum);
 }
 
 // Two ranks save the tensor split in column halves; three load it split in column thirds. Returns

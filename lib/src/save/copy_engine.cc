@@ -3,8 +3,11 @@
 #include "lib/src/env/thread_priority.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
+#include <memory>
 #include <string>
+#include <vector>
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -15,7 +18,10 @@
 namespace lifeline {
 namespace internal {
 #if defined(LIFELINE_AVX2_KERNEL)
-uint64_t CopyAndHashAvx2(uint8_t* dst, const uint8_t* src, uint64_t n);  // copy_kernel_avx2.cc
+// copy_kernel_avx2.cc
+uint64_t CopyAndHashAvx2(uint8_t* dst, const uint8_t* src, uint64_t n);
+void GatherBandAndHashAvx2(const uint8_t* const* sources, uint8_t* const* dsts, size_t count, uint64_t stride,
+                           uint64_t run, uint64_t offset, uint64_t n, uint64_t* checksums);
 #endif
 }  // namespace internal
 
@@ -69,6 +75,52 @@ uint64_t CopyAndHash(uint8_t* dst, const uint8_t* src, uint64_t n) {
   return hasher.Digest();
 }
 
+void GatherBandAndHash(const uint8_t* const* sources, uint8_t* const* dsts, size_t count, uint64_t stride,
+                       uint64_t run, uint64_t offset, uint64_t n, uint64_t* checksums) {
+#if defined(LIFELINE_AVX2_KERNEL)
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx2) return internal::GatherBandAndHashAvx2(sources, dsts, count, stride, run, offset, n, checksums);
+#endif
+  std::vector<std::unique_ptr<format::StreamingChecksum>> hashers;
+  for (size_t b = 0; b < count; ++b) hashers.push_back(std::make_unique<format::StreamingChecksum>());
+  uint64_t in_row = offset % run;
+  uint64_t row_start = offset / run * stride;
+  for (uint64_t done = 0; done < n; row_start += stride, in_row = 0) {
+    const uint64_t take = std::min(n - done, run - in_row);
+    for (size_t b = 0; b < count; ++b) {
+      const uint8_t* s = sources[b] + row_start + in_row;
+      std::memcpy(dsts[b] + done, s, take);
+      hashers[b]->Update(s, take);
+    }
+    done += take;
+  }
+  for (size_t b = 0; b < count; ++b) checksums[b] = hashers[b]->Digest();
+}
+
+namespace {
+
+// The column-block pieces of the band that starts at piece `first` (one piece when it is alone),
+// copied in one pass over their rows; nothing is read when the job is cancelled, and every piece
+// is reported done.
+void CopyBand(internal::SaveJob& job, size_t first) {
+  const internal::CopyPiece& p = job.piece(first);
+  const size_t count = p.band;
+  std::array<const uint8_t*, internal::kMaxBandPieces> sources{};
+  std::array<uint8_t*, internal::kMaxBandPieces> dsts{};
+  std::array<uint64_t, internal::kMaxBandPieces> checksums{};
+  if (!job.cancelled()) {
+    for (size_t b = 0; b < count; ++b) {
+      sources[b] = job.piece(first + b).source;
+      dsts[b] = job.image + job.piece(first + b).image_offset;
+    }
+    GatherBandAndHash(sources.data(), dsts.data(), count, p.source_stride, p.run_bytes, p.source_offset, p.length,
+                      checksums.data());
+  }
+  for (size_t b = 0; b < count; ++b) job.PieceDone(first + b, checksums[b]);
+}
+
+}  // namespace
+
 CopyEngine::CopyEngine(unsigned threads, int nice_levels) {
   threads = std::max(1u, threads);
   for (unsigned i = 0; i < threads; ++i)
@@ -116,6 +168,10 @@ void CopyEngine::Run() {
     work_.notify_one();  // the next thread joins this job (and wakes the one after it)
     for (std::optional<size_t> i; (i = job->ClaimPiece());) {
       const internal::CopyPiece& p = job->piece(*i);
+      if (p.source_stride != 0) {  // column blocks (host memory only): a band, or a block alone
+        CopyBand(*job, *i);
+        continue;
+      }
       uint64_t checksum = 0;
       if (p.device) {
         // The device's copy engine has written (or is writing) the bytes into the image: wait for
@@ -128,13 +184,7 @@ void CopyEngine::Run() {
           checksum = format::Checksum64(job->image + p.image_offset, p.length);
         }
       } else if (!job->cancelled()) {
-        uint8_t* dst = job->image + p.image_offset;
-        if (p.source_stride == 0) {
-          checksum = CopyAndHash(dst, p.source, p.length);
-        } else {  // a piece of a column block: gathered, then hashed while still in cache
-          GatherRuns(p.source, p.source_stride, p.run_bytes, p.source_offset, p.length, dst);
-          checksum = format::Checksum64(dst, p.length);
-        }
+        checksum = CopyAndHash(job->image + p.image_offset, p.source, p.length);
       }
       job->PieceDone(*i, checksum);
     }

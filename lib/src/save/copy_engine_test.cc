@@ -13,12 +13,16 @@
 #include "formats/checksum.h"
 #include "lib/src/env/aligned_buffer.h"
 #include "lib/src/save/save_job.h"
+#include "lib/src/save/save_plan.h"
 #include "tests/kit/test_kit.h"
 
 namespace lifeline {
 #if defined(__x86_64__)
 namespace internal {
-uint64_t CopyAndHashAvx2(uint8_t* dst, const uint8_t* src, uint64_t n);  // copy_kernel_avx2.cc
+// copy_kernel_avx2.cc
+uint64_t CopyAndHashAvx2(uint8_t* dst, const uint8_t* src, uint64_t n);
+void GatherBandAndHashAvx2(const uint8_t* const* sources, uint8_t* const* dsts, size_t count, uint64_t stride,
+                           uint64_t run, uint64_t offset, uint64_t n, uint64_t* checksums);
 }  // namespace internal
 #endif
 
@@ -62,6 +66,64 @@ TEST(CopyEngineTest, CopyAndHashCopiesExactlyAndReturnsTheFormatsChecksum) {
 TEST(CopyEngineTest, Avx2KernelAgreesWithTheFormatsChecksum) {
   if (!__builtin_cpu_supports("avx2")) GTEST_SKIP() << "this CPU has no AVX2";
   ExpectCopiesAndHashesLikeTheFormat(&internal::CopyAndHashAvx2);
+}
+#endif
+
+using BandKernel = void (*)(const uint8_t* const*, uint8_t* const*, size_t, uint64_t, uint64_t, uint64_t, uint64_t,
+                            uint64_t*);
+
+// Bands of `count` blocks of `run` bytes a row in rows of `stride` bytes (each block's runs start
+// `run` bytes after the previous block's), copied from several offsets (inside a row too) and
+// lengths (ending inside a row too) to destinations of every alignment: each block's bytes are
+// those GatherRuns takes, nothing is written around them, and each checksum is the format's.
+void ExpectBandsCopiedLikeGatherRuns(BandKernel kernel) {
+  struct Shape {
+    size_t count;
+    uint64_t run, stride;
+  };
+  for (const Shape& shape : {Shape{16, 256, 4096}, Shape{3, 342, 1026 + 64}, Shape{1, 100, 300}, Shape{20, 64, 1280},
+                             Shape{2, 4096, 8192}}) {
+    const uint64_t rows = 97;
+    const std::string src = test::PatternBytes(rows * shape.stride + 64, 5);
+    const uint64_t block_bytes = rows * shape.run;
+    for (uint64_t offset : {uint64_t{0}, shape.run / 2, 3 * shape.run, 3 * shape.run + 7}) {
+      for (uint64_t n : {uint64_t{1}, shape.run, 5 * shape.run + 13, block_bytes - offset}) {
+        if (offset + n > block_bytes) continue;
+        for (size_t dst_shift : {0, 5, 32}) {
+          std::vector<std::vector<uint8_t>> dst(shape.count, std::vector<uint8_t>(n + 64, 0xEE));
+          std::vector<const uint8_t*> sources;
+          std::vector<uint8_t*> dsts;
+          for (size_t b = 0; b < shape.count; ++b) {
+            sources.push_back(reinterpret_cast<const uint8_t*>(src.data()) + 16 + b * shape.run);
+            dsts.push_back(dst[b].data() + dst_shift);
+          }
+          std::vector<uint64_t> checksums(shape.count, 0);
+          kernel(sources.data(), dsts.data(), shape.count, shape.stride, shape.run, offset, n, checksums.data());
+          for (size_t b = 0; b < shape.count; ++b) {
+            std::vector<uint8_t> want(n);
+            GatherRuns(sources[b], shape.stride, shape.run, offset, n, want.data());
+            const std::string where = "run " + std::to_string(shape.run) + " block " + std::to_string(b) +
+                                      " offset " + std::to_string(offset) + " n " + std::to_string(n) + " dst+" +
+                                      std::to_string(dst_shift);
+            ASSERT_EQ(0, std::memcmp(want.data(), dsts[b], n)) << where;
+            ASSERT_EQ(format::Checksum64(want.data(), n), checksums[b]) << where;
+            ASSERT_EQ(0xEE, dst[b][dst_shift + n]) << "wrote past the end, " << where;
+            if (dst_shift > 0) ASSERT_EQ(0xEE, dst[b][dst_shift - 1]) << "wrote before the start, " << where;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(CopyEngineTest, GatherBandAndHashCopiesEachBlockAsGatherRunsDoesWithTheFormatsChecksum) {
+  ExpectBandsCopiedLikeGatherRuns(&GatherBandAndHash);
+}
+
+#if defined(__x86_64__)
+TEST(CopyEngineTest, Avx2BandKernelAgreesWithGatherRunsAndTheFormatsChecksum) {
+  if (!__builtin_cpu_supports("avx2")) GTEST_SKIP() << "this CPU has no AVX2";
+  ExpectBandsCopiedLikeGatherRuns(&internal::GatherBandAndHashAvx2);
 }
 #endif
 

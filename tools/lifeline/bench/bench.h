@@ -51,10 +51,10 @@ struct BenchSaveTuning {
   std::string staging_budget;   // a byte size, e.g. 8GiB
   unsigned slots = 0;
   bool no_register_buffers = false;
-  bool column_blocks = false;
+  bool column_blocks = CheckpointerOptions{}.column_blocks;
 };
 // Adds --codec, --codec-level, --memory-tier, --copy-threads, --staging-budget, --slots,
-// --no-register-buffers and --column-blocks to `app`.
+// --no-register-buffers and --[no-]column-blocks to `app`.
 void AddBenchSaveTuningOptions(CLI::App* app, BenchSaveTuning* tuning);
 // Applies `tuning` to `options`; InvalidArgument naming the option when a value is not valid.
 Status ApplyBenchSaveTuning(const BenchSaveTuning& tuning, CheckpointerOptions* options);

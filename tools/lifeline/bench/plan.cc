@@ -5,7 +5,7 @@
 // enough layers for about --fragments fragments, then plans the load of every rank of another
 // layout (--load-ranks): a rank loads the TP shards of its stage's parameters whole and its DP
 // part of their optimizer states (ZeRO-1). Timed per rank: the library's planner (PlanLoad,
-// lib/src/load/load_plan.h), and on a sample of ranks the same plans by all-pairs matching (every
+// lifeline/internal/load_plan.h), and on a sample of ranks the same plans by all-pairs matching (every
 // target against every stored fragment), checked equal. It also counts the manifest
 // bytes a rank's plan needs at least (its tensors' records and names, the fragment and chunk
 // records it reads from), and what a rank reads when it opens the encoded manifest in parts, as
@@ -26,7 +26,7 @@
 
 #include "formats/geometry.h"
 #include "formats/index_codec.h"
-#include "lib/src/load/load_plan.h"
+#include "lifeline/internal/load_plan.h"
 #include "tools/lifeline/bench/bench.h"
 #include "tools/lifeline/byte_size.h"
 #include "tools/lifeline/commands.h"

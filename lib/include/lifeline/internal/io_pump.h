@@ -1,5 +1,9 @@
-// IoPump: the library's one submit/reap loop over an IoQueue.
-#pragma once
+// Part of the declared internal interface (lifeline/internal/): for Lifeline's own binaries, not users.
+// IoPump: the library's one submit/reap loop over an IoQueue (lifeline/env.h). Its saves and loads
+// drive their queues with it; `lifeline bench` measures the disk's limits with the same loop, so
+// that the limit and the library's figures come from one engine.
+#ifndef LIFELINE_INTERNAL_IO_PUMP_H_
+#define LIFELINE_INTERNAL_IO_PUMP_H_
 
 #include <cstddef>
 #include <functional>
@@ -64,3 +68,5 @@ class IoPump {
 };
 
 }  // namespace lifeline
+
+#endif  // LIFELINE_INTERNAL_IO_PUMP_H_

@@ -1,3 +1,4 @@
+// Part of the declared internal interface (lifeline/internal/): for Lifeline's own binaries, not users.
 // The load planner: which stored chunks feed which target region, and where in it. It is the part
 // of a load that grows with the checkpoint's metadata rather than its bytes, so it is kept apart
 // from the reads (checkpoint_reader.cc) and measured at scale by `lifeline bench plan`.
@@ -8,8 +9,8 @@
 // the tensor and K overlaps; never every chunk against every target.
 //
 // Thread safety: the functions share no state.
-#ifndef LIFELINE_LIB_SRC_LOAD_PLAN_H_
-#define LIFELINE_LIB_SRC_LOAD_PLAN_H_
+#ifndef LIFELINE_INTERNAL_LOAD_PLAN_H_
+#define LIFELINE_INTERNAL_LOAD_PLAN_H_
 
 #include <cstdint>
 #include <string>
@@ -48,4 +49,4 @@ format::Region ChunkRegion(const format::FragmentInfo& frag, uint64_t k, uint64_
 
 }  // namespace lifeline
 
-#endif  // LIFELINE_LIB_SRC_LOAD_PLAN_H_
+#endif  // LIFELINE_INTERNAL_LOAD_PLAN_H_

@@ -1,9 +1,10 @@
+// Part of the declared internal interface (lifeline/internal/): for Lifeline's own binaries, not users.
 // What an agent needs to replicate memory-tier snapshots between nodes (agent/replication/): the
 // rank snapshots a node's tier holds, and the placing of a peer's snapshot into this node's tier
 // through the commit protocol, so that a step whose ranks are spread over nodes becomes complete
 // (and loadable from memory) wherever all of them have arrived.
-#ifndef LIFELINE_AGENT_REPLICATION_TIER_REPLICA_H_
-#define LIFELINE_AGENT_REPLICATION_TIER_REPLICA_H_
+#ifndef LIFELINE_INTERNAL_TIER_REPLICA_H_
+#define LIFELINE_INTERNAL_TIER_REPLICA_H_
 
 #include <cstdint>
 #include <optional>
@@ -60,4 +61,4 @@ Status PlaceTierReplica(Env* env, const std::string& root, const TierSnapshot& s
 
 }  // namespace lifeline
 
-#endif  // LIFELINE_AGENT_REPLICATION_TIER_REPLICA_H_
+#endif  // LIFELINE_INTERNAL_TIER_REPLICA_H_

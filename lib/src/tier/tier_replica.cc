@@ -1,4 +1,4 @@
-#include "agent/replication/tier_replica.h"
+#include "lifeline/internal/tier_replica.h"
 
 #include <dirent.h>
 #include <sys/stat.h>
@@ -8,8 +8,8 @@
 #include <cerrno>
 #include <set>
 
-#include "lib/src/store/checkpoint_layout.h"
 #include "lib/src/save/commit.h"
+#include "lib/src/store/checkpoint_layout.h"
 #include "lib/src/tier/memory_tier.h"
 
 namespace lifeline {
