@@ -23,6 +23,9 @@ lifeline.torchtitan.checkpoint_with_lifeline` on the command line, or a config f
   files, only Lifeline's.
 - 1 rank, synchronous saves, Lifeline options from the config: lifeline.Checkpointer.load reads the
   last step's model state exactly as the trainer held it, and its train state.
+- torchtitan's pipeline parallelism, 2 stages x 2 FSDP ranks (each stage's DTensors on its own dp
+  slice), async saves: a rank of the last stage killed after a save, all 4 resume bit for bit, and
+  every tensor is stored once.
 
 Needs torchtitan 0.3 (tools/requirements.txt, in .venv): under .venv its absence fails the test;
 under another Python (Debian's, torch 1.13 or 2.6, no torchtitan) the test skips, saying why.
@@ -93,8 +96,8 @@ def make_assets(root):
     return tok_dir, data_dir
 
 
-def run_under_agent(root, tok_dir, data_dir, config, extra_args=(), nproc=2, env=None):
-    """torchtitan's debug model trained for STEPS steps under lifeline-agent, with checkpoints in
+def run_under_agent(root, tok_dir, data_dir, config, extra_args=(), nproc=2, env=None, steps=STEPS):
+    """torchtitan's debug model trained for `steps` steps under lifeline-agent, with checkpoints in
     the agent's checkpoint directory; returns (exit status, output, agent events, that directory)."""
     dump = os.path.join(root, "outputs")
     ckpt_dir = os.path.join(dump, "checkpoint")
@@ -103,7 +106,7 @@ def run_under_agent(root, tok_dir, data_dir, config, extra_args=(), nproc=2, env
         "--module", config[0], "--config", config[1],
         "--hf_assets_path", tok_dir, "--dump_folder", dump,
         "--dataloader.dataset", "c4_test", "--dataloader.dataset_path", data_dir,
-        "--training.steps", str(STEPS), "--training.seq_len", "64", "--training.local_batch_size", "2",
+        "--training.steps", str(steps), "--training.seq_len", "64", "--training.local_batch_size", "2",
         "--debug.seed", "7", "--parallelism.spmd_backend", "partial_dtensor",
     ] + list(extra_args)
     cmd = [os.path.join(BIN, "lifeline-agent"), "run", "--nproc", str(nproc), "--master-port", "0",
@@ -196,6 +199,48 @@ class TorchtitanUnderAgent(unittest.TestCase):
         verify = subprocess.run([os.path.join(BIN, "lifeline"), "verify", ckpt_dir], capture_output=True, text=True)
         self.assertEqual(verify.returncode, 0, verify.stdout + verify.stderr)
 
+    def test_pipeline_stages_killed_and_resumed_with_equal_state(self):
+        """torchtitan's pipeline parallelism on 4 ranks: 2 stages (1F1B, 2 microbatches), each
+        stage's layers fully sharded on its own dp slice of the (pp, dp) mesh, so its DTensors are
+        on 2 of the 4 ranks. Async saves every 2 steps, staged by lifeline.dcp (which agrees which
+        ranks hold each name); rank 3, of the last stage, is SIGKILLed in the forward of step 4 once
+        step 2 is durable; all 4 resume from step 2, and step 3, run before the kill and again
+        after it, gives the same loss and parameters on every rank, bit for bit. Every tensor of
+        the checkpoint is stored once."""
+        steps, kill_at = 6, 4
+        tok_dir, data_dir = make_assets(self.tmp)
+        rc, out, log, ckpt_dir = run_under_agent(
+            self.tmp, tok_dir, data_dir, ("llama3", "llama3_debugmodel"),
+            ["--parallelism.pipeline_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "2",
+             "--training.disable_cuda_graphs",  # torchtitan refuses CUDA graphs with pipeline parallelism
+             "--checkpoint.enable", "--checkpoint.interval", str(INTERVAL), "--checkpoint.async_mode", "async",
+             "--override.imports", "lifeline.torchtitan.checkpoint_with_lifeline",
+             "titan_cpu_attention.eager_cpu_attention"],
+            nproc=4, steps=steps,
+            env={"TITAN_KILL_AT": str(kill_at), "TITAN_KILL_RANK": "3", "TITAN_KILL_AFTER_SAVE": "1"})
+        self.assertEqual(rc, 0, out)
+        self.assertIn(f"TITAN rank 3 killed at step {kill_at}", out)
+        resume = kill_at - INTERVAL
+        self.assertEqual(len(re.findall(rf"Loaded step {resume} of Lifeline checkpoint", out)), 4, out)
+        runs = steps_printed(out)
+        for rank in range(4):
+            self.assertEqual(sorted(s for r, s in runs if r == rank), list(range(1, steps + 1)), out)
+            for step in range(1, steps + 1):
+                seen = runs[(rank, step)]
+                self.assertEqual(len(seen), 2 if resume < step < kill_at else 1, (rank, step, seen))
+                self.assertEqual(len(set(seen)), 1, f"rank {rank} step {step} differs after the resume: {seen}")
+        # The stages hold other layers: their parameters differ, and the last stage's loss falls.
+        self.assertNotEqual(runs[(0, steps)][0][1], runs[(2, steps)][0][1])
+        self.assertLess(float.fromhex(runs[(2, steps)][0][0]), float.fromhex(runs[(2, 1)][0][0]))
+        inspect = subprocess.run([os.path.join(BIN, "lifeline"), "inspect", "--json", ckpt_dir], capture_output=True,
+                                 text=True, check=True)
+        tensors = json.loads(inspect.stdout)["checkpoint"]["tensors"]
+        itemsize = {"f32": 4, "bf16": 2, "f64": 8, "i64": 8, "i32": 4}
+        size = {t["name"]: itemsize[t["dtype"]] * _numel(t["shape"]) for t in tensors}
+        self.assertEqual({t["name"]: t["bytes"] for t in tensors}, size)  # each element once
+        self.assertIn("lm_head.weight", size)  # the last stage's
+        self.assertIn("tok_embeddings.weight", size)  # the first stage's
+
     def test_config_function_picks_lifeline_and_checkpointer_reads_what_it_saved(self):
         """One rank, synchronous saves, Lifeline chosen by a config function of the user's
         (tests/python/titan_config.py); the last step read back with lifeline.Checkpointer."""
@@ -229,6 +274,13 @@ class TorchtitanUnderAgent(unittest.TestCase):
         self.assertEqual(len(printed), 1, out)
         self.assertEqual(printed[0][1], digest.hexdigest()[:32], "the checkpoint's model state is not the trainer's")
         reader.close()
+
+
+def _numel(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
 
 if __name__ == "__main__":

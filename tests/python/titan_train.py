@@ -24,6 +24,9 @@ trainer's checkpointing is touched:
    And the default SPMD backend "spmd_types" fails in fully_shard with torch 2.13 ("When
    dp_mesh_dims is provided, all parameters must be DTensors on the full SPMD mesh"): the test
    runs `--parallelism.spmd_backend partial_dtensor`, a torchtitan option.
+6. Pipeline parallelism: torchtitan/trainer.py, pp_forward_backward_step, calls
+   `pp_schedule.step(arg_mbs=..., kwarg_mbs=..., target_mbs=...)`, a signature of torch releases
+   after 2.13 (see below); such calls go to the schedule's _step_microbatches.
 
 torch.compile is turned off (TORCHDYNAMO_DISABLE): torchtitan compiles create_block_mask, which
 costs seconds per launch on CPU and gives the same masks.
@@ -35,6 +38,7 @@ launch (LIFELINE_RESTART 0), with TITAN_KILL_AFTER_SAVE=1 once the previous chec
 """
 import hashlib
 import importlib.util
+import inspect
 import os
 import signal
 import sys
@@ -104,6 +108,36 @@ def _set_gradient_divide_factor_with_sum(self, factor):
 
 
 FSDPModule.set_gradient_divide_factor = _set_gradient_divide_factor_with_sum
+
+
+# Pipeline parallelism: torchtitan 0.3 (trainer.py, pp_forward_backward_step) hands its schedule
+# the microbatches it has split itself, `pp_schedule.step(arg_mbs=..., kwarg_mbs=..., target_mbs=...)`,
+# a signature of torch releases after 2.13, whose PipelineScheduleSingle/Multi.step take the whole
+# batch and split it (torch/distributed/pipelining/schedules.py): the model got `arg_mbs` as a
+# keyword argument of one microbatch ("Expecting 2 arg_mbs but got 1"). Such calls go to the
+# schedule's _step_microbatches, which takes split microbatches in 2.13, after what step() does first.
+def _step_taking_microbatches(step):
+    def stepping(self, *args, arg_mbs=None, kwarg_mbs=None, target_mbs=None, losses=None, return_outputs=True,
+                 loss_kwargs=None, **kwargs):
+        if arg_mbs is None and kwarg_mbs is None and target_mbs is None:
+            return step(self, *args, losses=losses, return_outputs=return_outputs, loss_kwargs=loss_kwargs, **kwargs)
+        stages = self._stages if hasattr(self, "_stages") else [self._stage]
+        for stage in stages:
+            stage.has_backward = self._has_backward
+            stage.clear_runtime_states()
+        self._step_microbatches(arg_mbs, kwarg_mbs, target_mbs, losses, return_outputs, loss_kwargs=loss_kwargs)
+        for stage in stages:
+            if stage.is_last and return_outputs:
+                return self._merge_outputs(stage.output_chunks)
+        return None
+    return stepping
+
+
+from torch.distributed.pipelining import schedules as _schedules  # noqa: E402
+
+for _schedule in (_schedules.PipelineScheduleSingle, _schedules.PipelineScheduleMulti):
+    if "arg_mbs" not in inspect.signature(_schedule.step).parameters:
+        _schedule.step = _step_taking_microbatches(_schedule.step)
 
 import torchtitan.tools.utils as _titan_utils  # noqa: E402  (before any module that copies its names)
 

@@ -144,6 +144,72 @@ def _agreed_launch_id(dist):
     return "torch:" + box[0]
 
 
+class _SavedTensors:
+    """The tensors of a save, for the next save of the same tensors: their leaves (by identity), the
+    tensors whose memory the save read (and their addresses then), and what was sent to the C++
+    side. A save that read a copy of a leaf (a non-contiguous tensor, a DTensor's box gathered from
+    runs) is not reused: the copy must be made again."""
+
+    __slots__ = ("paths", "leaves", "probes", "addresses", "kinds", "streams", "keep", "names", "device_only")
+
+    @classmethod
+    def of(cls, tensors, specs, keep, names):
+        torch = _sys.modules.get("torch")
+        if torch is None:
+            return None
+        dtensor = _state._dtensor
+        self = cls()
+        self.paths = [path for path, _ in tensors]
+        self.leaves = [leaf for _, leaf in tensors]
+        # kinds: where a leaf's memory is (_lifeline.leaves_unmoved): 0 the leaf, 1 a Shard's tensor,
+        # 2 a DTensor's local tensor.
+        self.probes, self.kinds = [], []
+        for leaf in self.leaves:
+            if isinstance(leaf, _state.Shard):
+                probe, kind = leaf.tensor, 1
+            elif dtensor.is_dtensor(leaf):
+                probe, kind = getattr(leaf, "_local_tensor", None), 2
+            else:
+                probe, kind = leaf, 0
+            self.kinds.append(kind)
+            if not isinstance(probe, torch.Tensor):
+                return None  # numpy: not reused
+            self.probes.append(probe)
+        # Every piece read the memory of its leaf (no copy was made): its address follows the probe's.
+        probe_of = dict(zip(self.paths, self.probes))
+        for path, indexes in names.items():
+            for i in indexes:
+                if keep[i].numel() > 0 and not _same_storage(keep[i], probe_of.get(path)):
+                    return None
+        self.addresses = [p.data_ptr() for p in self.probes]
+        self.streams = {spec[10]: spec[11] for spec in specs if spec[10] >= 0}
+        self.keep, self.names = keep, names
+        self.device_only = bool(specs) and all(spec[10] >= 0 for spec in specs)
+        return self
+
+    def matches(self, tensors):
+        """Whether `tensors` (flatten's) are this save's leaves, at the same paths, in the same memory."""
+        if not _lifeline.leaves_unmoved(tensors, self.leaves, self.kinds, self.addresses):
+            return False
+        if [path for path, _ in tensors] != self.paths:
+            return False
+        if self.streams:
+            torch = _sys.modules["torch"]
+            if any(torch.cuda.current_stream(d).cuda_stream != s for d, s in self.streams.items()):
+                return False
+        return True
+
+
+def _same_storage(buffer, probe):
+    """Whether `buffer`, a piece a save read, lies in the memory of `probe`, the tensor of its leaf."""
+    if probe is None:
+        return False
+    try:
+        return buffer.untyped_storage().data_ptr() == probe.untyped_storage().data_ptr()
+    except (AttributeError, RuntimeError):
+        return False
+
+
 class Checkpointer:
     """Saves and loads this rank's share of the training state.
 
@@ -180,6 +246,7 @@ class Checkpointer:
         self._pending = []        # (ticket, device_only) whose snapshot may still read the caller's tensors
         self._fenced = []         # device-only tickets a stream was fenced on, kept until copied
         self._last = None
+        self._saved = None        # _SavedTensors of the last save(), reused while its tensors stay
         self._final_reported = False  # close() raised for a failed last save once already
         self._tier_warned = False     # a save missing from the memory tier was said
         self._announced = False   # process_start sent to the agent
@@ -218,8 +285,22 @@ class Checkpointer:
 
         The tensors are read in the background: do not mutate them before ticket.wait_snapshot()
         (or use guard_optimizer). Errors (a bad request, I/O failures, a step already committed)
-        are raised by the ticket's waits; earlier checkpoints are never harmed by a failed save."""
-        return self._submit(step, *self._request(state), metadata)
+        are raised by the ticket's waits; earlier checkpoints are never harmed by a failed save.
+
+        A state holding the same tensor objects at the same addresses as the last save's (what
+        lifeline.torch.state_dict returns for an unchanged model and optimizer) is not described
+        again: the save costs a walk of the state and a check of each tensor's address."""
+        tensors, objects = _state.flatten(state)
+        again = self._saved is not None and self._saved.matches(tensors)
+        if not again:
+            specs, keep, encoded, names = self._request(state)
+        else:
+            specs, keep, names = None, self._saved.keep, self._saved.names
+            encoded = [(path, _state.encode_object(path, value)) for path, value in objects]
+        ticket = self._submit(step, specs, keep, encoded, names, metadata)
+        if not again:
+            self._saved = _SavedTensors.of(tensors, specs, keep, names)
+        return ticket
 
     def _save_pieces(self, step, pieces, objects, metadata=None):
         """save() of explicit pieces: (path, tensor or Shard) pairs, several per path allowed, and
@@ -233,12 +314,18 @@ class Checkpointer:
         return self._submit(step, specs, keep, list(objects), names, metadata)
 
     def _submit(self, step, specs, keep, objects, names, metadata):
+        """Saves `specs` (None: those of the last save, self._saved)."""
         self._prune()
         self._say_memory_tier_problems()
         meta = _json.dumps(metadata) if metadata is not None else ""
-        impl = self._impl.save(int(step), specs, objects, meta, keep)
-        # A save of CUDA tensors only: the optimizer may be ordered after its copies on the GPU.
-        device_only = bool(specs) and all(spec[10] >= 0 for spec in specs)
+        if specs is None:
+            impl = self._impl.save_again(int(step), objects, meta, keep)
+            device_only = self._saved.device_only
+        else:
+            self._saved = None  # the C++ side now holds these specs, not the cached ones
+            impl = self._impl.save(int(step), specs, objects, meta, keep)
+            # A save of CUDA tensors only: the optimizer may be ordered after its copies on the GPU.
+            device_only = bool(specs) and all(spec[10] >= 0 for spec in specs)
         self._pending.append((impl, device_only))
         autotrace = _sys.modules.get("lifeline._autotrace")  # loaded only under lifeline-agent
         if autotrace is not None:

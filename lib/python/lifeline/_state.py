@@ -217,24 +217,101 @@ def _join(prefix, key):
     return f"{prefix}.{key}" if prefix else str(key)
 
 
-def walk(state):
-    """Yields (path, leaf) for every tensor/Shard leaf and every object leaf (containers without tensors)."""
-    def visit(x, path):
-        if isinstance(x, Shard) or is_tensor(x):
-            yield path, x
-        elif isinstance(x, dict) and _has_tensor(x):
-            for k, v in x.items():
-                yield from visit(v, _join(path, k))
-        elif isinstance(x, (list, tuple)) and _has_tensor(x):
-            for i, v in enumerate(x):
-                yield from visit(v, _join(path, i))
-        else:
-            if not path:
-                raise TypeError("the state must be a dict or list holding tensors")
-            yield path, x
+class SharedState(dict):
+    """A read-only dict of a state that successive calls share (lifeline.torch.state_dict's "model"
+    and "optim" containers): flatten walks it once and reuses what it found while it is met at the
+    same path. Copies (dict(x), copy.deepcopy, pickling) are plain dicts."""
+
+    __slots__ = ("_flat",)
+
+    def _refuse(self, *_args, **_kwargs):
+        raise TypeError("this container of lifeline.torch.state_dict is shared by its calls and read-only: "
+                        "make a copy (dict(x)) to change it")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _refuse
+
+    def __reduce__(self):
+        return (dict, (dict(self),))
+
+
+def shared(x):
+    """`x` with its dicts, nested ones too, made SharedState (the leaves are the same objects)."""
+    if isinstance(x, dict):
+        return SharedState((k, shared(v)) for k, v in x.items())
+    return x
+
+
+def _leaf_types():
+    """The classes of tensor leaves: Shard, and torch's and numpy's tensors when imported."""
+    types = [Shard]
+    for module, name in (("torch", "Tensor"), ("numpy", "ndarray")):
+        cls = getattr(_module(module), name, None)
+        if cls is not None:
+            types.append(cls)
+    return tuple(types)
+
+
+def flatten(state):
+    """(tensors, objects): [(path, leaf)] for every tensor/Shard leaf, and for every object leaf
+    (a value that is not a container, or a container holding no tensor), each in walk order.
+
+    One pass, linear in the size of the state: a save of thousands of tensors walks it every time."""
     if not isinstance(state, (dict, list)):
         raise TypeError(f"the state must be a dict or a list, not {type(state).__name__}")
-    yield from visit(state, "")
+    leaf_types = _leaf_types()
+    tensors, objects = [], []
+
+    def visit(x, path):  # True when x holds a tensor
+        if isinstance(x, leaf_types):
+            tensors.append((path, x))
+            return True
+        if type(x) is SharedState:
+            flat = getattr(x, "_flat", None)
+            if flat is None or flat[0] != path:
+                t0, o0 = len(tensors), len(objects)
+                found = visit(dict(x), path)
+                flat = x._flat = (path, tensors[t0:], objects[o0:], found)
+                return found
+            tensors.extend(flat[1])
+            objects.extend(flat[2])
+            return flat[3]
+        if isinstance(x, dict) and not hasattr(x, "_lifeline_encode"):  # lifeline.torch's header: an object
+            items = x.items()
+        elif isinstance(x, (list, tuple)):
+            items = enumerate(x)
+        else:
+            objects.append((path, x))
+            return False
+        mark, found, bad = len(objects), False, None
+        for k, v in items:
+            # Keys are checked (_join) only in containers that hold tensors, as paths of tensors.
+            if type(k) is str and k.isascii() or type(k) is int:
+                child = f"{path}.{k}" if path else f"{k}"
+            else:
+                try:
+                    child = _join(path, k)
+                except (TypeError, ValueError) as e:
+                    child, bad = f"{path}.{k!r}", bad or e
+            if visit(v, child):
+                found = True
+        if found:
+            if bad is not None:
+                raise bad
+            return True
+        del objects[mark:]
+        if not path:
+            raise TypeError("the state must be a dict or list holding tensors")
+        objects.append((path, x))
+        return False
+
+    visit(state, "")
+    return tensors, objects
+
+
+def walk(state):
+    """[(path, leaf)] for every tensor/Shard leaf, then every object leaf (flatten's two lists)."""
+    tensors, objects = flatten(state)
+    return tensors + objects
 
 
 def leaves(state, rank=0, world_size=1):
@@ -244,16 +321,19 @@ def leaves(state, rank=0, world_size=1):
 
     In a state holding DTensors, with world_size > 1, a plain tensor is taken to be the same on every
     rank (an optimizer's step, an unsharded buffer: what DCP assumes of it too) and is marked as one
-    of world_size copies, written once."""
+    of world_size copies, written once. When a DTensor's mesh is smaller than the job, the ranks
+    agree which of them hold each path (_dtensor.job_layout: collective the first time a structure
+    is seen, then cached) and the replicas are counted among those."""
     found = list(walk(state))
     replicated = world_size > 1 and any(_dtensor.is_dtensor(leaf) for _, leaf in found)
+    layout = _dtensor.job_layout(found, rank, world_size) if replicated else None
     for path, leaf in found:
         if _dtensor.is_dtensor(leaf):
-            yield path, leaf, _dtensor.pieces(leaf, path, world_size)
+            yield path, leaf, _dtensor.pieces(leaf, path, world_size, layout)
         elif isinstance(leaf, Shard) or not is_tensor(leaf):
             yield path, leaf, [leaf] if isinstance(leaf, Shard) else None
         elif replicated:
-            yield path, leaf, [Shard(leaf, replica=(rank, world_size))]
+            yield path, leaf, [Shard(leaf, replica=layout.plain[path] if layout is not None else (rank, world_size))]
         else:
             yield path, leaf, [leaf]
 
@@ -352,6 +432,9 @@ def _from_json(j):
 
 
 def encode_object(path, value):
+    encode = getattr(value, "_lifeline_encode", None)  # lifeline.torch's header: parts encoded once
+    if encode is not None:
+        return encode()
     return json.dumps(_to_json(value, path), separators=(",", ":"), allow_nan=False).encode("utf-8")
 
 
@@ -394,7 +477,9 @@ def restore(state, objects, missing):
             return x
         if isinstance(x, dict) and _has_tensor(x):
             for k in list(x.keys()):
-                x[k] = visit(x[k], _join(path, k))
+                v = visit(x[k], _join(path, k))
+                if v is not x[k]:  # a SharedState holds tensors only: never assigned
+                    x[k] = v
             return x
         if isinstance(x, list) and _has_tensor(x):
             for i in range(len(x)):

@@ -115,12 +115,16 @@ def _pieces_as_dcp_names_them(state_dict):
     from . import _dtensor
     flat, mappings = flatten_state_dict(state_dict)
     rank, world = _group()
+    # DTensors on slices of the job (pipeline stages, modules outside tensor parallelism): which
+    # ranks hold each name is agreed once per structure (collective then; every rank stages).
+    layout = _dtensor.job_layout(list(flat.items()), rank, world)
     pieces, objects = [], []
     for fqn, value in flat.items():
         if _dtensor.is_dtensor(value):
-            pieces.extend((fqn, p) for p in _dtensor.pieces(value, fqn, world))
+            pieces.extend((fqn, p) for p in _dtensor.pieces(value, fqn, world, layout))
         elif isinstance(value, _torch.Tensor):
-            pieces.append((fqn, _state.Shard(value, replica=(rank, world)) if world > 1 else value))
+            replica = layout.plain[fqn] if layout is not None else (rank, world)
+            pieces.append((fqn, _state.Shard(value, replica=replica) if world > 1 else value))
         else:
             objects.append((fqn, _encode(value)))
     return pieces, objects, mappings

@@ -40,10 +40,11 @@ namespace {
 // What Save plans from a request's tensors alone (Checkpointer::Impl::tensor_plan).
 struct TensorPlan {
   std::vector<TensorShard> tensors;  // the request's (data addresses included; streams ignored)
-  RankSavePlan plan;
+  std::shared_ptr<const RankSavePlan> plan;
   std::vector<uint64_t> fragment_offset;
   uint64_t fragments_end = 0;
-  std::vector<format::FragmentInfo> fragments;
+  // The first save's index (its tensors and fragments are every later save's: SaveJob::CompleteIndex).
+  std::shared_ptr<const format::CheckpointIndex> index;
   std::vector<format::ChunkInfo> chunks;  // checksums zero
   std::shared_ptr<const std::vector<internal::CopyPiece>> pieces;  // the fragments'
 };
@@ -364,7 +365,7 @@ SaveTicket Checkpointer::Save(uint64_t step, const SaveRequest& request) {
   } else {
     Result<RankSavePlan> plan = PlanRankSave(request, o.replica_split_bytes, true, o.column_blocks);
     if (!plan.ok()) return refuse(plan.status().Annotate(where), SavePhase::kFailed);
-    job->plan = std::move(*plan);
+    job->plan = std::make_shared<const RankSavePlan>(std::move(*plan));
   }
   job->objects = request.objects;
   job->metadata_json = request.metadata_json;
@@ -386,7 +387,7 @@ SaveTicket Checkpointer::Save(uint64_t step, const SaveRequest& request) {
     job->layout.bytes = reuse->fragments_end;
     LayoutObjects(job->objects, &job->layout);
   } else {
-    job->layout = LayoutImage(job->plan, job->objects);
+    job->layout = LayoutImage(*job->plan, job->objects);
   }
   job->bytes_total = job->layout.bytes - kDataHeaderBytes;
   job->block_bytes = o.write_block_bytes;
@@ -458,18 +459,18 @@ SaveTicket Checkpointer::Save(uint64_t step, const SaveRequest& request) {
   std::memset(job->image + job->layout.bytes, 0, padded - job->layout.bytes);
   lap(Part::kStage);
   if (reuse != nullptr) {
-    job->index = RawImageIndex(job->plan, reuse->fragments, reuse->chunks, job->objects, job->metadata_json,
-                               job->layout, w);
+    job->index = RawImageIndexOfReusedPlan(reuse->chunks, job->objects, job->metadata_json, job->layout, w);
+    job->index_structure = reuse->index;
     internal::PlanPieces(*job, request, reuse->pieces);
   } else {
-    job->index = RawImageIndex(job->plan, job->objects, job->metadata_json, job->layout, w);
+    job->index = RawImageIndex(*job->plan, job->objects, job->metadata_json, job->layout, w);
     internal::PlanPieces(*job, request);
     TensorPlan& t = m.tensor_plan.emplace();
     t.tensors = request.tensors;
     t.plan = job->plan;
     t.fragment_offset = job->layout.fragment_offset;
     t.fragments_end = job->layout.object_offset.empty() ? job->layout.bytes : job->layout.object_offset[0];
-    t.fragments = job->index.fragments;
+    t.index = std::make_shared<const format::CheckpointIndex>(job->index);
     t.chunks = job->index.chunks;
     t.pieces = std::make_shared<const std::vector<internal::CopyPiece>>(
         job->pieces.begin(), job->pieces.begin() + static_cast<ptrdiff_t>(job->index.chunks.size()));
@@ -490,6 +491,7 @@ SaveTicket Checkpointer::Save(uint64_t step, const SaveRequest& request) {
     MemoryTier* tier = m.tier.get();
     const unsigned k = *slot;
     job->on_copied = [tier, k](internal::SaveJob& j) {
+      j.CompleteIndex();
       Result<std::string> encoded = format::EncodeIndex(j.index);
       Status s = encoded.ok() ? tier->Publish(j.step, k, *encoded) : encoded.status();
       if (s.ok()) {

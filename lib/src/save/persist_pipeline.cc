@@ -7,7 +7,7 @@
 #include "lib/src/store/checkpoint_layout.h"
 #include "lib/src/save/checkpoint_writer.h"
 #include "lib/src/save/commit.h"
-#include "lib/src/env/io_pump.h"
+#include "lifeline/internal/io_pump.h"
 #include "lifeline/log.h"
 
 namespace lifeline {
@@ -49,9 +49,10 @@ void PersistPipeline::Persist(internal::SaveJob& job) {
     Result<uint64_t> n = WriteImage(job, writer->data_path());
     if (!n.ok()) return finish(n.status());
     stored = *n;
+    job.CompleteIndex();
     written = job.index;  // its checksums are complete: every piece lies in a block, copied before it was written
   } else {
-    RankSavePlan plan = job.plan;
+    RankSavePlan plan = *job.plan;
     if (job.image != nullptr) {  // encode from the snapshot, once it is complete
       job.WaitCopyStopped();
       if (job.cancelled()) return finish(Status::OK());

@@ -51,7 +51,7 @@ class PersistPipelineTest : public ::testing::Test {
     req.tensors.push_back(TensorShard::Whole("w", DType::kF32, {static_cast<int64_t>(values->size())}, values->data()));
     Result<RankSavePlan> plan = PlanRankSave(req, 1 << 20);
     EXPECT_TRUE(plan.ok()) << plan.status().ToString();
-    job->plan = std::move(plan).value();
+    job->plan = std::make_shared<const RankSavePlan>(std::move(plan).value());
     job->objects.emplace_back("rng", "rng-at-" + std::to_string(step));
     job->write_options.step = step;
     job->write_options.run_id = kRunId;
@@ -125,7 +125,7 @@ TEST_F(PersistPipelineTest, AStagedSavesIndexIsWholeHoweverLateACopyThreadRecord
   job = std::make_shared<internal::SaveJob>(1, &env, "/ckpt");
   Result<RankSavePlan> plan = PlanRankSave(req, 1 << 20);
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
-  job->plan = std::move(plan).value();
+  job->plan = std::make_shared<const RankSavePlan>(std::move(plan).value());
   job->objects = req.objects;
   RankWriteOptions& w = job->write_options;
   w.step = 1;
@@ -134,7 +134,7 @@ TEST_F(PersistPipelineTest, AStagedSavesIndexIsWholeHoweverLateACopyThreadRecord
   w.chunk_bytes = 1024;
   w.write_block_bytes = 4096;
   w.direct_io = false;
-  job->layout = LayoutImage(job->plan, job->objects);
+  job->layout = LayoutImage(*job->plan, job->objects);
   job->bytes_total = job->layout.bytes - kDataHeaderBytes;
   job->block_bytes = 4096;
   const uint64_t padded = AlignUp(job->layout.bytes, kDirectIoAlignment);
@@ -143,7 +143,7 @@ TEST_F(PersistPipelineTest, AStagedSavesIndexIsWholeHoweverLateACopyThreadRecord
   job->image = slot.data();
   EncodeDataHeader(0, 1, 1, w.run_hash, job->image);
   std::memset(job->image + job->layout.bytes, 0, padded - job->layout.bytes);
-  job->index = RawImageIndex(job->plan, job->objects, job->metadata_json, job->layout, w);
+  job->index = RawImageIndex(*job->plan, job->objects, job->metadata_json, job->layout, w);
   internal::PlanPieces(*job, req);
   job->InitCounters(req.tensors.size());
 

@@ -7,7 +7,7 @@
 #include "formats/checksum.h"
 #include "formats/codec.h"
 #include "lib/src/env/aligned_buffer.h"
-#include "lib/src/env/io_pump.h"
+#include "lifeline/internal/io_pump.h"
 #include "lib/src/store/checkpoint_layout.h"
 
 namespace lifeline {
@@ -109,7 +109,7 @@ class BlockStreamWriter {
   uint64_t flushed_ = 0;  // bytes submitted (file offset of the current block)
 };
 
-format::CheckpointIndex IndexSkeleton(const RankSavePlan& plan, const std::string& metadata_json,
+format::CheckpointIndex IndexSkeleton(const RankSavePlan* plan, const std::string& metadata_json,
                                       const RankWriteOptions& o) {
   format::CheckpointIndex index;
   index.kind = format::IndexKind::kRankIndex;
@@ -120,7 +120,7 @@ format::CheckpointIndex IndexSkeleton(const RankSavePlan& plan, const std::strin
   index.chunk_bytes = o.chunk_bytes;
   index.created_unix_ns = static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
-  index.tensors = plan.tensors;
+  if (plan != nullptr) index.tensors = plan->tensors;
   index.metadata_json = o.rank == 0 ? metadata_json : std::string();
   return index;
 }
@@ -174,13 +174,11 @@ void AddRawObjects(const std::vector<std::pair<std::string, std::string>>& objec
 
 }  // namespace
 
-format::CheckpointIndex RawImageIndex(const RankSavePlan& plan, const std::vector<format::FragmentInfo>& fragments,
-                                      const std::vector<format::ChunkInfo>& chunks,
-                                      const std::vector<std::pair<std::string, std::string>>& objects,
-                                      const std::string& metadata_json, const ImageLayout& layout,
-                                      const RankWriteOptions& o) {
-  format::CheckpointIndex index = IndexSkeleton(plan, metadata_json, o);
-  index.fragments = fragments;
+format::CheckpointIndex RawImageIndexOfReusedPlan(const std::vector<format::ChunkInfo>& chunks,
+                                                  const std::vector<std::pair<std::string, std::string>>& objects,
+                                                  const std::string& metadata_json, const ImageLayout& layout,
+                                                  const RankWriteOptions& o) {
+  format::CheckpointIndex index = IndexSkeleton(nullptr, metadata_json, o);
   index.chunks = chunks;
   AddRawObjects(objects, layout, o, &index);
   return index;
@@ -189,7 +187,7 @@ format::CheckpointIndex RawImageIndex(const RankSavePlan& plan, const std::vecto
 format::CheckpointIndex RawImageIndex(const RankSavePlan& plan, const std::vector<std::pair<std::string, std::string>>& objects,
                                       const std::string& metadata_json, const ImageLayout& layout,
                                       const RankWriteOptions& o) {
-  format::CheckpointIndex index = IndexSkeleton(plan, metadata_json, o);
+  format::CheckpointIndex index = IndexSkeleton(&plan, metadata_json, o);
   index.fragments.reserve(plan.fragments.size());
   uint64_t num_chunks = 0;
   for (const PlannedFragment& pf : plan.fragments) num_chunks += (RawBytes(plan, pf) + o.chunk_bytes - 1) / o.chunk_bytes;
@@ -219,7 +217,7 @@ Result<format::CheckpointIndex> WriteRankData(Env* env, const std::string& step_
                                               const FragmentReader& reader) {
   if (o.chunk_bytes == 0 || o.chunk_bytes % 8 != 0)
     return Status::InvalidArgument("chunk_bytes must be a positive multiple of 8");
-  format::CheckpointIndex index = IndexSkeleton(plan, metadata_json, o);
+  format::CheckpointIndex index = IndexSkeleton(&plan, metadata_json, o);
   const std::string name = DataFileName(o.run_hash, o.rank, o.world_size);
   const std::string path = JoinPath(step_dir, name);
   FileOptions fopt;

@@ -65,13 +65,14 @@ void LayoutObjects(const std::vector<std::pair<std::string, std::string>>& objec
 format::CheckpointIndex RawImageIndex(const RankSavePlan& plan, const std::vector<std::pair<std::string, std::string>>& objects,
                                       const std::string& metadata_json, const ImageLayout& layout,
                                       const RankWriteOptions& options);
-// The same, with the fragments' part (fragments and chunks) taken from an earlier RawImageIndex of
-// the same plan, fragment layout and chunk size.
-format::CheckpointIndex RawImageIndex(const RankSavePlan& plan, const std::vector<format::FragmentInfo>& fragments,
-                                      const std::vector<format::ChunkInfo>& chunks,
-                                      const std::vector<std::pair<std::string, std::string>>& objects,
-                                      const std::string& metadata_json, const ImageLayout& layout,
-                                      const RankWriteOptions& options);
+// The same for a save of the same plan, fragment layout and chunk size as an earlier one, whose
+// `chunks` (lengths; checksums zero) it copies, leaving `tensors` and `fragments` empty: they are
+// the earlier index's, which SaveJob::CompleteIndex copies in off the caller's thread (with many
+// tensors, copying them is most of a save's planning).
+format::CheckpointIndex RawImageIndexOfReusedPlan(const std::vector<format::ChunkInfo>& chunks,
+                                                  const std::vector<std::pair<std::string, std::string>>& objects,
+                                                  const std::string& metadata_json, const ImageLayout& layout,
+                                                  const RankWriteOptions& options);
 
 }  // namespace lifeline
 

@@ -50,31 +50,50 @@ format::Codec StoredCodec(SaveCodec codec) {
 }
 
 void PlanPieces(SaveJob& job, const SaveRequest& request, std::shared_ptr<const std::vector<CopyPiece>> fragment_pieces) {
-  const RankSavePlan& plan = job.plan;
+  const RankSavePlan& plan = *job.plan;
   const uint64_t chunk = job.write_options.chunk_bytes;
   const bool reused = fragment_pieces != nullptr;
   job.shared_pieces = std::move(fragment_pieces);
   job.pieces.reserve((reused ? 0 : job.index.chunks.size()) + job.objects.size());
-  for (size_t i = 0; !reused && i < plan.fragments.size(); ++i) {
+  auto piece_of = [&](size_t i, uint64_t k) {  // chunk k of fragment i
     const PlannedFragment& pf = plan.fragments[i];
     const format::FragmentInfo& f = job.index.fragments[i];
-    for (uint64_t k = 0; k < f.num_chunks; ++k) {
-      CopyPiece p;
-      if (pf.strided()) {
-        p.source = pf.source;
-        p.source_stride = pf.source_stride;
-        p.run_bytes = pf.run_bytes;
-        p.source_offset = k * chunk;
-      } else {
-        p.source = pf.source + k * chunk;
-      }
-      p.image_offset = job.layout.fragment_offset[i] + k * chunk;
-      p.length = job.index.chunks[f.first_chunk + k].stored_length;
-      p.target = f.first_chunk + k;
-      p.request_tensor = pf.request_index;
-      p.device = request.tensors[pf.request_index].device >= 0;
-      job.pieces.push_back(p);
+    CopyPiece p;
+    if (pf.strided()) {
+      p.source = pf.source;
+      p.source_stride = pf.source_stride;
+      p.run_bytes = pf.run_bytes;
+      p.source_offset = k * chunk;
+    } else {
+      p.source = pf.source + k * chunk;
     }
+    p.image_offset = job.layout.fragment_offset[i] + k * chunk;
+    p.length = job.index.chunks[f.first_chunk + k].stored_length;
+    p.target = f.first_chunk + k;
+    p.request_tensor = pf.request_index;
+    p.device = request.tensors[pf.request_index].device >= 0;
+    return p;
+  };
+  // Column blocks side by side in one shard (save_plan.h: consecutive fragments of one request
+  // tensor, same stride and width, each starting where the previous one's columns end) make a band.
+  auto same_band = [&](size_t a, size_t b) {
+    const PlannedFragment &x = plan.fragments[a], &y = plan.fragments[b];
+    return x.strided() && y.strided() && x.request_index == y.request_index && x.source_stride == y.source_stride &&
+           x.run_bytes == y.run_bytes && y.source == x.source + x.run_bytes * (b - a) &&
+           job.index.fragments[a].num_chunks == job.index.fragments[b].num_chunks;
+  };
+  for (size_t i = 0; !reused && i < plan.fragments.size();) {
+    size_t end = i + 1;
+    while (end < plan.fragments.size() && end - i < kMaxBandPieces && same_band(i, end)) ++end;
+    const uint64_t chunks = job.index.fragments[i].num_chunks;
+    for (uint64_t k = 0; k < chunks; ++k) {
+      for (size_t j = i; j < end; ++j) {
+        CopyPiece p = piece_of(j, k);
+        p.band = end - i == 1 ? 1 : j == i ? static_cast<uint32_t>(end - i) : 0;
+        job.pieces.push_back(p);
+      }
+    }
+    i = end;
   }
   for (size_t i = 0; i < job.objects.size(); ++i) {
     const std::string& bytes = job.objects[i].second;
@@ -106,6 +125,14 @@ void SaveJob::Trace(trace::EventType type, uint64_t aux) const {
 
 SaveJob::SaveJob(uint64_t step, Env* env, std::string root) : step(step), env(env), root(std::move(root)) {}
 
+void SaveJob::CompleteIndex() {
+  std::call_once(index_completed_, [this] {
+    if (index_structure == nullptr) return;
+    index.tensors = index_structure->tensors;
+    index.fragments = index_structure->fragments;
+  });
+}
+
 void SaveJob::InitCounters(size_t request_tensors, bool streamed) {
   num_tensors_ = request_tensors;
   staged_.store(!streamed);
@@ -116,8 +143,10 @@ void SaveJob::InitCounters(size_t request_tensors, bool streamed) {
   // Counted in plain integers, then stored: nothing reads the counters before Submit.
   std::vector<uint32_t> per_tensor(num_tensors_, 0);
   std::vector<int64_t> per_block(num_blocks_ + 1, 0);
+  bool bands = false;
   for (size_t i = 0, n = num_pieces(); i < n; ++i) {
     const CopyPiece& p = piece(i);
+    bands = bands || p.band != 1;
     if (!p.object) ++per_tensor[p.request_tensor];
     for (uint64_t at = p.image_offset, end = p.image_offset + p.length; at < end;) {
       const uint64_t b = at / block_bytes, stop = std::min(end, (b + 1) * block_bytes);
@@ -125,6 +154,9 @@ void SaveJob::InitCounters(size_t request_tensors, bool streamed) {
       at = stop;
     }
   }
+  band_starts_.clear();  // without bands, every piece is claimed alone, by its index
+  for (size_t i = 0, n = bands ? num_pieces() : 0; i < n; ++i)
+    if (piece(i).band != 0) band_starts_.push_back(i);
   for (size_t i = 0; i < num_tensors_; ++i)
     tensor_pending_[i].store((streamed ? 1 : 0) + per_tensor[i], std::memory_order_relaxed);
   for (size_t b = 0; b <= num_blocks_; ++b) block_pending_[b].store(per_block[b], std::memory_order_relaxed);

@@ -50,13 +50,21 @@ struct CopyPiece {
   uint64_t target = 0;
   uint32_t request_tensor = 0;  // meaningless for objects
   bool object = false;
+  // The pieces the copy engine takes together, this one first: a band, the same chunk of several
+  // column blocks of one shard, of equal width, whose runs lie in the same rows, so that one pass
+  // over those rows copies them all (GatherBandAndHash). 1: a piece taken alone; 0: a piece of a
+  // band, taken with its first. At most kMaxBandPieces.
+  uint32_t band = 1;
 };
+
+inline constexpr uint32_t kMaxBandPieces = 16;
 
 class SaveJob;
 
 // Splits the job's staged image into its pieces, each at most one chunk: the unit of copying,
-// hashing and per-tensor readiness. An object with no bytes gets no piece: its checksum, that of
-// nothing, is written into the index here. REQUIRES: the job's plan, objects, layout, index and
+// hashing and per-tensor readiness. The column blocks of one shard are interleaved into bands
+// (CopyPiece::band): chunk k of each of its equal blocks, then chunk k + 1, ... An object with no
+// bytes gets no piece: its checksum, that of nothing, is written into the index here. REQUIRES: the job's plan, objects, layout, index and
 // write_options are set; `request` is the one they were planned from.
 // With `fragment_pieces`, the fragments' part is that of an earlier PlanPieces of the same plan,
 // layout and index fragments (the first index.chunks.size() pieces it made), shared, not copied.
@@ -74,11 +82,19 @@ class SaveJob {
   Env* const env;
   const std::string root;  // checkpoint directory (for WaitCommitted)
   const Clock::time_point started = Clock::now();
-  RankSavePlan plan;
+  // Shared by the saves of one structure (Checkpointer reuses it while the request is the same).
+  std::shared_ptr<const RankSavePlan> plan;
   std::vector<std::pair<std::string, std::string>> objects;  // copied from the request
   std::string metadata_json;
   RankWriteOptions write_options;
   format::CheckpointIndex index;  // raw image index; chunk/object checksums filled by the copies
+  // Set when `index` was made by RawImageIndexOfReusedPlan: the index of an earlier save of the
+  // same plan, whose tensors and fragments `index` lacks until CompleteIndex.
+  std::shared_ptr<const format::CheckpointIndex> index_structure;
+  // Copies index_structure's tensors and fragments into `index` (once; later calls return at
+  // once). Called before anything reads those: off the caller's thread, by the copy thread that
+  // publishes to the memory tier and by the persist pipeline. Safe for concurrent use.
+  void CompleteIndex();
   ImageLayout layout;
   // The pieces, in order: `shared_pieces` (the fragments' pieces of a plan the Checkpointer reuses
   // from save to save, when it does), then `pieces`. Use num_pieces() and piece(i).
@@ -108,10 +124,12 @@ class SaveJob {
   void InitCounters(size_t request_tensors, bool streamed = false);
 
   // ---- copy engine ----
-  // Claims the next piece; nullopt when all are claimed.
+  // Claims the next piece, with the band it begins (piece(i).band pieces from i); nullopt when all
+  // are claimed.
   std::optional<size_t> ClaimPiece() {
     const size_t i = next_piece_.fetch_add(1, std::memory_order_relaxed);
-    return i < num_pieces() ? std::optional<size_t>(i) : std::nullopt;
+    if (band_starts_.empty()) return i < num_pieces() ? std::optional<size_t>(i) : std::nullopt;
+    return i < band_starts_.size() ? std::optional<size_t>(band_starts_[i]) : std::nullopt;
   }
   bool cancelled() const { return cancelled_.load(std::memory_order_acquire); }
   // Records piece i as copied with `checksum` (or skipped, when cancelled).
@@ -159,11 +177,13 @@ class SaveJob {
   }
 
  private:
+  std::once_flag index_completed_;
   void CompleteCopy();
 
   std::once_flag device_once_;
   Status device_status_;  // written once under device_once_
-  std::atomic<size_t> next_piece_{0};
+  std::atomic<size_t> next_piece_{0};  // counts claims: pieces, or bands when there are bands
+  std::vector<size_t> band_starts_;     // the first piece of every claim; empty without bands
   std::atomic<size_t> pieces_left_{0};
   std::atomic<bool> cancelled_{false};
   std::atomic<uint64_t> bytes_copied_{0};

@@ -104,9 +104,9 @@
 #include "lifeline/env.h"
 #include "lifeline/inspect.h"
 #include "lifeline/internal/copy_kernel.h"
+#include "lifeline/internal/io_pump.h"
 #include "lifeline/internal/shared_memory.h"
 #include "lifeline/internal/synthetic_model.h"
-#include "lib/src/env/io_pump.h"
 #include "tools/lifeline/bench/bench.h"
 #include "tools/lifeline/byte_size.h"
 #include "tools/lifeline/commands.h"
@@ -151,12 +151,33 @@ struct CommonOptions {
 
 struct SaveOptions : CommonOptions {
   std::string state_bytes = "2GiB";
+  // The tensor-count axis: > 0 saves a model of this many small tensors per rank (a mixture of
+  // experts' many expert weights and their optimizer state) instead of the transformer of
+  // --state-bytes, each holding --tensor-bytes on every rank.
+  uint64_t many_tensors = 0;
+  std::string tensor_bytes = "4KiB";
   bool no_baseline = false;
   unsigned iterations = 4;
   uint32_t keep_last = 1;
   bool cold = false;
   BenchSaveTuning tuning;
 };
+
+// `count` f32 tensors "experts.<i>.weight", each split by rows over the tensor-parallel ranks so
+// that every rank holds `bytes_per_rank` of each (a copy per data-parallel rank), then the `step`
+// every rank holds: the tensor-count axis of `bench save`.
+std::vector<ModelTensor> ManyTensors(uint64_t count, uint64_t bytes_per_rank, const ParallelLayout& layout) {
+  const int64_t elements = std::max<int64_t>(1, static_cast<int64_t>(bytes_per_rank / DTypeSize(DType::kF32)));
+  const int64_t cols = std::min<int64_t>(elements, 64);
+  const int64_t rows = std::max<int64_t>(1, elements / cols) * layout.tp;
+  std::vector<ModelTensor> out;
+  out.reserve(count + 1);
+  for (uint64_t i = 0; i < count; ++i)
+    out.push_back({"experts." + std::to_string(i) + ".weight", DType::kF32, {rows, cols},
+                   Placement::kTensorParallelDim0});
+  out.push_back({kStepTensorName, DType::kI64, {}, Placement::kWholeOnEveryRank});
+  return out;
+}
 
 Result<ParallelLayout> ResolveLayout(const CommonOptions& o) { return lifeline::ResolveLayout(o.ranks, o.tp, o.dp); }
 
@@ -412,6 +433,10 @@ struct SaveFigures {
   double stall = 0;           // max over ranks of the ticket's stall_seconds
   double snapshot = 0;        // max over ranks
   double persist = 0;         // max over ranks
+  // Where the time inside Save went (SaveStallBreakdown), max over ranks: the per-tensor parts.
+  double plan = 0;
+  double stage = 0;
+  double submit = 0;
   uint64_t bytes_total = 0;   // all ranks
   uint64_t bytes_stored = 0;  // all ranks
   bool staged = true;
@@ -432,6 +457,9 @@ SaveFigures MedianFigures(const std::vector<SaveFigures>& all) {
   m.stall = median(&SaveFigures::stall);
   m.snapshot = median(&SaveFigures::snapshot);
   m.persist = median(&SaveFigures::persist);
+  m.plan = median(&SaveFigures::plan);
+  m.stage = median(&SaveFigures::stage);
+  m.submit = median(&SaveFigures::submit);
   return m;
 }
 
@@ -443,6 +471,9 @@ nlohmann::json FiguresJson(const SaveFigures& f, uint64_t bytes) {
           {"stall_ms", f.stall * 1e3},
           {"snapshot_ms", f.snapshot * 1e3},
           {"persist_ms", f.persist * 1e3},
+          {"plan_ms", f.plan * 1e3},
+          {"stage_ms", f.stage * 1e3},
+          {"submit_ms", f.submit * 1e3},
           {"copy_gbps", f.copy_gbps()},
           {"staged", f.staged},
           {"memory_tier", f.memory_tier}};
@@ -488,8 +519,25 @@ int RunSave(const SaveOptions& o) {
     }
   }
 
-  const std::vector<ModelTensor> tensors = ModelTensors(*shape);
-  const uint64_t unique_bytes = ModelBytes(*shape);
+  std::vector<ModelTensor> tensors;
+  uint64_t unique_bytes = 0;
+  if (o.many_tensors > 0) {
+    auto per_tensor = ParseByteSize(o.tensor_bytes);
+    if (!per_tensor.ok()) return ReportFailure(kCommand, per_tensor.status().Annotate("--tensor-bytes"), o.json);
+    tensors = ManyTensors(o.many_tensors, *per_tensor, *layout);
+    for (const ModelTensor& t : tensors)
+      unique_bytes += t.num_bytes();  // each written once: the TP boxes' replicas and `step`
+  } else {
+    tensors = ModelTensors(*shape);
+    unique_bytes = ModelBytes(*shape);
+  }
+  // The many-tensor model is described by its own metadata (`bench load` reads only the transformer).
+  auto metadata = [&](uint64_t step) {
+    if (o.many_tensors == 0) return ModelMetadataJson(*shape, *layout, step);
+    return nlohmann::json{{"model", "lifeline-many-tensors"}, {"tensors", o.many_tensors}, {"tp", layout->tp},
+                          {"dp", layout->dp}, {"step", step}}
+        .dump();
+  };
 
   // The limit is measured before the saves and again after them: this kind of disk slows down for
   // a while after blocks are freed, and retention frees some during the saves.
@@ -525,7 +573,7 @@ int RunSave(const SaveOptions& o) {
         SaveRequest request;
         request.tensors = states[r].shards();
         request.objects = {{"rng", RngObject(r, first_step)}, {"dataloader", DataloaderObject(r, first_step)}};
-        request.metadata_json = ModelMetadataJson(*shape, *layout, first_step);
+        request.metadata_json = metadata(first_step);
         if (Status s = checkpointers[r]->PrepareStaging(request); !s.ok() && s.code() != StatusCode::kFailedPrecondition)
           status = s;  // FailedPrecondition: larger than a slot, the saves stream
       }
@@ -537,7 +585,7 @@ int RunSave(const SaveOptions& o) {
           SetStepTensor(states[r], step);
           request.tensors = states[r].shards();
           request.objects = {{"rng", RngObject(r, step)}, {"dataloader", DataloaderObject(r, step)}};
-          request.metadata_json = ModelMetadataJson(*shape, *layout, step);
+          request.metadata_json = metadata(step);
         }
         sync.arrive_and_wait();  // released
         if (status.ok() && !failed.load()) {
@@ -595,6 +643,9 @@ int RunSave(const SaveOptions& o) {
       f.stall = std::max(f.stall, p.stall_seconds);
       f.snapshot = std::max(f.snapshot, p.snapshot_seconds);
       f.persist = std::max(f.persist, p.persist_seconds);
+      f.plan = std::max(f.plan, p.stall_breakdown.plan_seconds);
+      f.stage = std::max(f.stage, p.stall_breakdown.stage_seconds);
+      f.submit = std::max(f.submit, p.stall_breakdown.submit_seconds);
       f.bytes_total += p.bytes_total;
       f.bytes_stored += p.bytes_stored;
       f.staged = f.staged && p.staged;
@@ -603,6 +654,7 @@ int RunSave(const SaveOptions& o) {
     figures.push_back(f);
   }
   for (std::thread& t : threads) t.join();
+  const size_t states_tensors_per_rank = states.empty() ? 0 : states[0].shards().size();
   apply_retention();
 
   Status failure;
@@ -674,6 +726,7 @@ int RunSave(const SaveOptions& o) {
                         {"hidden", shape->hidden},
                         {"layers", shape->layers},
                         {"tensors", tensors.size()},
+                        {"tensors_per_rank", states_tensors_per_rank},
                         {"bytes", unique_bytes},
                         {"bytes_on_disk", bytes_on_disk},
                         {"seconds", steady.seconds},
@@ -727,8 +780,12 @@ int RunSave(const SaveOptions& o) {
     const std::string which = steady_iterations > 1
                                   ? "median of saves " + std::to_string(warm_from + 1) + "-" + std::to_string(iterations)
                                   : "save " + std::to_string(iterations);
-    std::cout << "saved steps " << first_step << ".." << last_step << " of the synthetic model (hidden " << shape->hidden
-              << ", " << shape->layers << " layers, " << tensors.size() << " tensors) from " << Ranks(world) << " (tp "
+    std::cout << "saved steps " << first_step << ".." << last_step << " of the synthetic model ("
+              << (o.many_tensors > 0 ? std::string("many small tensors")
+                                     : "hidden " + std::to_string(shape->hidden) + ", " +
+                                           std::to_string(shape->layers) + " layers")
+              << ", " << tensors.size() << " tensors, " << states_tensors_per_rank << " on rank 0) from "
+              << Ranks(world) << " (tp "
               << layout->tp << " x dp " << layout->dp << ") into " << o.dir << "\n"
               << "  codec " << SaveCodecName(used.codec) << ", " << used.copy_threads << " copy threads per rank, "
               << used.staging_slots << " staging slots" << (used.memory_tier ? ", memory tier" : "")
@@ -1253,8 +1310,9 @@ void AddBenchSaveTuningOptions(CLI::App* app, BenchSaveTuning* t) {
   app->add_option("--slots", t->slots, "Staging slots per rank (default: the library's)")->check(CLI::Range(1, 16));
   app->add_flag("--no-register-buffers", t->no_register_buffers,
                 "Do not register the staging slots with io_uring as fixed buffers");
-  app->add_flag("--column-blocks", t->column_blocks,
-                "Store shards split along columns as column blocks (CheckpointerOptions::column_blocks)");
+  app->add_flag("--column-blocks,!--no-column-blocks", t->column_blocks,
+                "Store shards split along columns as column blocks, or not (CheckpointerOptions::column_blocks; "
+                "default: the library's, on)");
 }
 
 Status ApplyBenchSaveTuning(const BenchSaveTuning& t, CheckpointerOptions* c) {
@@ -1317,6 +1375,12 @@ void AddBenchCommands(CLI::App& root, std::vector<Command>* commands) {
                            "Hidden size H (default 1024; halved, not below 64, while --state-bytes is under two layers)")
           ->check(CLI::PositiveNumber);
   save_app->add_option("--chunk-size", save->chunk_size, "Checksum chunk size, e.g. 4MiB (default: the library's)");
+  save_app->add_option("--tensors", save->many_tensors,
+                       "The tensor-count axis: save N small tensors per rank (a mixture-of-experts-shaped state) "
+                       "instead of the transformer of --state-bytes")
+      ->check(CLI::PositiveNumber);
+  save_app->add_option("--tensor-bytes", save->tensor_bytes,
+                       "With --tensors: bytes of each tensor a rank holds (default 4KiB)");
   save_app->add_flag("--cold", save->cold,
                      "Skip Checkpointer::PrepareStaging before the saves: the first save into each slot faults in memory");
   save_app->add_flag("--no-baseline", save->no_baseline, "Skip the memcpy, buffered-write and O_DIRECT baselines");
