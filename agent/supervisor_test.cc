@@ -390,6 +390,21 @@ TEST(SupervisorTest, ACheckpointFailureOfARankNamedDeadIsFoldedIntoThatAlarm) {
   EXPECT_EQ(d.records[0]["ranks"], nlohmann::json::array({1}));
 }
 
+// Feeds `stream` to the supervisor as time goes on, polling every 10 ms until its last event, and
+// collects what the polls raised and recorded.
+void Replay(Harness& h, const simulation::Stream& stream, std::vector<RaisedAnomaly>* raised,
+            std::vector<nlohmann::json>* records) {
+  std::vector<size_t> next(stream.size(), 0);
+  while (h.now < simulation::LastTime(stream)) {
+    for (size_t r = 0; r < stream.size(); ++r)
+      for (; next[r] < stream[r].size() && stream[r][next[r]].time_ns <= h.now + 10 * kMs; ++next[r])
+        h.supervisor().Observe(static_cast<int>(r), stream[r][next[r]]);
+    PollDecision d = h.Poll(10 * kMs);
+    raised->insert(raised->end(), d.raised.begin(), d.raised.end());
+    records->insert(records->end(), d.records.begin(), d.records.end());
+  }
+}
+
 TEST(SupervisorTest, AStragglerASaturatedHostExplainsIsNotPaged) {
   simulation::Sim sim;
   sim.ranks = 4;
@@ -403,17 +418,9 @@ TEST(SupervisorTest, AStragglerASaturatedHostExplainsIsNotPaged) {
     h.now = 0;
     h.around.host.saturated = saturated;
     h.around.host.pressure_percent = saturated ? 80 : 1;
-    std::vector<size_t> next(stream.size(), 0);
     std::vector<RaisedAnomaly> raised;
     std::vector<nlohmann::json> records;
-    while (h.now < simulation::LastTime(stream)) {
-      for (size_t r = 0; r < stream.size(); ++r)
-        for (; next[r] < stream[r].size() && stream[r][next[r]].time_ns <= h.now + 10 * kMs; ++next[r])
-          h.supervisor().Observe(static_cast<int>(r), stream[r][next[r]]);
-      PollDecision d = h.Poll(10 * kMs);
-      raised.insert(raised.end(), d.raised.begin(), d.raised.end());
-      records.insert(records.end(), d.records.begin(), d.records.end());
-    }
+    Replay(h, stream, &raised, &records);
     if (!saturated) {
       ASSERT_FALSE(raised.empty()) << "the stream must show a straggler";
       EXPECT_EQ(raised[0].anomaly.kind, "straggler");
@@ -444,17 +451,9 @@ TEST(SupervisorTest, ABusyHostIsNotPagedAsASlowCommunicator) {
   h.now = 0;
   h.around.host.saturated = false;
   h.around.host.pressure_percent = 5;
-  std::vector<size_t> next(stream.size(), 0);
   std::vector<RaisedAnomaly> raised;
   std::vector<nlohmann::json> records;
-  while (h.now < simulation::LastTime(stream)) {
-    for (size_t r = 0; r < stream.size(); ++r)
-      for (; next[r] < stream[r].size() && stream[r][next[r]].time_ns <= h.now + 10 * kMs; ++next[r])
-        h.supervisor().Observe(static_cast<int>(r), stream[r][next[r]]);
-    PollDecision d = h.Poll(10 * kMs);
-    raised.insert(raised.end(), d.raised.begin(), d.raised.end());
-    records.insert(records.end(), d.records.begin(), d.records.end());
-  }
+  Replay(h, stream, &raised, &records);
   EXPECT_TRUE(raised.empty()) << raised[0].record.dump();
   ASSERT_EQ(records.size(), 1u);
   EXPECT_EQ(records[0]["action"], "not_paged");

@@ -79,6 +79,25 @@ def run_ranks_ok(test, script, world, args_of_rank):
     return results, output
 
 
+class TrainedRanks:
+    """A unittest.TestCase mixin for tests that share one run of the script's ranks with --role
+    train into a fresh directory: the class's setUpClass calls cls.train_once(__file__, prefix)."""
+
+    @classmethod
+    def train_once(cls, script, prefix, world=4):
+        cls.script = script
+        cls.dir = tempfile.mkdtemp(prefix=prefix, dir=os.environ.get("LIFELINE_TEST_TMPDIR", "/var/tmp"))
+        cls.trained, cls.output = run_ranks(script, world, lambda r: ["--role", "train", "--dir", cls.dir])
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.dir, ignore_errors=True)
+
+    def ranks(self, world, *args):
+        """The results of `world` ranks of the script on the trained directory, given `args`."""
+        return run_ranks_ok(self, self.script, world, lambda r: ["--dir", self.dir] + list(args))[0]
+
+
 class _Zygote:
     """`python SCRIPT --zygote`: reads a launch per line on its stdin (every rank's arguments and
     output file), forks the ranks, says their pids, then their wait statuses, one JSON line each."""

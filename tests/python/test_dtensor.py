@@ -13,10 +13,8 @@ public): skipped, saying so, under older torch (Debian 12's 1.13).
 """
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import unittest
 
 import torch
@@ -248,18 +246,10 @@ def _coordinates(shape):
 
 
 @unittest.skipIf(NO_FSDP2, NO_FSDP2)
-class DTensorCheckpoints(unittest.TestCase):
+class DTensorCheckpoints(gloo_ranks.TrainedRanks, unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.dir = tempfile.mkdtemp(prefix="lifeline-dtensor-", dir=os.environ.get("LIFELINE_TEST_TMPDIR", "/var/tmp"))
-        cls.trained, cls.output = gloo_ranks.run_ranks(__file__, 4, lambda r: ["--role", "train", "--dir", cls.dir])
-
-    @classmethod
-    def tearDownClass(cls):
-        shutil.rmtree(cls.dir, ignore_errors=True)
-
-    def ranks(self, world, *args):
-        return gloo_ranks.run_ranks_ok(self, __file__, world, lambda r: ["--dir", self.dir] + list(args))[0]
+        cls.train_once(__file__, "lifeline-dtensor-")
 
     def test_fsdp2_tp_job_saved_with_strided_and_uneven_shards_and_replicas_once(self):
         self.assertTrue(all(r is not None for r in self.trained), self.output)

@@ -26,9 +26,7 @@ Needs torch >= 2.6 (DTensor and FSDP2 public): skipped, saying so, under older t
 import glob
 import json
 import os
-import shutil
 import subprocess
-import tempfile
 import unittest
 
 import torch
@@ -232,18 +230,10 @@ def add_arguments(parser):
 
 
 @unittest.skipIf(NO_FSDP2, NO_FSDP2)
-class SubmeshCheckpoints(unittest.TestCase):
+class SubmeshCheckpoints(gloo_ranks.TrainedRanks, unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.dir = tempfile.mkdtemp(prefix="lifeline-submesh-", dir=os.environ.get("LIFELINE_TEST_TMPDIR", "/var/tmp"))
-        cls.trained, cls.output = gloo_ranks.run_ranks(__file__, 4, lambda r: ["--role", "train", "--dir", cls.dir])
-
-    @classmethod
-    def tearDownClass(cls):
-        shutil.rmtree(cls.dir, ignore_errors=True)
-
-    def ranks(self, world, *args):
-        return gloo_ranks.run_ranks_ok(self, __file__, world, lambda r: ["--dir", self.dir] + list(args))[0]
+        cls.train_once(__file__, "lifeline-submesh-")
 
     def saved(self):
         self.assertTrue(all(r is not None for r in self.trained), self.output)
