@@ -340,12 +340,17 @@ Status Agent::Launch() {
       {"LIFELINE_AGENT", ring_dir_},
       {"LIFELINE_CONTROL", config_.run_dir + "/control.sock"},
   };
-  // As torchrun: ranks sharing a machine's cores must not each start a thread per core.
-  if (world > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) {
+  // As torchrun, ranks sharing a machine's cores must not each start a thread per core; and, unlike
+  // torchrun, the same for every layout of a job of more than one rank: CPU kernels sum in an order
+  // that depends on their thread count, so a job of 2 ranks must compute alike on 1 node x 2 ranks
+  // and on 2 nodes x 1 (issue 51, item 7).
+  const uint32_t job_ranks = plan_ ? plan_->world_size : static_cast<uint32_t>(world);
+  if (job_ranks > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) {
     env["OMP_NUM_THREADS"] = "1";
     if (restarts_ == 0)
-      std::cerr << "lifeline-agent: OMP_NUM_THREADS=1 for each rank (unset, and " << world
-                << " ranks share this machine); set it to tune" << std::endl;
+      std::cerr << "lifeline-agent: OMP_NUM_THREADS=1 for each rank (unset, and the job has " << job_ranks
+                << " ranks: the same on every node layout, so that it computes alike); set it to tune"
+                << std::endl;
   }
   // Python ranks write through to the agent, so nothing they printed is lost when they are stopped.
   if (std::getenv("PYTHONUNBUFFERED") == nullptr) env["PYTHONUNBUFFERED"] = "1";

@@ -128,5 +128,36 @@ class TrainGptAcrossAgents(unittest.TestCase):
         self.check_named_once(events, 1, 3, 0)
 
 
+class ThreadsWhateverTheLayout(unittest.TestCase):
+    """A job of 2 ranks gets OMP_NUM_THREADS=1 on 1 node x 2 ranks and on 2 nodes x 1 rank alike
+    (torchrun sets it only for a node of several ranks): CPU kernels sum in an order that depends
+    on the thread count, so the two layouts would otherwise compute differently."""
+
+    SHOW = [sys.executable, "-c", "import os; print('omp=%s' % os.environ.get('OMP_NUM_THREADS'))"]
+
+    def test_one_node_of_two_and_two_nodes_of_one_get_one_thread_each(self):
+        base = os.environ.get("LIFELINE_TEST_TMPDIR", "/var/tmp")
+        directory = tempfile.mkdtemp(prefix="lifeline-omp-", dir=base)
+        self.addCleanup(shutil.rmtree, directory, ignore_errors=True)
+        agent = os.path.join(os.environ["LIFELINE_BIN"], "lifeline-agent")
+        env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+        one = subprocess.run([agent, "run", "--nproc", "2", "--master-port", "0", "--"] + self.SHOW, env=env,
+                             capture_output=True, text=True, timeout=120)
+        self.assertEqual(one.returncode, 0, one.stdout + one.stderr)
+        etcd = Etcd(directory)
+        self.addCleanup(etcd.stop)
+        procs = [subprocess.Popen([agent, "run", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-endpoint",
+                                   etcd.endpoint, "--rdzv-id", "omp", "--node-rank", str(node), "--"] + self.SHOW,
+                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for node in (0, 1)]
+        two = [p.communicate(timeout=120)[0] for p in procs]
+        for node, p in enumerate(procs):
+            self.assertEqual(p.returncode, 0, f"node {node}:\n{two[node]}")
+        self.assertIn("[rank 0] omp=1", one.stdout + one.stderr)
+        self.assertIn("[rank 1] omp=1", one.stdout + one.stderr)
+        self.assertIn("[rank 0] omp=1", two[0])
+        self.assertIn("[rank 1] omp=1", two[1])
+
+
 if __name__ == "__main__":
     unittest.main()
