@@ -18,6 +18,7 @@
 #include "lifeline/checkpoint.h"
 #include "lifeline/inspect.h"
 #include "tools/lifeline/byte_size.h"
+#include "tools/lifeline/metadata_text.h"
 #include "tools/lifeline/commands.h"
 
 namespace lifeline::cli {
@@ -146,7 +147,9 @@ void PrintStepDetail(const CheckpointDescription& d) {
             << "  tensors     " << d.tensors.size() << " tensors, " << FormatByteSize(d.tensor_bytes()) << " ("
             << FormatByteSize(d.stored_bytes()) << " stored) in " << d.fragments.size() << " fragments and "
             << d.chunks << " chunks\n"
-            << "  metadata    " << (d.metadata_json.empty() ? "(none)" : d.metadata_json) << '\n';
+            << "  metadata    ";
+  const std::vector<std::string> metadata = MetadataLines(d.metadata_json);
+  for (size_t i = 0; i < metadata.size(); ++i) std::cout << (i == 0 ? "" : "              ") << metadata[i] << '\n';
 
   std::cout << "\nTensors:\n";
   std::vector<std::vector<std::string>> rows;
