@@ -346,10 +346,16 @@ class ConvertTest(unittest.TestCase):
     def test_select_exports_only_the_model(self):
         out = self.path("model-only.safetensors")
         rc, j = run_json("convert", self.ckpt, "--to", "safetensors", out, "--select", "layers.")
-        tensors, _ = read_safetensors(out)
+        tensors, meta = read_safetensors(out)
         self.assertTrue(tensors)
         self.assertTrue(all(n.startswith("layers.") for n in tensors))
         self.assertFalse(any(n.startswith("optim.") for n in tensors))
+        # The per-rank objects (rng, dataloader) are not under layers.: left out like the tensors.
+        self.assertEqual([k for k in meta if k.startswith("lifeline_object.")], [])
+        whole = self.path("whole.safetensors")
+        run_json("convert", self.ckpt, "--to", "safetensors", whole)
+        self.assertTrue([k for k in read_safetensors(whole)[1] if k.startswith("lifeline_object.")],
+                        "without --select the objects are exported")
         rc, j = run_json("diff", self.ckpt, out, check=False)
         self.assertEqual(rc, 1)
         self.assertFalse(j["identical"])

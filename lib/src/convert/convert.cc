@@ -88,6 +88,15 @@ Status SyncParentDir(Env* env, const std::string& path) {
 
 // ---- HDF5 ---------------------------------------------------------------------------------------
 
+// Whether `name` (a tensor's or a per-rank object's) is among those --select keeps: all when
+// `prefixes` is empty, else the names starting with one of them.
+bool Selected(const std::string& name, const std::vector<std::string>& prefixes) {
+  if (prefixes.empty()) return true;
+  for (const std::string& p : prefixes)
+    if (name.rfind(p, 0) == 0) return true;
+  return false;
+}
+
 Status WriteHdf5(TensorSource& source, Hdf5File& f, const std::vector<size_t>& selected, const ConvertOptions& o,
                  uint64_t slab_bytes, ConvertReport* report) {
   LL_RETURN_IF_ERROR(f.SetStringAttribute("/", "lifeline_format", "lifeline-hdf5/1"));
@@ -126,6 +135,7 @@ Status WriteHdf5(TensorSource& source, Hdf5File& f, const std::vector<size_t>& s
   }
   for (size_t i = 0; i < source.objects().size(); ++i) {
     const SourceObject& obj = source.objects()[i];
+    if (!Selected(obj.name, o.select)) continue;  // --select model. leaves the optimizer's objects out too
     LL_ASSIGN_OR_RETURN(std::string bytes, source.ReadObject(i));
     const std::string ds = "objects/rank" + std::to_string(obj.rank) + "/" + Hdf5DatasetName(obj.name);
     LL_RETURN_IF_ERROR(f.WriteBytes(ds, bytes));
@@ -142,7 +152,8 @@ bool EndsWith(const std::string& s, std::string_view suffix) {
 }
 
 // The "__metadata__" of the first shard (see tensor_source.h); other shards get "format" only.
-Result<std::map<std::string, std::string>> SafetensorsMetadata(TensorSource& source) {
+Result<std::map<std::string, std::string>> SafetensorsMetadata(TensorSource& source,
+                                                               const std::vector<std::string>& select) {
   std::map<std::string, std::string> md;
   const std::string& meta = source.metadata_json();
   bool copied = false;
@@ -163,6 +174,7 @@ Result<std::map<std::string, std::string>> SafetensorsMetadata(TensorSource& sou
   if (source.step()) md["lifeline_step"] = std::to_string(*source.step());
   for (size_t i = 0; i < source.objects().size(); ++i) {
     const SourceObject& obj = source.objects()[i];
+    if (!Selected(obj.name, select)) continue;  // --select model. leaves the optimizer's objects out too
     LL_ASSIGN_OR_RETURN(std::string bytes, source.ReadObject(i));
     md[std::string(kObjectKeyPrefix) + std::to_string(obj.rank) + "." + obj.name] = Base64Encode(bytes);
   }
@@ -223,12 +235,8 @@ bool IsSyntheticModel(const std::vector<SourceTensor>& tensors, const std::strin
 
 std::vector<size_t> SelectTensors(const TensorSource& source, const std::vector<std::string>& prefixes) {
   std::vector<size_t> out;
-  for (size_t i = 0; i < source.tensors().size(); ++i) {
-    const std::string& name = source.tensors()[i].name;
-    bool keep = prefixes.empty();
-    for (const std::string& p : prefixes) keep = keep || name.rfind(p, 0) == 0;
-    if (keep) out.push_back(i);
-  }
+  for (size_t i = 0; i < source.tensors().size(); ++i)
+    if (Selected(source.tensors()[i].name, prefixes)) out.push_back(i);
   return out;
 }
 
@@ -317,7 +325,7 @@ Result<ConvertReport> ExportSafetensors(TensorSource& source, const std::string&
     }
   }
   using Metadata = std::map<std::string, std::string>;
-  LL_ASSIGN_OR_RETURN(Metadata first_metadata, SafetensorsMetadata(source));
+  LL_ASSIGN_OR_RETURN(Metadata first_metadata, SafetensorsMetadata(source, o.select));
   const std::map<std::string, std::string> other_metadata = {{"format", first_metadata["format"]}};
   const uint64_t slab = std::max(o.memory_budget, kMinBudget);
   ConvertReport report;
