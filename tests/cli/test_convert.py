@@ -377,8 +377,14 @@ class ConvertTest(unittest.TestCase):
         d = j["differing"][0]
         self.assertEqual((d["name"], d["elements_differing"], d["first_index"]), ("w", 2, 5))
         self.assertAlmostEqual(d["max_abs_diff"], 3.0)
+        self.assertEqual(j["elements_differing"], 2)
+        self.assertEqual(j["largest_difference"]["name"], "w")
+        self.assertAlmostEqual(j["largest_difference"]["max_abs_diff"], 3.0)
         p = run("diff", src, other, check=False)
         self.assertIn("'w': 2 of 12 elements differ", p.stdout)
+        # The summary says why the tensors it does not count as identical differ.
+        self.assertIn("1 of 2 common tensors identical", p.stdout)
+        self.assertIn("differ in 2 element(s), by at most 3 (in 'w')", p.stdout)
 
     def test_diff_reads_metadata_as_json_and_says_where_it_differs(self):
         # Issue 32, item 14: diff exited 1 after a lossless round trip, saying nothing of why.

@@ -655,6 +655,14 @@ int RunDiff(const DiffArgs& d) {
 
   const bool same = missing_in_a.empty() && missing_in_b.empty() && mismatched.empty() && differing.empty() &&
                     objects_differing.empty() && !metadata_differs;
+  // How far apart the differing tensors are, for the summary: two runs that drifted by rounding
+  // differ everywhere by little, a corrupted or wrong tensor by much.
+  const TensorDiff* largest = nullptr;
+  uint64_t elements_differing = 0;
+  for (const TensorDiff& td : differing) {
+    elements_differing += td.differing;
+    if (largest == nullptr || td.max_abs_diff > largest->max_abs_diff) largest = &td;
+  }
   if (d.json) {
     nlohmann::json diffs = nlohmann::json::array();
     for (const TensorDiff& td : differing)
@@ -665,7 +673,11 @@ int RunDiff(const DiffArgs& d) {
                {"identical", same}, {"tensors_compared", pairs.size()}, {"tensors_identical", identical},
                {"bytes_compared", total}, {"differing", diffs}, {"missing_in_a", missing_in_a},
                {"missing_in_b", missing_in_b}, {"mismatched", mismatched}, {"objects_differing", objects_differing},
-               {"metadata_differs", metadata_differs}, {"metadata_difference", metadata_difference}});
+               {"metadata_differs", metadata_differs}, {"metadata_difference", metadata_difference},
+               {"elements_differing", elements_differing},
+               {"largest_difference", largest == nullptr ? nlohmann::json(nullptr)
+                                                         : nlohmann::json{{"name", largest->name},
+                                                                          {"max_abs_diff", largest->max_abs_diff}}}});
   } else {
     for (const std::string& n : missing_in_b) std::cout << "only in A: '" << n << "'\n";
     for (const std::string& n : missing_in_a) std::cout << "only in B: '" << n << "'\n";
@@ -686,6 +698,10 @@ int RunDiff(const DiffArgs& d) {
               << " only in A, " << missing_in_a.size() << " only in B, " << mismatched.size()
               << " with another dtype or shape, " << objects_differing.size() << " per-rank object(s) differing, "
               << (metadata_differs ? "metadata differing" : "metadata identical") << "\n";
+    if (largest != nullptr)
+      std::cout << "  the " << differing.size() << " differing tensor(s) differ in " << elements_differing
+                << " element(s), by at most " << largest->max_abs_diff << " (in '" << largest->name
+                << "'): the values themselves differ, not their layout\n";
   }
   return same ? kExitOk : kExitFailed;
 }
