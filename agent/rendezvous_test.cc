@@ -90,6 +90,14 @@ std::vector<Result<RoundPlan>> JoinAll(const std::vector<Rendezvous*>& agents, d
   return plans;
 }
 
+// Every agent of `plans` got a plan, of `nodes` nodes.
+void ExpectPlansOf(const std::vector<Result<RoundPlan>>& plans, size_t nodes) {
+  for (const auto& p : plans) {
+    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    EXPECT_EQ(p->nodes.size(), nodes);
+  }
+}
+
 // The last call (600 s here) is for an elastic job's MIN: a round whose MAX nodes joined closes at
 // once. The bound asserted is a tenth of the last call, far above what a join takes on a loaded
 // machine.
@@ -101,10 +109,7 @@ TEST_F(RendezvousTest, ARoundOfMaxNodesClosesAtOnceWithoutItsLastCall) {
     ASSERT_TRUE(a && b);
     double seconds = 0;
     std::vector<Result<RoundPlan>> plans = JoinAll({a.get(), b.get()}, &seconds);
-    for (const auto& p : plans) {
-      ASSERT_TRUE(p.ok()) << p.status().ToString();
-      EXPECT_EQ(p->nodes.size(), 2u);
-    }
+    ASSERT_NO_FATAL_FAILURE(ExpectPlansOf(plans, 2));
     EXPECT_LT(seconds, 60) << "--nnodes " << min_nodes << ":2 waited for its last call";
     a->Leave(true);
     b->Leave(true);
@@ -119,10 +124,7 @@ TEST_F(RendezvousTest, ARoundOfMinNodesClosesAfterItsLastCall) {
   ASSERT_TRUE(a && b);
   double seconds = 0;
   std::vector<Result<RoundPlan>> plans = JoinAll({a.get(), b.get()}, &seconds);
-  for (const auto& p : plans) {
-    ASSERT_TRUE(p.ok()) << p.status().ToString();
-    EXPECT_EQ(p->nodes.size(), 2u);
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectPlansOf(plans, 2));
   EXPECT_GE(seconds, 2.0);
   a->Leave(true);
   b->Leave(true);

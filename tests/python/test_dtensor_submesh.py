@@ -36,7 +36,8 @@ import lifeline
 import lifeline.torch
 from lifeline import _dtensor, _state
 
-from test_dtensor import differences, full_state  # get_state_dict(full_state_dict=True) as plain tensors
+# get_state_dict(full_state_dict=True) as plain tensors, the optimizer and the ranks' gloo group
+from test_dtensor import differences, full_state, init, make_optimizer
 from torch_versions import NO_FSDP2
 
 if not NO_FSDP2:
@@ -81,16 +82,6 @@ class Net(torch.nn.Module):
 def make_model():
     torch.manual_seed(1234)
     return Net()
-
-
-def make_optimizer(model):
-    return torch.optim.Adam(model.parameters(), lr=0.01, betas=(0.8, 0.95), weight_decay=0.01)
-
-
-def init(args, world):
-    import torch.distributed as dist
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=args.init_method, rank=args.rank, world_size=world)
 
 
 def laid_out(layout):

@@ -150,7 +150,7 @@ class _SavedTensors:
     side. A save that read a copy of a leaf (a non-contiguous tensor, a DTensor's box gathered from
     runs) is not reused: the copy must be made again."""
 
-    __slots__ = ("paths", "leaves", "probes", "addresses", "kinds", "streams", "keep", "names", "device_only")
+    __slots__ = ("paths", "leaves", "addresses", "kinds", "streams", "keep", "names", "device_only")
 
     @classmethod
     def of(cls, tensors, specs, keep, names):
@@ -163,7 +163,7 @@ class _SavedTensors:
         self.leaves = [leaf for _, leaf in tensors]
         # kinds: where a leaf's memory is (_lifeline.leaves_unmoved): 0 the leaf, 1 a Shard's tensor,
         # 2 a DTensor's local tensor.
-        self.probes, self.kinds = [], []
+        probes, self.kinds = [], []
         for leaf in self.leaves:
             if isinstance(leaf, _state.Shard):
                 probe, kind = leaf.tensor, 1
@@ -174,14 +174,14 @@ class _SavedTensors:
             self.kinds.append(kind)
             if not isinstance(probe, torch.Tensor):
                 return None  # numpy: not reused
-            self.probes.append(probe)
+            probes.append(probe)
         # Every piece read the memory of its leaf (no copy was made): its address follows the probe's.
-        probe_of = dict(zip(self.paths, self.probes))
+        probe_of = dict(zip(self.paths, probes))
         for path, indexes in names.items():
             for i in indexes:
                 if keep[i].numel() > 0 and not _same_storage(keep[i], probe_of.get(path)):
                     return None
-        self.addresses = [p.data_ptr() for p in self.probes]
+        self.addresses = [p.data_ptr() for p in probes]
         self.streams = {spec[10]: spec[11] for spec in specs if spec[10] >= 0}
         self.keep, self.names = keep, names
         self.device_only = bool(specs) and all(spec[10] >= 0 for spec in specs)
@@ -254,9 +254,11 @@ class Checkpointer:
 
     # ---- saving ----
 
-    def _request(self, state):
+    def _request(self, state, found=None):
+        """(specs, buffers to keep alive, encoded objects, path -> spec indexes) of `state`; `found`:
+        its walk (_state.walk) when the caller made it already."""
         specs, keep, objects, names = [], [], [], {}
-        for path, leaf, parts in _state.leaves(state, self.rank, self.world_size):
+        for path, leaf, parts in _state.leaves(state, self.rank, self.world_size, found):
             if parts is None:
                 objects.append((path, _state.encode_object(path, leaf)))
                 continue
@@ -293,7 +295,7 @@ class Checkpointer:
         tensors, objects = _state.flatten(state)
         again = self._saved is not None and self._saved.matches(tensors)
         if not again:
-            specs, keep, encoded, names = self._request(state)
+            specs, keep, encoded, names = self._request(state, tensors + objects)
         else:
             specs, keep, names = None, self._saved.keep, self._saved.names
             encoded = [(path, _state.encode_object(path, value)) for path, value in objects]

@@ -314,7 +314,7 @@ def walk(state):
     return tensors + objects
 
 
-def leaves(state, rank=0, world_size=1):
+def leaves(state, rank=0, world_size=1, found=None):
     """Yields (path, leaf, pieces) for every leaf of `state` in walk order: `pieces` is the list of
     tensors or Shards a tensor leaf is saved from and loaded into (a DTensor's boxes, else the leaf
     itself), None for an object leaf.
@@ -323,8 +323,10 @@ def leaves(state, rank=0, world_size=1):
     rank (an optimizer's step, an unsharded buffer: what DCP assumes of it too) and is marked as one
     of world_size copies, written once. When a DTensor's mesh is smaller than the job, the ranks
     agree which of them hold each path (_dtensor.job_layout: collective the first time a structure
-    is seen, then cached) and the replicas are counted among those."""
-    found = list(walk(state))
+    is seen, then cached) and the replicas are counted among those. `found`: walk(state), when the
+    caller has made it."""
+    if found is None:
+        found = walk(state)
     replicated = world_size > 1 and any(_dtensor.is_dtensor(leaf) for _, leaf in found)
     layout = _dtensor.job_layout(found, rank, world_size) if replicated else None
     for path, leaf in found:
