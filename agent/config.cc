@@ -31,7 +31,8 @@ const char* ActionName(Action a) {
 namespace {
 
 // The anomaly kinds a policy may name, in the order messages list them.
-constexpr const char* kKinds[] = {"dead", "hang", "straggler", "slow_collective", "checkpoint", "node_lost"};
+constexpr const char* kKinds[] = {"dead",      "hang",       "straggler", "slow_collective", "checkpoint",
+                                  "node_lost", "non_finite", "spike",     "disagreement"};
 
 bool IsKnownKind(const std::string& kind) {
   for (const char* k : kKinds) {
@@ -280,6 +281,25 @@ Status ReadDocument(const YamlReader& r, const YAML::Node& root, AgentConfig* c)
         return r.UnknownKey(fk, key);
       });
     }
+    if (name == "training_signals") {
+      TrainingSignalConfig& ts = c->training_signals;
+      return r.Group(k, v, name, [&](const std::string& f, const Node& fk, const Node& fv) -> Status {
+        const std::string key = name + "." + f;
+        if (f == "watched") return r.StringList(fk, fv, key, &ts.watched);
+        if (f == "non_finite_in_a_row") return r.U32(fk, fv, key, &ts.non_finite_in_a_row);
+        if (f == "window") return r.U32(fk, fv, key, &ts.window);
+        if (f == "warmup_steps") return r.U32(fk, fv, key, &ts.warmup_steps);
+        if (f == "spike_threshold") return r.Double(fk, fv, key, &ts.spike_threshold);
+        if (f == "spike_confirm") return r.U32(fk, fv, key, &ts.spike_confirm);
+        if (f == "spike_single_threshold") return r.Double(fk, fv, key, &ts.spike_single_threshold);
+        if (f == "spike_min_rise") return r.Double(fk, fv, key, &ts.spike_min_rise);
+        if (f == "spread_floor") return r.Double(fk, fv, key, &ts.spread_floor);
+        if (f == "replicated") return r.StringList(fk, fv, key, &ts.replicated);
+        if (f == "replica_group_size") return r.U32(fk, fv, key, &ts.replica_group_size);
+        if (f == "hold_seconds") return r.Double(fk, fv, key, &ts.hold_seconds);
+        return r.UnknownKey(fk, key);
+      });
+    }
     if (name == "restart") {
       RestartConfig& rs = c->restart;
       return r.Group(k, v, name, [&](const std::string& f, const Node& fk, const Node& fv) -> Status {
@@ -448,6 +468,9 @@ Status LoadAgentConfig(const std::string& path, AgentConfig* config) {
 //   slow_collective            baseline_window >= 1, recent_window >= 1, factor >= 1,
 //                              min_excess >= 0, cooldown >= 0
 //   checkpoint                 lag_factor > 0, lag_count >= 1, lag_min >= 0, cooldown >= 0
+//   training_signals           window >= 3, non_finite_in_a_row >= 1, spike_confirm >= 1,
+//                              0 < spike_threshold <= spike_single_threshold, spike_min_rise >= 0,
+//                              spread_floor >= 0, hold >= 0
 //   restart                    grace >= 0, backoff_initial >= 0, backoff_multiplier >= 1,
 //                              backoff_max >= backoff_initial, prestart_after >= 0
 //   policy                     an action for every known kind and no other kind
@@ -596,6 +619,24 @@ Status ValidateAgentConfig(const AgentConfig& c) {
   LL_RETURN_IF_ERROR(CheckCountAtLeast("checkpoint.lag_count", cp.lag_count, 1));
   LL_RETURN_IF_ERROR(CheckSeconds("checkpoint.lag_min_seconds", cp.lag_min_seconds, true));
   LL_RETURN_IF_ERROR(CheckSeconds("checkpoint.cooldown_seconds", cp.cooldown_seconds, true));
+
+  const TrainingSignalConfig& ts = c.training_signals;
+  LL_RETURN_IF_ERROR(CheckCountAtLeast("training_signals.window", ts.window, 3));
+  LL_RETURN_IF_ERROR(CheckCountAtLeast("training_signals.non_finite_in_a_row", ts.non_finite_in_a_row, 1));
+  LL_RETURN_IF_ERROR(CheckCountAtLeast("training_signals.spike_confirm", ts.spike_confirm, 1));
+  if (!(ts.spike_threshold > 0 && std::isfinite(ts.spike_threshold))) {
+    return Bad("training_signals.spike_threshold", "> 0", FormatDouble(ts.spike_threshold));
+  }
+  if (!(ts.spike_single_threshold >= ts.spike_threshold && std::isfinite(ts.spike_single_threshold))) {
+    return Bad("training_signals.spike_single_threshold", ">= spike_threshold", FormatDouble(ts.spike_single_threshold));
+  }
+  if (!(ts.spike_min_rise >= 0 && std::isfinite(ts.spike_min_rise))) {
+    return Bad("training_signals.spike_min_rise", ">= 0", FormatDouble(ts.spike_min_rise));
+  }
+  if (!(ts.spread_floor >= 0 && std::isfinite(ts.spread_floor))) {
+    return Bad("training_signals.spread_floor", ">= 0", FormatDouble(ts.spread_floor));
+  }
+  LL_RETURN_IF_ERROR(CheckSeconds("training_signals.hold_seconds", ts.hold_seconds, true));
 
   const RestartConfig& r = c.restart;
   LL_RETURN_IF_ERROR(CheckSeconds("restart.grace_seconds", r.grace_seconds, true));

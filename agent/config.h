@@ -52,6 +52,37 @@ struct CheckpointConfig {
   double cooldown_seconds = 300;
 };
 
+// non_finite, spike, disagreement: the training signals ranks report (lifeline.report, and
+// clip_grad_norm_ under Python tracing), judged by agent/detectors/training_signal_detector.h.
+struct TrainingSignalConfig {
+  // Scalars judged for non-finite values and spikes, by name (ranks report "loss", "grad_norm" and
+  // names of their own).
+  std::vector<std::string> watched = {"loss", "grad_norm"};
+  // A non-finite value of a watched scalar other than "loss" is an anomaly when it comes this many
+  // times in a row on a rank: 1 for bf16 and fp32 training; mixed precision with a loss scaler
+  // (torch.amp.GradScaler), whose skipped steps have an infinite gradient norm, wants more.
+  uint32_t non_finite_in_a_row = 1;
+  uint32_t window = 100;            // recent values per rank and scalar: the baseline's median and MAD
+  // Values a series needs before any spike verdict: after a launch (a restart or a rollback is a
+  // new launch) and after its step went back.
+  uint32_t warmup_steps = 50;
+  double spike_threshold = 6;          // robust z, (x - median) / (1.4826 MAD), passed...
+  uint32_t spike_confirm = 3;          // ...by this many values in a row,
+  double spike_single_threshold = 20;  // or by one value this high;
+  double spike_min_rise = 0.3;         // and each such value above the median by this fraction of |median| at least
+  double spread_floor = 0.01;          // the MAD is taken as at least this fraction of |median|
+  // Scalars identical bit for bit on every rank of a replica group by construction (the global
+  // gradient norm after its all-reduce in DDP and FSDP; the loss when the script all-reduces it):
+  // a rank whose value differs from its group's is named. Empty: no comparison.
+  std::vector<std::string> replicated = {"grad_norm"};
+  // The replica groups, by global rank: 0, every rank of the job is one group; k, ranks
+  // [i k, (i + 1) k) form group i (pipeline stages whose norms are not all-reduced across stages).
+  uint32_t replica_group_size = 0;
+  // A step's values across ranks are judged once every live rank reporting them has reported a
+  // later step, or this long after the first of them came.
+  double hold_seconds = 5;
+};
+
 struct RestartConfig {
   uint32_t max_restarts = 3;          // --max-restarts; then the agent exits non-zero with the reason
   double grace_seconds = 10;          // SIGTERM, then SIGKILL after this long
@@ -149,16 +180,21 @@ struct AgentConfig {
   StragglerConfig straggler;
   SlowCollectiveConfig slow_collective;
   CheckpointConfig checkpoint;
+  TrainingSignalConfig training_signals;
   RestartConfig restart;
   RendezvousSettings rendezvous;
   ReplicationConfig replication;
-  // Per anomaly kind ("dead", "hang", "straggler", "slow_collective", "checkpoint", "node_lost").
+  // Per anomaly kind ("dead", "hang", "straggler", "slow_collective", "checkpoint", "node_lost",
+  // "non_finite", "spike", "disagreement").
   std::map<std::string, Action> policy = {{"dead", Action::kRestart},
                                           {"hang", Action::kRestart},
                                           {"straggler", Action::kLog},
                                           {"slow_collective", Action::kLog},
                                           {"checkpoint", Action::kLog},
-                                          {"node_lost", Action::kRestart}};
+                                          {"node_lost", Action::kRestart},
+                                          {"non_finite", Action::kLog},
+                                          {"spike", Action::kLog},
+                                          {"disagreement", Action::kLog}};
 };
 
 // Reads the YAML file at `path` into `config` (fields absent from the file keep their values).

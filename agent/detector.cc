@@ -5,6 +5,7 @@
 #include "agent/detectors/hang_detector.h"
 #include "agent/detectors/slow_collective_detector.h"
 #include "agent/detectors/straggler_detector.h"
+#include "agent/detectors/training_signal_detector.h"
 
 namespace lifeline::agent {
 
@@ -15,6 +16,7 @@ std::vector<std::unique_ptr<Detector>> MakeDetectors(const AgentConfig& config) 
   out.push_back(std::make_unique<StragglerDetector>(config.straggler));
   out.push_back(std::make_unique<SlowCollectiveDetector>(config.slow_collective));
   out.push_back(std::make_unique<CheckpointDetector>(config.checkpoint));
+  out.push_back(std::make_unique<TrainingSignalDetector>(config.training_signals));
   for (auto& d : out) d->Reset(static_cast<int>(config.nproc));
   return out;
 }

@@ -23,7 +23,8 @@
 namespace lifeline::agent {
 
 struct Anomaly {
-  std::string kind;               // "dead", "hang", "straggler", "slow_collective", "checkpoint"
+  std::string kind;               // "dead", "hang", "straggler", "slow_collective", "checkpoint",
+                                  // "non_finite", "spike", "disagreement" (training signals)
   // The culprits, ascending, by global rank in the job (Timeline::GlobalRank), as are the ranks in
   // `message` and `evidence`; the timeline and the detectors' own state are by local index.
   std::vector<int> ranks;
@@ -54,7 +55,7 @@ class Detector {
 };
 
 // One of each kind, configured from `config` and Reset for config.nproc ranks: dead, hang,
-// straggler, slow_collective, checkpoint (agent/detectors/).
+// straggler, slow_collective, checkpoint, training signals (agent/detectors/).
 std::vector<std::unique_ptr<Detector>> MakeDetectors(const AgentConfig& config);
 
 }  // namespace lifeline::agent

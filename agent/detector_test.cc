@@ -1,4 +1,4 @@
-// All five detectors together, as MakeDetectors gives them to the agent, on synthetic streams
+// All six detectors together, as MakeDetectors gives them to the agent, on synthetic streams
 // (agent/detectors/event_simulator.h): a clean run raises nothing, nor do the agent's own stops.
 #include "agent/detector.h"
 
@@ -28,7 +28,7 @@ TEST(DetectorsTest, CleanJitteryStreamRaisesNothing) {
   sim.persist = 1.0;
   sim.process_exit = true;
   auto detectors = MakeDetectors(Config(4));
-  ASSERT_EQ(detectors.size(), 5u);
+  ASSERT_EQ(detectors.size(), 6u);
   SimDriver driver(sim, std::move(detectors));
   driver.RunPast(5 * kSec);
   for (int r = 0; r < 4; ++r) driver.Exit(r, 0, /*expected=*/false);  // finished: exit 0
@@ -40,7 +40,8 @@ TEST(DetectorsTest, MakeDetectorsGivesOneOfEachKind) {
   auto detectors = MakeDetectors(Config(2));
   std::vector<std::string> kinds;
   for (auto& d : detectors) kinds.push_back(d->kind());
-  EXPECT_EQ(kinds, (std::vector<std::string>{"dead", "hang", "straggler", "slow_collective", "checkpoint"}));
+  EXPECT_EQ(kinds, (std::vector<std::string>{"dead", "hang", "straggler", "slow_collective", "checkpoint",
+                                              "training_signal"}));
 }
 
 TEST(DetectorsTest, ExpectedExitsRaiseNothingFromAnyDetector) {

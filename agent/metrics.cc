@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 #include <prometheus/counter.h>
@@ -85,8 +86,8 @@ const std::vector<MetricFamilyInfo>& MetricFamilies() {
       {"lifeline_ranks_alive", "gauge", "", "Local ranks running now"},
       {"lifeline_restarts_total", "counter", "", "Restarts of the local ranks by the agent"},
       {"lifeline_anomalies_total", "counter", "kind, rank",
-       "Anomalies detected, by kind (dead, hang, straggler, slow_collective, checkpoint, node_lost) and culprit "
-       "rank, global in a multi-node job (\"none\" when no rank stands out)"},
+       "Anomalies detected, by kind (dead, hang, straggler, slow_collective, checkpoint, node_lost, non_finite, "
+       "spike, disagreement) and culprit rank, global in a multi-node job (\"none\" when no rank stands out)"},
       {"lifeline_step_duration_seconds", "histogram", "rank", "Step durations, StepBegin to StepEnd"},
       {"lifeline_steps_total", "counter", "rank", "Steps completed"},
       {"lifeline_step", "gauge", "rank", "The step each rank began last (-1: none yet)"},
@@ -103,6 +104,14 @@ const std::vector<MetricFamilyInfo>& MetricFamilies() {
       {"lifeline_checkpoint_last_committed_step", "gauge", "", "Newest committed checkpoint step (-1: none yet)"},
       {"lifeline_checkpoint_last_committed_timestamp_seconds", "gauge", "",
        "Unix time the newest checkpoint was committed (0: none yet)"},
+      {"lifeline_loss", "gauge", "",
+       "The newest training loss reported (lifeline.report), by the lowest-numbered local rank reporting it; NaN "
+       "until one is"},
+      {"lifeline_grad_norm", "gauge", "",
+       "The newest global gradient norm reported (clip_grad_norm_ under the agent, or lifeline.report), by the "
+       "lowest-numbered local rank reporting it; NaN until one is"},
+      {"lifeline_training_signals_total", "counter", "",
+       "Training-signal values (loss, gradient norm, the scripts' own scalars) received from the local ranks"},
       {"lifeline_trace_events_dropped_total", "counter", "rank",
        "Trace events a rank could not record because its ring was full"},
       {"lifeline_node_info", "gauge", "node, group_rank",
@@ -191,6 +200,11 @@ AgentMetrics::AgentMetrics(const std::string& job, int world, const std::string&
   last_committed_time_ = gauge("lifeline_checkpoint_last_committed_timestamp_seconds");
   last_committed_time_->Add({}).Set(0);
   dropped_ = counter("lifeline_trace_events_dropped_total");
+  loss_ = &gauge("lifeline_loss")->Add({});
+  loss_->Set(std::numeric_limits<double>::quiet_NaN());
+  grad_norm_ = &gauge("lifeline_grad_norm")->Add({});
+  grad_norm_->Set(std::numeric_limits<double>::quiet_NaN());
+  signals_ = &counter("lifeline_training_signals_total")->Add({});
   node_info_ = gauge("lifeline_node_info");
   nodes_ = &gauge("lifeline_nodes")->Add({});
   round_ = &gauge("lifeline_round")->Add({});
@@ -220,7 +234,8 @@ AgentMetrics::AgentMetrics(const std::string& job, int world, const std::string&
   nodes_excluded_ = &gauge("lifeline_nodes_excluded")->Add({});
   JoinedRound(HostName(), 0);  // one node
   // Every kind appears from the start, so a rate() over it is defined before the first anomaly.
-  for (const char* kind : {"dead", "hang", "straggler", "slow_collective", "checkpoint", "node_lost"})
+  for (const char* kind : {"dead", "hang", "straggler", "slow_collective", "checkpoint", "node_lost", "non_finite",
+                           "spike", "disagreement"})
     anomalies_->Add({{"kind", kind}, {"rank", "none"}});
   Launched(world);
 }
@@ -299,6 +314,7 @@ void AgentMetrics::Launched(int world, int rank_base) {
   }
   ranks_.clear();
   for (int r = 0; r < world; ++r) ranks_.push_back(std::make_unique<RankState>());
+  signal_rank_[0] = signal_rank_[1] = std::numeric_limits<int>::max();
   alive_->Add({}).Set(world);
 }
 
@@ -428,6 +444,17 @@ void AgentMetrics::Observe(const Timeline& timeline, const TimelineChange& c) {
       break;
     case trace::EventType::kCheckpointFallback:
       load_fallbacks_->Add({{"location", e.aux == 1 ? "memory" : "disk"}}).Increment();
+      break;
+    case trace::EventType::kScalar:
+      signals_->Increment();
+      // One series per job, not per rank: the loss and the norm of the lowest local rank reporting.
+      if (e.comm == trace::kLossScalar || e.comm == trace::kGradNormScalar) {
+        int& reporter = signal_rank_[e.comm];
+        if (rank <= reporter) {
+          reporter = rank;
+          (e.comm == trace::kLossScalar ? loss_ : grad_norm_)->Set(trace::ScalarValue(e));
+        }
+      }
       break;
     default:
       break;

@@ -128,6 +128,10 @@ class AgentMetrics {
   prometheus::Family<prometheus::Gauge>* last_committed_time_;
   prometheus::Family<prometheus::Gauge>* alive_;
   prometheus::Family<prometheus::Counter>* dropped_;
+  prometheus::Gauge* loss_;
+  prometheus::Gauge* grad_norm_;
+  prometheus::Counter* signals_;
+  int signal_rank_[2] = {0, 0};  // the local rank whose loss and norm the gauges show (the lowest reporting)
   prometheus::Family<prometheus::Gauge>* build_info_;
   prometheus::Family<prometheus::Gauge>* node_info_;
   prometheus::Gauge* node_series_ = nullptr;

@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
+#include <cstring>
 #include <regex>
 #include <string>
 #include <vector>
@@ -105,6 +107,31 @@ TEST(MetricsTest, EventsBecomeStepCollectiveAndCheckpointFigures) {
   EXPECT_EQ(Sample(text, "lifeline_restarts_total"), 1);
   EXPECT_EQ(Sample(text, "lifeline_ranks_alive"), 2);
   EXPECT_EQ(Sample(text, "lifeline_trace_events_dropped_total{rank=\"0\"}"), 7);
+}
+
+// The loss and the norm are one series per job: the lowest local rank's, whatever the others say.
+TEST(MetricsTest, TrainingSignalsAreTheLowestRanksValues) {
+  AgentMetrics m("job", 2);
+  Timeline timeline;
+  timeline.Reset(2);
+  const std::string before = m.Render();
+  EXPECT_TRUE(std::isnan(Sample(before, "lifeline_loss"))) << before;
+  auto scalar = [](uint32_t id, uint64_t step, double v) {
+    trace::Event e = Ev(trace::EventType::kScalar, 100 + step, step);
+    e.comm = id;
+    std::memcpy(&e.aux, &v, sizeof(v));
+    return e;
+  };
+  Feed(&timeline, &m, 1, scalar(trace::kLossScalar, 3, 9.0));  // rank 1 first: shown until rank 0 says
+  EXPECT_EQ(Sample(m.Render(), "lifeline_loss"), 9.0);
+  Feed(&timeline, &m, 0, scalar(trace::kLossScalar, 3, 2.5));
+  Feed(&timeline, &m, 1, scalar(trace::kLossScalar, 4, 8.0));
+  Feed(&timeline, &m, 0, scalar(trace::kGradNormScalar, 3, 0.75));
+  Feed(&timeline, &m, 1, scalar(7, 3, 1.0));
+  const std::string text = m.Render();
+  EXPECT_EQ(Sample(text, "lifeline_loss"), 2.5);
+  EXPECT_EQ(Sample(text, "lifeline_grad_norm"), 0.75);
+  EXPECT_EQ(Sample(text, "lifeline_training_signals_total"), 5);
 }
 
 // A Python rank waits on two async collectives in reverse order: both are timed.

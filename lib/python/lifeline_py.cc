@@ -217,6 +217,7 @@ CheckpointerOptions ParseOptions(const std::string& directory, uint32_t rank, ui
       else if (key == "memory_tier") o.memory_tier = py::cast<bool>(v);
       else if (key == "memory_tier_directory") o.memory_tier_directory = py::cast<std::string>(v);
       else if (key == "memory_tier_cleanup_on_close") o.memory_tier_cleanup_on_close = py::cast<bool>(v);
+      else if (key == "load_only") o.load_only = py::cast<bool>(v);
       else if (key == "codec_level") o.codec_level = py::cast<int>(v);
       else if (key == "register_buffers") o.register_buffers = py::cast<bool>(v);
       else if (key == "drain_directory") o.drain_directory = py::cast<std::string>(v);
@@ -725,6 +726,14 @@ PYBIND11_MODULE(_lifeline, m) {
   }, py::arg("step"), py::arg("source") = "", py::arg("load_seconds") = 0.0);
   m.def("trace_process_exit", [] { trace::ProcessExit(); });
   m.def("trace_dropped", [] { return trace::Dropped(); });
+  m.def("trace_register_scalar", [](const std::string& name) {
+    Result<uint32_t> id = trace::RegisterScalar(name);
+    Check(id.status());
+    return *id;
+  });
+  // step None (or kNoStep): the step the process is in.
+  m.def("trace_scalar", [](uint32_t id, double value, uint64_t step) { trace::ReportScalar(id, value, step); },
+        py::arg("id"), py::arg("value"), py::arg("step") = trace::kNoStep);
   m.def("trace_dump", [](const std::string& path, uint64_t max_events) {
     Check(trace::DumpRecent(path, max_events));
   });

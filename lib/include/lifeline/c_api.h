@@ -197,6 +197,14 @@ LIFELINE_EXPORT void lifeline_trace_heartbeat(void);
 LIFELINE_EXPORT void lifeline_trace_process_start(uint64_t resumed_step);
 LIFELINE_EXPORT void lifeline_trace_process_exit(void);
 
+/* Training signals (see lifeline::trace::ReportScalar). Scalar ids: the loss and the global
+ * gradient norm are fixed; others come from lifeline_trace_register_scalar, which returns -1 (and
+ * sets lifeline_last_error) for a name that is not 1-32 characters of A-Z a-z 0-9 _ . : / -. */
+enum { LIFELINE_SCALAR_LOSS = 0, LIFELINE_SCALAR_GRAD_NORM = 1 };
+LIFELINE_EXPORT int64_t lifeline_trace_register_scalar(const char* name);
+/* `value` of scalar `id` for `step` (UINT64_MAX: the current step). */
+LIFELINE_EXPORT void lifeline_trace_scalar(uint32_t id, double value, uint64_t step);
+
 #ifdef __cplusplus
 }  /* extern "C" */
 #endif

@@ -50,6 +50,11 @@ enum class EventType : uint16_t {
   kProcessExit = 13,          // an orderly end (Shutdown): step, the last step begun
   kCheckpointFallback = 14,   // a load passed over the checkpoint of `step` (damaged or unusable) and
                               // loaded the one of step `bytes`; aux: 1 from the memory tier, 0 disk
+  kScalar = 15,      // a training signal: comm: the scalar's id (kLossScalar, kGradNormScalar, or one
+                     // RegisterScalar gave); step: the step the value belongs to; aux: the value's
+                     // IEEE 754 binary64 bits (ScalarValue)
+  kScalarName = 16,  // the name of scalar `comm` of this process, said before its first value: seq,
+                     // bytes, duration_ns and aux hold its bytes (DecodeScalarName)
 };
 
 // Collective operations, as NCCL and torch.distributed name them.
@@ -67,6 +72,14 @@ enum class Op : uint16_t {
 };
 
 inline constexpr uint64_t kNoStep = ~uint64_t{0};
+
+// Training signals (kScalar): two scalars every process knows by number, and the ones a process
+// names itself (RegisterScalar), numbered from kFirstUserScalar in the order it registers them.
+inline constexpr uint32_t kLossScalar = 0;      // "loss"
+inline constexpr uint32_t kGradNormScalar = 1;  // "grad_norm": the global gradient norm, after its all-reduce
+inline constexpr uint32_t kFirstUserScalar = 2;
+inline constexpr uint32_t kMaxScalars = 1024;   // ids per process, the two fixed ones included
+inline constexpr size_t kMaxScalarNameBytes = 32;
 
 // One record in the ring: 64 bytes, one cache line.
 struct LIFELINE_EXPORT Event {
@@ -127,6 +140,26 @@ LIFELINE_EXPORT void ReportCheckpointDirectory(const std::string& directory);
 // calls it when the tier is on.
 inline constexpr char kMemoryTierFile[] = "memory-tier";
 LIFELINE_EXPORT void ReportMemoryTier(const std::string& root);
+
+// Training signals. A rank reports, per step, values such as its loss and its gradient norm; the
+// agent's detectors look for non-finite values, spikes and replicas that disagree.
+//
+// The id of the scalar called `name`: kLossScalar for "loss", kGradNormScalar for "grad_norm",
+// else the same id for the same name in this process (a new one, from kFirstUserScalar, the first
+// time). Works without an agent too. InvalidArgument when the name is empty, longer than
+// kMaxScalarNameBytes, or has a character other than [A-Za-z0-9_.:/-]; ResourceExhausted beyond
+// kMaxScalars names. Takes a lock: call it once per name, not per step.
+LIFELINE_EXPORT Result<uint32_t> RegisterScalar(const std::string& name);
+// Records `value` of scalar `id` for `step` (kNoStep: the step the process is in). A value read
+// late (a device tensor copied asynchronously) names the step it belongs to. The first value of a
+// user scalar records its name first (and again after a full ring refused it). Does nothing for an
+// id that RegisterScalar did not give, or without an agent.
+LIFELINE_EXPORT void ReportScalar(uint32_t id, double value, uint64_t step = kNoStep);
+// The value a kScalar event carries.
+LIFELINE_EXPORT double ScalarValue(const Event& event);
+// The name a kScalarName event carries: InvalidArgument when `event` is not one, or its bytes are
+// not a name RegisterScalar takes (the agent trusts nothing a ring holds).
+LIFELINE_EXPORT Result<std::string> DecodeScalarName(const Event& event);
 
 // Writes the ring's newest `max_events` events to `path`, one JSON object per line, oldest
 // first. FailedPrecondition when tracing is inactive.

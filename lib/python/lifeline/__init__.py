@@ -25,12 +25,13 @@ import warnings as _warnings
 
 from . import _lifeline
 from . import trace
+from .trace import report
 from ._state import Shard
 from . import _state
 
 Error = _lifeline.Error
 
-__all__ = ["Checkpointer", "Ticket", "Shard", "Error", "trace", "guard_optimizer", "convert", "describe_source", "dcp"]
+__all__ = ["Checkpointer", "Ticket", "Shard", "Error", "trace", "report", "guard_optimizer", "convert", "describe_source", "dcp"]
 
 
 def __getattr__(name):

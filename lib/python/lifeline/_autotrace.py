@@ -28,6 +28,10 @@ this module). What is recorded, through lifeline.trace's ring API:
   turns this off at its first step, and
   collectives inside its own lifeline.trace.collective scopes are not recorded twice.
 
+- training signals: torch.nn.utils.clip_grad_norm_ reports the norm it returns as the step's
+  grad_norm (lifeline.trace.report: a CUDA norm is read a step later, never waiting for the device;
+  LIFELINE_REPORT_GRAD_NORM=0 turns it off). DDP's, FSDP2's and DTensor's norms come through it.
+
 - start-up: a rank other than 0 initialising from the environment waits until rank 0's store takes
   a connection before init_process_group asks it (torch's client would retry a second later).
 
@@ -170,6 +174,30 @@ def saved_at(step):
     """Called by lifeline's saves (see _StepClock.saved)."""
     if step is not None and not _failed:
         _clock.saved(int(step))
+
+
+def last_step():
+    """The number of the newest step that ended (optimizer.step() returned), in the clock's
+    numbering, which goes on from a loaded checkpoint's; None before training or without a clock."""
+    if _failed or not _clock.enabled or not _clock.training or _clock.next == 0:
+        return None
+    return _clock.next - 1
+
+
+def signal_step(begin=False):
+    """The step a training signal reported now belongs to, by the clock: the open step, else the
+    one that just ended (a loss logged after optimizer.step()), else, before the first
+    optimizer.step(), the first step; None without a clock. begin=True: the caller is inside a
+    training step (clip_grad_norm_), which begins it if none is open."""
+    if _failed or not _clock.enabled:
+        return None
+    if not _clock.training:  # before the first optimizer.step(), which is the first step's
+        return _clock.next
+    if begin:
+        _clock.begin()
+    if _clock.open:
+        return _clock.next
+    return _clock.next - 1
 
 
 def resumed_at(step):
@@ -1007,6 +1035,38 @@ def install_ddp(module):
     DDP.forward = traced_forward
 
 
+# ---- training signals -------------------------------------------------------------------------
+
+def _report_norms():
+    return os.environ.get("LIFELINE_REPORT_GRAD_NORM", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def install_clip_grad(module):
+    """torch.nn.utils.clip_grad_norm_ reports the norm it returns as the step's grad_norm (FSDP2's
+    and DTensor's norms come through it too). Patched as the module is imported, before
+    torch.nn.utils takes the name from it; clip_grad_norm (deprecated) calls it. A CUDA norm is read
+    a step later, without waiting for the device (lifeline.trace.report)."""
+    clip = module.clip_grad_norm_
+    if getattr(clip, "_lifeline_traced", False) or not _report_norms():
+        return
+
+    @functools.wraps(clip)
+    def clip_grad_norm_(*args, **kwargs):
+        norm = clip(*args, **kwargs)
+        if not _failed:
+            try:
+                _trace.report(grad_norm=norm, step=signal_step(begin=True))
+            except Exception as err:
+                report("reporting the gradient norm of clip_grad_norm_", err)
+        return norm
+
+    clip_grad_norm_._lifeline_traced = True
+    module.clip_grad_norm_ = clip_grad_norm_
+    utils = sys.modules.get("torch.nn.utils")  # when the hook came after torch.nn.utils took the name
+    if utils is not None and getattr(utils, "clip_grad_norm_", None) is clip:
+        utils.clip_grad_norm_ = clip_grad_norm_
+
+
 # ---- entry ------------------------------------------------------------------------------------
 
 _INSTALLERS = {
@@ -1014,6 +1074,7 @@ _INSTALLERS = {
     "torch.distributed._functional_collectives": install_functional,
     "torch.optim.optimizer": install_optimizer,
     "torch.nn.parallel.distributed": install_ddp,
+    "torch.nn.utils.clip_grad": install_clip_grad,
 }
 MODULES = tuple(_INSTALLERS)
 

@@ -1,7 +1,7 @@
 """lifeline-agent's startup hook for Python ranks (on their PYTHONPATH, put there by the agent).
 
 Under the agent (LIFELINE_AGENT set) it arranges for lifeline._autotrace to patch torch.distributed,
-torch.optim and DistributedDataParallel right after each is imported, so an unchanged training
+torch.optim, DistributedDataParallel and clip_grad_norm_ right after each is imported, so an unchanged training
 script reports its steps and collectives. Nothing is imported until the script imports torch, so a
 Python command that never does pays nothing. Outside the agent it does nothing. Either way it then
 runs the next `sitecustomize` on sys.path, so the user's own still runs. An error in the hook is
@@ -30,7 +30,7 @@ class _AfterImport:
         self._autotrace = None
         self._broken = False
         self._names = {"torch.distributed", "torch.distributed._functional_collectives", "torch.optim.optimizer",
-                       "torch.nn.parallel.distributed"}
+                       "torch.nn.parallel.distributed", "torch.nn.utils.clip_grad"}
 
     def find_spec(self, name, path, target=None):
         if name not in self._names or self._busy or self._broken:

@@ -276,5 +276,18 @@ void lifeline_trace_collective_end(uint64_t seq, uint32_t comm) { lifeline::trac
 void lifeline_trace_heartbeat(void) { lifeline::trace::Heartbeat(); }
 void lifeline_trace_process_start(uint64_t resumed_step) { lifeline::trace::ProcessStart(resumed_step); }
 void lifeline_trace_process_exit(void) { lifeline::trace::ProcessExit(); }
+int64_t lifeline_trace_register_scalar(const char* name) {
+  if (name == nullptr) {
+    Fail(lifeline::Status::InvalidArgument("lifeline_trace_register_scalar: NULL name"));
+    return -1;
+  }
+  lifeline::Result<uint32_t> id = lifeline::trace::RegisterScalar(name);
+  if (!id.ok()) {
+    Fail(id.status());
+    return -1;
+  }
+  return *id;
+}
+void lifeline_trace_scalar(uint32_t id, double value, uint64_t step) { lifeline::trace::ReportScalar(id, value, step); }
 
 }  // extern "C"

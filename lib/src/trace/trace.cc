@@ -10,10 +10,13 @@
 #include <atomic>
 #include <cctype>
 #include <cerrno>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <vector>
 
 #include "lifeline/internal/shared_memory.h"
 #include "lifeline/internal/trace_ring.h"
@@ -39,6 +42,8 @@ const char* EventTypeName(EventType type) {
     case EventType::kCheckpointFailed: return "checkpoint_failed";
     case EventType::kProcessExit: return "process_exit";
     case EventType::kCheckpointFallback: return "checkpoint_fallback";
+    case EventType::kScalar: return "scalar";
+    case EventType::kScalarName: return "scalar_name";
   }
   return "unknown";
 }
@@ -249,9 +254,104 @@ inline void EmitCollective(EventType type, uint64_t seq, uint32_t comm) {
   Emit(t, e);
 }
 
+// The scalars this process named (RegisterScalar), by id. Registration takes `mu`; reporting reads
+// `count` (acquire) and the names below it, which never change once published.
+struct ScalarTable {
+  std::mutex mu;
+  std::vector<std::string> names{"loss", "grad_norm"};  // GUARDED_BY(mu)
+  std::atomic<uint32_t> count{kFirstUserScalar};
+  char packed[kMaxScalars][kMaxScalarNameBytes] = {};  // each id's name as its kScalarName event holds it
+  std::atomic<bool> announced[kMaxScalars] = {};       // its kScalarName is in the ring
+};
+
+ScalarTable& Scalars() {
+  static ScalarTable* table = new ScalarTable;  // used until the process ends, from any thread
+  return *table;
+}
+
+bool IsScalarNameChar(unsigned char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '.' || c == ':' || c == '/' || c == '-';
+}
+
+bool IsScalarName(const char* p, size_t n) {
+  if (n == 0 || n > kMaxScalarNameBytes) return false;
+  for (size_t i = 0; i < n; ++i)
+    if (!IsScalarNameChar(static_cast<unsigned char>(p[i]))) return false;
+  return true;
+}
+
+// The 32 name bytes of a kScalarName event live in seq, bytes, duration_ns and aux, in that order.
+constexpr size_t kNameOffset = offsetof(Event, seq);
+static_assert(offsetof(Event, aux) + sizeof(uint64_t) - kNameOffset == kMaxScalarNameBytes, "a name fills 32 bytes");
+
+bool AnnounceScalar(Tracer* t, uint32_t id) {
+  ScalarTable& table = Scalars();
+  Event e;
+  e.type = EventType::kScalarName;
+  e.comm = id;
+  e.step = t->step.load(std::memory_order_relaxed);
+  std::memcpy(reinterpret_cast<char*>(&e) + kNameOffset, table.packed[id], kMaxScalarNameBytes);
+  e.time_ns = MonotonicNanos();
+  if (!t->ring->Push(e)) return false;
+  table.announced[id].store(true, std::memory_order_relaxed);
+  return true;
+}
+
 }  // namespace
 
 bool Active() { return Get() != nullptr; }
+
+Result<uint32_t> RegisterScalar(const std::string& name) {
+  if (!IsScalarName(name.data(), name.size()))
+    return Status::InvalidArgument("scalar name '" + name + "'",
+                                   "expected 1 to 32 characters of A-Z a-z 0-9 _ . : / -");
+  ScalarTable& table = Scalars();
+  std::lock_guard<std::mutex> lock(table.mu);
+  for (size_t id = 0; id < table.names.size(); ++id)
+    if (table.names[id] == name) return static_cast<uint32_t>(id);
+  if (table.names.size() >= kMaxScalars)
+    return Status::ResourceExhausted("scalar name '" + name + "'",
+                                     "a process names at most " + std::to_string(kMaxScalars) + " scalars");
+  const auto id = static_cast<uint32_t>(table.names.size());
+  table.names.push_back(name);
+  std::memcpy(table.packed[id], name.data(), name.size());
+  table.count.store(id + 1, std::memory_order_release);
+  return id;
+}
+
+void ReportScalar(uint32_t id, double value, uint64_t step) {
+  Tracer* t = Get();
+  if (t == nullptr) return;
+  ScalarTable& table = Scalars();
+  if (id >= table.count.load(std::memory_order_acquire)) return;
+  // A user scalar's name goes first; when the ring refuses it, so is the value (retried next time).
+  if (id >= kFirstUserScalar && !table.announced[id].load(std::memory_order_relaxed) && !AnnounceScalar(t, id)) return;
+  Event e;
+  e.type = EventType::kScalar;
+  e.comm = id;
+  e.step = step != kNoStep ? step : t->step.load(std::memory_order_relaxed);
+  std::memcpy(&e.aux, &value, sizeof(value));
+  Emit(t, e);
+}
+
+double ScalarValue(const Event& event) {
+  double v;
+  std::memcpy(&v, &event.aux, sizeof(v));
+  return v;
+}
+
+Result<std::string> DecodeScalarName(const Event& event) {
+  if (event.type != EventType::kScalarName)
+    return Status::InvalidArgument("trace event", std::string("a ") + EventTypeName(event.type) + " event, not scalar_name");
+  char bytes[kMaxScalarNameBytes];
+  std::memcpy(bytes, reinterpret_cast<const char*>(&event) + kNameOffset, sizeof(bytes));
+  size_t n = 0;
+  while (n < sizeof(bytes) && bytes[n] != '\0') ++n;
+  for (size_t i = n; i < sizeof(bytes); ++i)
+    if (bytes[i] != '\0') return Status::InvalidArgument("scalar_name event", "bytes after the name's end");
+  if (!IsScalarName(bytes, n)) return Status::InvalidArgument("scalar_name event", "not a scalar name");
+  return std::string(bytes, n);
+}
 
 void StepBegin(uint64_t step) {
   Tracer* t = Get();

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <new>
 
@@ -177,6 +178,46 @@ class Appender {
     } while (v != 0);
     while (n > 0) Char(tmp[--n]);
   }
+  // A double for a person, about 9 significant digits, without allocating (snprintf is not
+  // async-signal-safe); the exact bits travel beside it. JSON has no NaN or infinity: strings.
+  void Double(double v) {
+    if (std::isnan(v)) return Str("\"nan\"");
+    if (std::isinf(v)) return Str(v > 0 ? "\"inf\"" : "\"-inf\"");
+    if (v < 0) {
+      Char('-');
+      v = -v;
+    }
+    if (v == 0) return Char('0');
+    int exp10 = static_cast<int>(std::floor(std::log10(v)));
+    // 9 digits: 1e8 <= digits < 1e9. Subnormals need a scale beyond a double's range: in two steps.
+    int shift = 8 - exp10;
+    double digits = v;
+    if (shift > 300) {
+      digits *= 1e300;
+      shift -= 300;
+    }
+    digits = std::round(digits * std::pow(10.0, shift));
+    if (!(digits >= 1e8 && digits < 1e10)) digits = 1e8;  // never out of range, whatever rounding did
+    if (digits >= 1e9) {
+      digits = std::round(digits / 10);
+      ++exp10;
+    }
+    auto m = static_cast<uint64_t>(digits);
+    char tmp[9];
+    for (int i = 8; i >= 0; --i, m /= 10) tmp[i] = static_cast<char>('0' + m % 10);
+    int last = 8;
+    while (last > 0 && tmp[last] == '0') --last;
+    Char(tmp[0]);
+    if (last > 0) {
+      Char('.');
+      for (int i = 1; i <= last; ++i) Char(tmp[i]);
+    }
+    if (exp10 != 0) {
+      Char('e');
+      if (exp10 < 0) Char('-');
+      Uint(static_cast<uint64_t>(exp10 < 0 ? -exp10 : exp10));
+    }
+  }
   size_t Finish() {
     if (size_ > 0) buf_[len_ < size_ ? len_ : size_ - 1] = '\0';
     return len_;
@@ -218,6 +259,28 @@ size_t FormatEventJson(const Event& e, int rank, char* buf, size_t size) {
     a.Str(",\"op\":\"");
     a.Str(OpName(e.op));
     a.Char('"');
+  }
+  if (e.type == EventType::kScalar || e.type == EventType::kScalarName) {
+    a.Str(",\"scalar\":");
+    a.Uint(e.comm);
+    if (e.type == EventType::kScalar) {
+      a.Str(",\"value\":");
+      a.Double(ScalarValue(e));
+      a.Str(",\"value_bits\":");
+      a.Uint(e.aux);
+    } else {  // the bytes as they are, up to 32, anything outside a name's characters as '?'
+      a.Str(",\"name\":\"");
+      const char* name = reinterpret_cast<const char*>(&e) + offsetof(Event, seq);
+      for (size_t i = 0; i < kMaxScalarNameBytes && name[i] != '\0'; ++i) {
+        const char c = name[i];
+        const bool plain = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+                           c == '.' || c == ':' || c == '/' || c == '-';
+        a.Char(plain ? c : '?');
+      }
+      a.Char('"');
+    }
+    a.Char('}');
+    return a.Finish();
   }
   if (e.bytes != 0) {
     a.Str(",\"bytes\":");

@@ -8,7 +8,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstddef>
 #include <cstdio>
+#include <limits>
 #include <cstring>
 #include <cstdlib>
 #include <filesystem>
@@ -171,6 +174,29 @@ TEST(TraceFormat, EventsFormatAsJsonLinesAndNeverOverflowTheBuffer) {
   EXPECT_EQ(OpFromName("gossip"), Op::kOther);
 }
 
+// A scalar's value for a person, from the subnormals to the largest double (the exact bits beside it).
+TEST(TraceFormat, ScalarValuesFormatOverTheWholeRangeOfDoubles) {
+  const std::pair<double, const char*> cases[] = {
+      {0.0, "\"value\":0,"},
+      {-2.5, "\"value\":-2.5,"},
+      {123456789012.0, "\"value\":1.23456789e11,"},
+      {std::numeric_limits<double>::denorm_min(), "\"value\":4.94065646e-324,"},
+      {std::numeric_limits<double>::max(), "\"value\":1.79769313e308,"},
+      {-std::numeric_limits<double>::min(), "\"value\":-2.22507386e-308,"},
+      {0.1, "\"value\":1e-1,"},
+      {std::numeric_limits<double>::infinity(), "\"value\":\"inf\","},
+  };
+  for (const auto& [v, expected] : cases) {
+    Event e;
+    e.type = EventType::kScalar;
+    e.step = 1;
+    std::memcpy(&e.aux, &v, sizeof(v));
+    char buf[256];
+    const std::string line(buf, FormatEventJson(e, 0, buf, sizeof(buf)));
+    EXPECT_NE(line.find(expected), std::string::npos) << line;
+  }
+}
+
 // The API in a child whose environment names the ring: what the agent reads back, the dump on
 // a signal, and the sequence numbers it counts per communicator. Hard links planted at both dumps'
 // names (they are predictable: rank and pid) are replaced, the file outside left alone.
@@ -240,6 +266,78 @@ TEST_F(RingTest, TheTracingApiReachesTheAgentsRingAndDumpsOnSignal) {
   std::string outside_text;
   std::getline(kept, outside_text);
   EXPECT_EQ(outside_text, "keep me") << "a dump wrote through a planted hard link";
+}
+
+// Training signals: the fixed scalars by number, a user scalar's name said once before its first
+// value, values bit for bit (NaN and infinity included) with the step they belong to, and names
+// the agent refuses when a ring holds bytes no producer would write.
+TEST_F(RingTest, ScalarsReachTheAgentWithTheirNamesAndExactBits) {
+  auto ring = TraceRing::Create(RingPath(dir_, 0), 0, 256);
+  ASSERT_TRUE(ring.ok());
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    setenv("LIFELINE_AGENT", dir_.c_str(), 1);
+    setenv("RANK", "0", 1);
+    unsetenv("LOCAL_RANK");
+    Result<uint32_t> loss = RegisterScalar("loss");
+    Result<uint32_t> lr = RegisterScalar("lr/group.0");
+    Result<uint32_t> again = RegisterScalar("lr/group.0");
+    if (!loss.ok() || *loss != kLossScalar || !lr.ok() || *lr != kFirstUserScalar || !again.ok() || *again != *lr)
+      _exit(10);
+    if (RegisterScalar("").ok() || RegisterScalar("a b").ok() || RegisterScalar(std::string(33, 'x')).ok()) _exit(11);
+    if (*RegisterScalar("grad_norm") != kGradNormScalar) _exit(12);
+    StepBegin(41);
+    ReportScalar(kLossScalar, 2.5);                                   // the current step
+    ReportScalar(kGradNormScalar, std::numeric_limits<double>::quiet_NaN(), 40);  // read a step late
+    ReportScalar(*lr, 3e-4);
+    ReportScalar(*lr, -std::numeric_limits<double>::infinity());
+    ReportScalar(999, 1.0);  // never registered: nothing
+    _exit(0);
+  }
+  ASSERT_TRUE(ExitedCleanly(pid));
+  std::vector<Event> got;
+  (*ring)->Drain(&got);
+  ASSERT_EQ(got.size(), 6u);
+  EXPECT_EQ(got[1].type, EventType::kScalar);
+  EXPECT_EQ(got[1].comm, kLossScalar);
+  EXPECT_EQ(got[1].step, 41u);
+  EXPECT_EQ(ScalarValue(got[1]), 2.5);
+  EXPECT_EQ(got[2].comm, kGradNormScalar);
+  EXPECT_EQ(got[2].step, 40u);
+  EXPECT_TRUE(std::isnan(ScalarValue(got[2])));
+  ASSERT_EQ(got[3].type, EventType::kScalarName);  // once, before the first value
+  EXPECT_EQ(got[3].comm, kFirstUserScalar);
+  Result<std::string> name = DecodeScalarName(got[3]);
+  ASSERT_TRUE(name.ok()) << name.status().ToString();
+  EXPECT_EQ(*name, "lr/group.0");
+  EXPECT_EQ(got[4].type, EventType::kScalar);
+  EXPECT_EQ(ScalarValue(got[4]), 3e-4);
+  EXPECT_EQ(ScalarValue(got[5]), -std::numeric_limits<double>::infinity());
+
+  char buf[256];
+  std::string line(buf, FormatEventJson(got[1], 0, buf, sizeof(buf)));
+  EXPECT_NE(line.find("\"type\":\"scalar\",\"step\":41,\"scalar\":0,\"value\":2.5,\"value_bits\":"), std::string::npos) << line;
+  line.assign(buf, FormatEventJson(got[2], 0, buf, sizeof(buf)));
+  EXPECT_NE(line.find("\"value\":\"nan\""), std::string::npos) << line;
+  line.assign(buf, FormatEventJson(got[3], 0, buf, sizeof(buf)));
+  EXPECT_NE(line.find("\"scalar\":2,\"name\":\"lr/group.0\"}"), std::string::npos) << line;
+  line.assign(buf, FormatEventJson(got[4], 0, buf, sizeof(buf)));
+  EXPECT_NE(line.find("\"value\":3e-4,"), std::string::npos) << line;
+
+  // What a ring may hold but no producer writes: bytes after the name's end, characters outside
+  // a name's, an empty name, another type.
+  Event bad = got[3];
+  reinterpret_cast<char*>(&bad)[offsetof(Event, seq) + 20] = 'x';
+  EXPECT_FALSE(DecodeScalarName(bad).ok());
+  bad = got[3];
+  reinterpret_cast<char*>(&bad)[offsetof(Event, seq) + 1] = '"';
+  EXPECT_FALSE(DecodeScalarName(bad).ok());
+  line.assign(buf, FormatEventJson(bad, 0, buf, sizeof(buf)));
+  EXPECT_NE(line.find("\"name\":\"l?/group.0\""), std::string::npos) << line;
+  bad.seq = bad.bytes = bad.duration_ns = bad.aux = 0;
+  EXPECT_FALSE(DecodeScalarName(bad).ok());
+  EXPECT_FALSE(DecodeScalarName(got[1]).ok());
 }
 
 // A spare interpreter the agent started ahead of a relaunch (LIFELINE_PRESTART=1, no RANK yet)
