@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <random>
@@ -298,6 +299,12 @@ Status Agent::Setup() {
 
 Status Agent::CheckCheckpointDirFree() const {
   if (config_.checkpoint_dir.empty()) return Status::OK();
+  // What would fail every launch alike is said before the first.
+  const std::string& dir = config_.checkpoint_dir;
+  if (Env::Default()->FileExists(dir) && !Env::Default()->IsDirectory(dir))
+    return Status::FailedPrecondition("--checkpoint-dir " + dir, "is a file, not a directory");
+  if (Env::Default()->IsDirectory(dir) && ::access(dir.c_str(), W_OK | X_OK) != 0)
+    return Status::FailedPrecondition("--checkpoint-dir " + dir, std::string("cannot be written: ") + std::strerror(errno));
   // The job's own ranks (another node's, launched first) are welcome: the agent gives its ranks
   // the job id (LIFELINE_JOB) and the lock says it.
   Status free = CheckNoOtherJobSaving(config_.checkpoint_dir, config_.job_id);
@@ -381,6 +388,12 @@ Status Agent::Launch() {
     env["LIFELINE_RESUME_DIR"] = std::filesystem::absolute(checkpoint_dir).lexically_normal().string();
     resume = {{"directory", checkpoint_dir}, {"step", point->step ? nlohmann::json(*point->step) : nlohmann::json(nullptr)},
               {"location", point->location}};
+  }
+  if (!config_.checkpoint_dir.empty() && resume.is_object() && resume.value("step", nlohmann::json()).is_null()) {
+    // The operator named a directory: a launch that finds nothing there (a mistyped path, a first
+    // run) says so, rather than training from scratch without a word.
+    std::cerr << "lifeline-agent: no checkpoint in " << config_.checkpoint_dir << ": "
+              << (restarts_ == 0 ? "starting from step 0" : "starting again from step 0") << std::endl;
   }
   // Spares for the relaunches, when the command is a Python script: started once this launch ran.
   if (spares_ == nullptr && config_.restart.prestart && config_.restart.max_restarts > 0) {
@@ -805,6 +818,40 @@ void Agent::RequestDumps(const std::string& reason) {
   Log({{"action", "dump"}, {"reason", reason}, {"ranks", asked}, {"directory", ring_dir_}});
 }
 
+void Agent::SayDumps(const std::string& why) {
+  std::vector<std::string> files;
+  for (const std::string& name : Env::Default()->GetChildren(ring_dir_).value_or(std::vector<std::string>{}))
+    if (name.rfind("dump.", 0) == 0 || name.rfind("stack.", 0) == 0) files.push_back(name);
+  std::sort(files.begin(), files.end());
+  if (files.empty()) {
+    std::cerr << "lifeline-agent: " << why << ": no rank wrote its stack (ranks that are not Python, or stuck in C "
+              << "code that holds the GIL, cannot)" << std::endl;
+    return;
+  }
+  std::string list;
+  for (const std::string& f : files) list += (list.empty() ? "" : ", ") + f;
+  std::cerr << "lifeline-agent: " << why << ": the ranks' Python stacks and last events are in " << ring_dir_ << "/ ("
+            << list << ")" << std::endl;
+}
+
+void Agent::SayStopped(int ranks, int killed_after_grace) {
+  const std::string dir = !config_.checkpoint_dir.empty() ? config_.checkpoint_dir : ReportedCheckpointDir(ring_dir_);
+  std::string newest = "no checkpoint directory was named or reported";
+  if (!dir.empty()) {
+    Result<ResumePoint> point = FindResumePoint(Env::Default(), dir);
+    newest = !point.ok() ? "the checkpoints of " + dir + " cannot be read: " + point.status().ToString()
+             : point->step ? "the newest checkpoint is step " + std::to_string(*point->step) + " of " + dir + " (" +
+                                 point->location + "): a relaunch resumes from it"
+                           : "no complete checkpoint in " + dir;
+  }
+  const std::string stopped =
+      ranks == 0 ? "the ranks were stopped already"
+                 : "stopped " + std::to_string(ranks) + (ranks == 1 ? " rank" : " ranks") +
+                       (killed_after_grace > 0 ? " (" + std::to_string(killed_after_grace) + " killed after the grace period)" : "");
+  std::cerr << "lifeline-agent: " << SignalName(g_stop_signal) << ": " << stopped << ", after " << restarts_
+            << " restart(s); " << newest << std::endl;
+}
+
 PollDecision Agent::Poll(uint64_t now) {
   PollInput in;
   in.now_ns = now;
@@ -845,6 +892,7 @@ bool Agent::Restart(const Anomaly& reason, uint64_t detected_ns) {
     // The hung ranks' last events say where they stopped: ask for them before they are killed.
     RequestDumps("hang");
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    SayDumps("hang");
   }
   const int killed = launcher_->StopAll(config_.restart.grace_seconds);
   Log({{"action", "stop"}, {"reason", reason.kind}, {"killed_after_grace", killed}});
@@ -862,7 +910,7 @@ bool Agent::Restart(const Anomaly& reason, uint64_t detected_ns) {
   }
   if (!plan.give_up.empty()) {
     give_up_reason_ = plan.give_up;
-    requeue_may_help_ = plan.job_wide && supervisor_->RequeueMayHelp();
+    requeue_may_help_ = plan.job_wide && !plan.incurable && supervisor_->RequeueMayHelp();
     Log({{"action", "give_up"}, {"reason", give_up_reason_}, {"requeue_may_help", requeue_may_help_},
          {"exit_code", requeue_may_help_ ? kExitRequeue : kExitFailed},
          {"time", TimeAccountJson(supervisor_->ledger(), trace::MonotonicNanos())}});
@@ -1035,6 +1083,10 @@ std::optional<int> Agent::CarryOut(const PollDecision& decision, uint64_t now) {
     const Anomaly& reason = *decision.restart;
     if (!Restart(reason, reason.detected_ns != 0 ? reason.detected_ns : now)) {
       if (ended_unplaced_) return 0;
+      if (g_stop_signal != 0 && give_up_reason_.empty()) {
+        SayStopped(0, 0);
+        return 128 + g_stop_signal;
+      }
       std::cerr << "lifeline-agent: giving up: " << (give_up_reason_.empty() ? std::string("stopped") : give_up_reason_)
                 << std::endl;
       if (g_stop_signal != 0) return 128 + g_stop_signal;
@@ -1092,7 +1144,9 @@ int Agent::Run() {
   for (;;) {
     if (g_stop_signal != 0) {
       Log({{"action", "stop"}, {"reason", "agent received " + SignalName(g_stop_signal)}});
-      launcher_->StopAll(config_.restart.grace_seconds);
+      int running = 0;
+      for (const RankProcess& p : launcher_->ranks()) running += p.running ? 1 : 0;
+      SayStopped(running, launcher_->StopAll(config_.restart.grace_seconds));
       exit_code = 128 + g_stop_signal;
       break;
     }

@@ -72,6 +72,10 @@ class Agent {
   // Counts, logs and says the anomalies the Supervisor named, and asks for the dumps their policy wants.
   void Act(const std::vector<RaisedAnomaly>& raised);
   void RequestDumps(const std::string& reason);
+  // Names on stderr the files the ranks' dumps went to (their Python stacks, their last events).
+  void SayDumps(const std::string& why);
+  // What a stop by a signal leaves: the ranks stopped and the checkpoint a relaunch resumes from.
+  void SayStopped(int ranks, int killed_after_grace);
   // Stops the ranks and relaunches them after the back-off; false when the Supervisor gives up.
   bool Restart(const Anomaly& reason, uint64_t detected_ns);
   // Carries out what a poll decided; the agent's exit code when it is done, nullopt to poll on.

@@ -43,7 +43,8 @@ Result<ResumePoint> FindResumePoint(Env* env, const std::string& checkpoint_dir)
     const std::vector<uint64_t> steps = SoundSteps(env, *tier, 1);
     if (!steps.empty()) memory = steps[0];
   }
-  if (memory && (!disk || *memory > *disk)) {
+  // The ranks load a step from memory whenever the tier holds it, also when the disk has it too.
+  if (memory && (!disk || *memory >= *disk)) {
     point.step = memory;
     point.location = "memory";
   } else if (disk) {

@@ -448,13 +448,15 @@ void Supervisor::Name(std::vector<Anomaly>* anomalies, bool may_restart, PollDec
   anomalies->clear();
 }
 
-std::string Supervisor::StartupFailure(const Anomaly& reason, uint64_t now_ns, const std::vector<RankEnd>& ends) const {
+std::string Supervisor::RepeatableFailure(const Anomaly& reason, uint64_t now_ns, const std::vector<RankEnd>& ends) const {
   if (reason.kind != "dead") return "";
-  // Before the first step: no rank began one, and (for ranks that are not traced) the failure came
-  // within a minute of the launch.
-  for (const RankTimeline& v : timeline_.ranks())
-    if (v.began_step) return "";
-  if (now_ns - launched_ns_ > 60'000'000'000ull) return "";
+  // Where: before the first step (no rank began one, and, for ranks that are not traced, within a
+  // minute of the launch), else the step the failed ranks were in, which a relaunch resumed from a
+  // checkpoint reaches again when the failure is the script's.
+  bool stepped = false;
+  for (const RankTimeline& v : timeline_.ranks()) stepped = stepped || v.began_step;
+  if (!stepped && now_ns - launched_ns_ > 60'000'000'000ull) return "";
+  uint64_t step = 0;
   // Which ranks the detector named first varies between launches; how they failed does not.
   std::set<std::string> ways;
   for (int global : reason.ranks) {
@@ -463,24 +465,54 @@ std::string Supervisor::StartupFailure(const Anomaly& reason, uint64_t now_ns, c
     const RankEnd& p = ends[static_cast<size_t>(r)];
     // A rank killed by a signal may have been killed from outside: not a failure of the command.
     if (!WIFEXITED(p.wait_status)) return "";
+    const RankTimeline& v = timeline_.rank(r);
+    if (stepped && v.step != trace::kNoStep) step = std::max(step, v.step);
     ways.insert(DescribeWaitStatus(p.wait_status) + (p.last_line.empty() ? "" : ", last line: " + p.last_line));
   }
-  std::string out;
-  for (const std::string& w : ways) out += (out.empty() ? "" : "; ") + w;
-  return out;
+  std::string out = (stepped ? "at step " + std::to_string(step) : std::string("before its first step")) +
+                    " the same way at two launches in a row (";
+  bool first = true;
+  for (const std::string& w : ways) {
+    out += (first ? "" : "; ") + w;
+    first = false;
+  }
+  return out + ")";
+}
+
+std::string Supervisor::IncurableFailure(const std::vector<RankEnd>& ends) const {
+  // The library reports a checkpoint it cannot save as FailedPrecondition when the operator must
+  // change something: the directory is a file, cannot be written, another job saves into it, the
+  // pieces of a save cannot form a loadable checkpoint. A rank that ended on one fails the same
+  // way at every launch.
+  for (size_t r = 0; r < ends.size() && static_cast<int>(r) < timeline_.world(); ++r) {
+    const RankEnd& p = ends[r];
+    if (!WIFEXITED(p.wait_status) || WEXITSTATUS(p.wait_status) == 0) continue;
+    if (timeline_.rank(static_cast<int>(r)).save_failure_code != static_cast<uint64_t>(StatusCode::kFailedPrecondition))
+      continue;
+    return "rank " + std::to_string(rank_base_ + static_cast<int>(r)) +
+           " ended on a checkpoint failure no relaunch cures (FailedPrecondition: " + DescribeWaitStatus(p.wait_status) +
+           (p.last_line.empty() ? "" : ", last line: " + p.last_line) + "; its error is in its output above)";
+  }
+  return "";
 }
 
 RestartPlan Supervisor::PlanRestart(const Anomaly& reason, uint64_t now_ns, const std::vector<RankEnd>& ends) {
   RestartPlan plan;
-  // A command that fails the same way before its first step at two launches in a row (an import
-  // error, a bad argument, a missing file) would only burn the budget with back-off.
-  const std::string failure = StartupFailure(reason, now_ns, ends);
-  if (!failure.empty() && failure == startup_failure_) {
-    plan.give_up = "the command failed before its first step the same way at two launches in a row (" + failure +
-                   "); relaunching will not help";
+  if (std::string incurable = IncurableFailure(ends); !incurable.empty()) {
+    plan.give_up = incurable + "; relaunching will not help";
+    plan.job_wide = true;
+    plan.incurable = true;
     return plan;
   }
-  startup_failure_ = failure;
+  // A command that fails the same way at two launches in a row, before its first step (an import
+  // error, a bad argument, a missing file) or at the same step (a bug that a resume from the same
+  // checkpoint meets again), would only burn the budget with back-off.
+  const std::string failure = RepeatableFailure(reason, now_ns, ends);
+  if (!failure.empty() && failure == repeated_failure_) {
+    plan.give_up = "the command failed " + failure + "; relaunching will not help";
+    return plan;
+  }
+  repeated_failure_ = failure;
   const RestartConfig& r = config_.restart;
   if (restart_ >= r.max_restarts) {
     plan.give_up = "restart budget spent (" + std::to_string(r.max_restarts) + " restarts); last anomaly: " +

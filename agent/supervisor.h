@@ -124,6 +124,7 @@ struct PollDecision {
 struct RestartPlan {
   std::string give_up;        // why not to relaunch; "" to relaunch
   bool job_wide = false;      // the give-up is the job's (its budget is spent): every node ends
+  bool incurable = false;     // nothing but the operator can fix it: a requeue would fail alike
   double backoff_seconds = 0;
 };
 
@@ -239,7 +240,13 @@ class Supervisor {
   // Folds consequences of ranks already named, names the rest with their policy; the first that
   // restarts becomes the decision's restart when `may_restart`.
   void Name(std::vector<Anomaly>* anomalies, bool may_restart, PollDecision* out);
-  std::string StartupFailure(const Anomaly& reason, uint64_t now_ns, const std::vector<RankEnd>& ends) const;
+  // Where and how the ranks named by a "dead" anomaly failed, as the give-up says it when it comes
+  // again ("before its first step the same way at two launches in a row (exit code 1, last line:
+  // ...)", "at step 12 ..."); "" when it cannot say (a signal, another anomaly).
+  std::string RepeatableFailure(const Anomaly& reason, uint64_t now_ns, const std::vector<RankEnd>& ends) const;
+  // Why no relaunch can help when a rank exited on a checkpoint failure the library calls
+  // FailedPrecondition; "" otherwise.
+  std::string IncurableFailure(const std::vector<RankEnd>& ends) const;
   // Names ranks still alive exit_hang_seconds after every other rank exited 0, silent since.
   void FindExitHangs(uint64_t now_ns, std::vector<Anomaly>* anomalies, PollDecision* out);
   // The restart decided in this poll, into the ledger: when its fault happened.
@@ -283,7 +290,7 @@ class Supervisor {
   uint64_t published_ns_ = 0;  // when this node last published its summary (0: never)
   // How the previous launch failed when it failed before any step: the exit codes and last lines
   // of the ranks that died ("" otherwise). The same again means a relaunch cannot help.
-  std::string startup_failure_;
+  std::string repeated_failure_;  // RepeatableFailure of the previous launch
   // Launches that failed in a row before they ran (every rank stepping, or a minute): the back-off
   // grows with them; a launch that ran and failed is relaunched at once.
   uint32_t failed_in_a_row_ = 0;

@@ -372,6 +372,54 @@ TEST(SupervisorTest, FailuresThatDifferOrComeAfterAStepOrAreKilledDoNotGiveUp) {
   EXPECT_EQ(fail(SIGKILL, "error B", false), "");
 }
 
+// Issue 51, item 4: a bug that a resume from the same checkpoint meets again (the script's own
+// error at the same step) ends the job at the second launch, not after the whole budget.
+TEST(SupervisorTest, TheSameFailureAtTheSameStepAtTwoLaunchesInARowGivesUp) {
+  Harness h(2, std::nullopt, Config(2));
+  const std::vector<RankEnd> mismatch = {{kExit1, "RuntimeError: a collective mismatch"}, {SIGTERM, ""}};
+  auto fail_at = [&h, &mismatch](uint64_t step, uint32_t restart) {
+    h.IntoCompute(0, step);
+    h.IntoCompute(1, step);
+    const PollDecision d = h.Poll(2 * kSec, {{0, kExit1}});
+    EXPECT_TRUE(d.restart.has_value());
+    const RestartPlan plan = h.supervisor().PlanRestart(*d.restart, h.now, mismatch);
+    h.Launch(2, std::nullopt, restart);
+    return plan;
+  };
+  EXPECT_EQ(fail_at(10, 1).give_up, "") << "the first time, a relaunch may help";
+  EXPECT_EQ(fail_at(12, 2).give_up, "") << "another step: the run went further";
+  const RestartPlan plan = fail_at(12, 3);
+  EXPECT_EQ(plan.give_up,
+            "the command failed at step 12 the same way at two launches in a row (exit code 1, last line: "
+            "RuntimeError: a collective mismatch); relaunching will not help");
+  EXPECT_FALSE(plan.incurable);
+}
+
+// Issue 51, item 4: a rank that ended on a checkpoint failure the library calls FailedPrecondition
+// (the directory is a file, another job holds it) ends the job at once, and no requeue is asked for.
+TEST(SupervisorTest, ARankEndingOnAnIncurableCheckpointFailureEndsTheJobAtOnce) {
+  for (StatusCode code : {StatusCode::kFailedPrecondition, StatusCode::kIOError}) {
+    Harness h(2, std::nullopt, Config(2));
+    h.IntoCompute(1, 4);
+    trace::Event failed = Ev(EventType::kCheckpointFailed, h.now + kMs, 4);
+    failed.aux = static_cast<uint64_t>(code);
+    h.supervisor().Observe(1, failed);
+    const PollDecision d = h.Poll(10 * kMs, {{1, kExit1}});
+    ASSERT_TRUE(d.restart.has_value());
+    const RestartPlan plan =
+        h.supervisor().PlanRestart(*d.restart, h.now, {{SIGTERM, ""}, {kExit1, "lifeline.Error: FailedPrecondition: held"}});
+    if (code == StatusCode::kIOError) {
+      EXPECT_EQ(plan.give_up, "") << "a disk's error may pass";
+      continue;
+    }
+    EXPECT_EQ(plan.give_up,
+              "rank 1 ended on a checkpoint failure no relaunch cures (FailedPrecondition: exit code 1, last line: "
+              "lifeline.Error: FailedPrecondition: held; its error is in its output above); relaunching will not help");
+    EXPECT_TRUE(plan.incurable);
+    EXPECT_TRUE(plan.job_wide);
+  }
+}
+
 TEST(SupervisorTest, ACheckpointFailureOfARankNamedDeadIsFoldedIntoThatAlarm) {
   AgentConfig config = Config(2);
   config.policy["dead"] = Action::kLog;
@@ -613,7 +661,7 @@ TEST(SupervisorTest, ARequeueMayHelpFaultsOfTheMachinesNotAFailingCommand) {
   auto spend = [&](int wait_status) {
     auto h = std::make_unique<Harness>(2, std::nullopt, config);
     for (uint32_t restart = 0; restart <= 1; ++restart) {
-      h->IntoCollective(0, 10, 1);
+      h->IntoCollective(0, 10 + restart, 1);  // not the same failure at the same step: the budget ends it
       const PollDecision d = h->Poll(1 * kSec, {{0, wait_status}});
       EXPECT_TRUE(d.restart.has_value());
       const RestartPlan plan = h->supervisor().PlanRestart(*d.restart, h->now, {{wait_status, ""}, {SIGTERM, ""}});

@@ -205,6 +205,7 @@ TimelineChange Timeline::Apply(int rank, const Event& e) {
     case EventType::kCheckpointPersisted: {
       if (r.persisted_step == trace::kNoStep || e.step > r.persisted_step) r.persisted_step = e.step;
       if (r.failed_save_step != trace::kNoStep && e.step >= r.failed_save_step) r.failed_save_step = trace::kNoStep;
+      r.save_failure_code = 0;
       auto it = find_save(e.step);
       if (it != r.saves.rend()) {
         if (it->persisted_ns == 0) it->persisted_ns = std::max(e.time_ns, it->begin_ns);
@@ -215,6 +216,7 @@ TimelineChange Timeline::Apply(int rank, const Event& e) {
       break;
     }
     case EventType::kCheckpointFailed: {
+      r.save_failure_code = e.aux;
       if (r.persisted_step == trace::kNoStep || e.step > r.persisted_step) {
         r.failed_save_step = e.step;
         r.failed_save_code = e.aux;

@@ -88,6 +88,9 @@ struct RankTimeline {
   // persisted since, and its StatusCode: a rank that ends so never saved its final state.
   uint64_t failed_save_step = trace::kNoStep;
   uint64_t failed_save_code = 0;
+  // The StatusCode of the newest kCheckpointFailed, of any step (also one a Checkpointer reports
+  // when it cannot open its directory), until a save persists; 0: none.
+  uint64_t save_failure_code = 0;
   std::map<uint32_t, uint64_t> last_begun;  // per comm: the highest seq begun
   // Per comm, per seq. A rank's End of seq S also closes its older open seqs there (their End was
   // lost, or will come late): collectives on one communicator complete in order.

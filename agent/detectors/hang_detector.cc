@@ -43,6 +43,17 @@ uint64_t HangDetector::Timeout(const History* history) const {
   return Nanos(t);
 }
 
+std::string HangDetector::TimeoutReason(uint64_t timeout, const History* history) const {
+  const double t = Seconds(timeout);
+  const std::string times = Fmt("%g", config_.multiplier) + "x the longest recent one";
+  const bool seen = history != nullptr && !history->values.empty();
+  if (t <= config_.floor_seconds)
+    return " (hang timeout " + Duration(t) + ": the floor, --hang-timeout, which no shorter timeout goes below; " +
+           (seen ? times + " is " + Duration(config_.multiplier * Seconds(history->longest)) : "none finished yet") + ")";
+  if (t >= config_.cap_seconds) return " (hang timeout " + Duration(t) + ": the cap, hang.cap_seconds)";
+  return " (hang timeout " + Duration(t) + ": " + times + ")";
+}
+
 void HangDetector::Observe(const Timeline&, const TimelineChange& c) {
   if (c.rank < 0 || c.rank >= world_) return;
   const trace::Event& e = *c.event;
@@ -124,6 +135,7 @@ void HangDetector::CheckCollectives(const Timeline& t, uint64_t now, std::vector
                " (every member joined it; no rank stands out)";
       }
       if (!exited.empty()) what += "; exited: " + RankList(exited);
+      what += TimeoutReason(timeout, h);
 
       Anomaly a;
       a.kind = "hang";
@@ -193,6 +205,7 @@ void HangDetector::CheckSteps(const Timeline& t, uint64_t now, std::vector<Anoma
            " (open " + Duration(Seconds(waited)) + ", no collective open)" +
            (others.empty() ? "" : "; " + Ranks(others) + " still report");
   }
+  what += TimeoutReason(timeout, &step_history_);
   for (int rank = 0; rank < world; ++rank)
     if (t.rank(rank).step_open) step_reported_begin_ns_[rank] = t.rank(rank).step_begin_ns;
 

@@ -43,6 +43,9 @@ class HangDetector : public Detector {
     void Push(uint64_t v, size_t capacity);
   };
   uint64_t Timeout(const History* history) const;
+  // Why the timeout was what it was, for the person who waited that long: " (hang timeout 60 s:
+  // the floor, --hang-timeout; ...)".
+  std::string TimeoutReason(uint64_t timeout, const History* history) const;
   void CheckCollectives(const Timeline& t, uint64_t now, std::vector<Anomaly>* out, bool* any_open);
   void CheckSteps(const Timeline& t, uint64_t now, std::vector<Anomaly>* out);
 

@@ -60,8 +60,12 @@ class DdpResume(unittest.TestCase):
             self.assertIn(step, killed, out)
             for loss in killed[step]:
                 self.assertEqual(loss, clean[step][0], f"step {step}: {killed[step]} vs {clean[step]}")
-        # Steps after the checkpoint ran twice (before the kill and after the resume), alike.
-        self.assertTrue(any(len(v) == 2 for v in killed.values()), out)
+        # Steps after the checkpoint resumed from that ended before the kill ran twice, alike (none
+        # when the step-4 snapshot reached the memory tier before rank 1 died: timing decides).
+        resumed_from = launch["resume"]["step"]
+        self.assertIn(resumed_from, (2, 4), out)
+        for step in range(resumed_from + 1, 5):
+            self.assertEqual(len(killed[step]), 2, f"step {step} should have run before the kill and after the resume")
 
 
 if __name__ == "__main__":

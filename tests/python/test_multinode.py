@@ -34,24 +34,34 @@ class Etcd:
         binary = shutil.which("etcd") or "/usr/bin/etcd"
         if not os.path.exists(binary):
             raise AssertionError("no etcd binary (Debian: etcd-server; tools/setup installs it)")
-        client, peer = free_port(), free_port()
-        self.endpoint = f"127.0.0.1:{client}"
-        self.log = open(os.path.join(directory, "etcd.log"), "w")
-        self.proc = subprocess.Popen(
-            [binary, "--name", "test", "--data-dir", os.path.join(directory, "etcd"),
-             "--listen-client-urls", f"http://{self.endpoint}", "--advertise-client-urls", f"http://{self.endpoint}",
-             "--listen-peer-urls", f"http://127.0.0.1:{peer}", "--initial-advertise-peer-urls",
-             f"http://127.0.0.1:{peer}", "--initial-cluster", f"test=http://127.0.0.1:{peer}"],
-            stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", client), timeout=0.2):
-                    return
-            except OSError:
-                time.sleep(0.05)
-        self.stop()
-        raise AssertionError(f"etcd did not listen on {self.endpoint} within 20 s")
+        # A free port may be taken by another test's process before etcd binds it (ctest runs
+        # several at once): etcd then exits at once, and is started again on other ports.
+        for attempt in range(3):
+            client, peer = free_port(), free_port()
+            self.endpoint = f"127.0.0.1:{client}"
+            self.log = open(os.path.join(directory, "etcd.log"), "w")
+            data = os.path.join(directory, "etcd")
+            shutil.rmtree(data, ignore_errors=True)
+            self.proc = subprocess.Popen(
+                [binary, "--name", "test", "--data-dir", data,
+                 "--listen-client-urls", f"http://{self.endpoint}", "--advertise-client-urls", f"http://{self.endpoint}",
+                 "--listen-peer-urls", f"http://127.0.0.1:{peer}", "--initial-advertise-peer-urls",
+                 f"http://127.0.0.1:{peer}", "--initial-cluster", f"test=http://127.0.0.1:{peer}"],
+                stdout=self.log, stderr=subprocess.STDOUT)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and self.proc.poll() is None:
+                try:
+                    with socket.create_connection(("127.0.0.1", client), timeout=0.2):
+                        return
+                except OSError:
+                    time.sleep(0.05)
+            exited = self.proc.poll() is not None
+            self.stop()
+            if not exited:
+                break
+        with open(os.path.join(directory, "etcd.log")) as f:
+            tail = f.read()[-2000:]
+        raise AssertionError(f"etcd did not listen on {self.endpoint} within 30 s:\n{tail}")
 
     def stop(self):
         self.proc.kill()

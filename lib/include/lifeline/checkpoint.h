@@ -304,6 +304,12 @@ struct LIFELINE_EXPORT CheckpointerOptions {
   // On orderly destruction, remove this rank's snapshots from the memory tier once they are durable
   // on disk (false keeps them, e.g. for a process that is about to be restarted on purpose).
   bool memory_tier_cleanup_on_close = true;
+  // A Checkpointer that only loads (DCP's StorageReader, an evaluation job reading a training job's
+  // directory): Save fails with FailedPrecondition; Open creates nothing (not the directory, its
+  // identity, nor a memory tier) and claims nothing a saver of the directory owns (its tier's slot
+  // files), and loads read this node's memory tier of the directory when there is one, whatever
+  // `memory_tier` says.
+  bool load_only = false;
 
   // ---- persistence ----
   SaveCodec codec = SaveCodec::kNone;  // per checkpoint; see formats/SPEC.md §12

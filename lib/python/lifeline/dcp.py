@@ -2,12 +2,14 @@
 
     import torch.distributed.checkpoint as dcp
     import lifeline.dcp
-    writer = lifeline.dcp.StorageWriter("/ckpt/run7", keep_last=3)
-    dcp.save(state_dict, storage_writer=writer)                # durable and committed on return
-    response = dcp.async_save(state_dict, storage_writer=writer)
-    response.staging_completion.result()                      # the snapshot: the state may change now
-    response.upload_completion.result()                       # durable and committed
-    dcp.load(state_dict, storage_reader=lifeline.dcp.StorageReader("/ckpt/run7"))
+    group = torch.distributed.new_group(backend="gloo")       # async_save's collectives, apart from training's
+    with lifeline.dcp.StorageWriter("/ckpt/run7", keep_last=3) as writer:
+        dcp.save(state_dict, storage_writer=writer)            # durable and committed on return
+        response = dcp.async_save(state_dict, storage_writer=writer, process_group=group)
+        response.staging_completion.result()                  # the snapshot: the state may change now
+        response.upload_completion.result()                   # durable and committed
+    if lifeline.dcp.resume_step("/ckpt/run7") is not None:    # the agent's choice, else the newest
+        dcp.load(state_dict, storage_reader=lifeline.dcp.StorageReader("/ckpt/run7"))
 
 What the writer produces is a Lifeline checkpoint: one step of the directory, the ranks' pieces
 of every global tensor with per-chunk checksums, committed atomically, kept in the memory tier.
@@ -17,8 +19,15 @@ for regions of global tensors and Lifeline reads any region of a stored tensor, 
 pieces hold it. The reader therefore presents every tensor as one chunk covering it.
 
 Steps. Each save is one step of the directory: `step=` (or `writer.step = N` before a save) names
-it; otherwise the first save of a writer continues after the newest step in the directory (rank 0's
-view, shared by a broadcast), and each later save takes the next one.
+it; otherwise, under lifeline-agent, the training step the save follows (the agent's step clock),
+else the first save of a writer continues after the newest step in the directory (rank 0's view,
+shared by a broadcast), and each later save takes the next one. The reader loads `step=`, else
+resume_step(path): the step lifeline-agent fixed for the launch, else the newest; its load tells
+the agent from which step and source the process resumed, as lifeline.Checkpointer.load does.
+
+async_save runs DCP's collectives from a background thread: on the default group they would pair
+with training's, so give it a group of its own (process_group=); the writer warns when it has none.
+A writer left open is closed when it is collected or the interpreter ends normally.
 
 The writer is DCP's AsyncStager. With async_save (thread mode), stage() starts Lifeline's save:
 the state's tensors are registered, not copied, and copied by Lifeline's threads while training
@@ -42,6 +51,9 @@ import json as _json
 import os as _os
 import sys as _sys
 import threading as _threading
+import time as _time
+import warnings as _warnings
+import weakref as _weakref
 
 import torch as _torch
 import torch.distributed as _dist
@@ -74,7 +86,7 @@ try:
 except ImportError:
     _FUTURE_STAGING = False
 
-__all__ = ["StorageWriter", "StorageReader"]
+__all__ = ["StorageWriter", "StorageReader", "resume_step"]
 
 
 def _path(checkpoint_id):
@@ -141,6 +153,32 @@ def _metadata(mappings):
     return metadata
 
 
+def _shares_default_group(group):
+    """Whether DCP's collectives on `group` (None: the default) share the default group of a job of
+    several ranks, which its training uses too."""
+    if not (_dist.is_available() and _dist.is_initialized()) or _dist.get_world_size() <= 1:
+        return False
+    if group is None:
+        return True
+    world = getattr(_dist.group, "WORLD", None)
+    return group is world
+
+
+def _close_left_open(ckpt, directory):
+    """Closes the Checkpointer of a writer that was never closed, when the writer is collected or
+    the interpreter ends (weakref.finalize), so that a job whose script never closes its writer
+    (DCP's examples have none) leaves its snapshots in the memory tier only while they are not on
+    disk. A process ending on an uncaught exception keeps them, as a Checkpointer left open does,
+    for its relaunch to resume from memory; a killed one runs no finalizer."""
+    if ckpt.closed:
+        return
+    failed = hasattr(_sys, "last_value") or hasattr(_sys, "last_exc")
+    try:
+        ckpt.close(keep_memory_tier=failed)
+    except Error as e:  # the last save failed: said, as a close would have raised it
+        _warnings.warn(f"lifeline.dcp.StorageWriter({directory!r}), closed at the end: {e}", RuntimeWarning)
+
+
 class StorageWriter(_StorageWriter, _AsyncStager):
     """DCP's StorageWriter (and AsyncStager) writing Lifeline checkpoints into `path`.
 
@@ -169,6 +207,7 @@ class StorageWriter(_StorageWriter, _AsyncStager):
         # items before DCP left each to one rank
         self._call = _threading.local()
         self._is_coordinator = False
+        self._group_warned = False
 
     # ---- the Lifeline side ----
 
@@ -178,6 +217,7 @@ class StorageWriter(_StorageWriter, _AsyncStager):
         if self._ckpt is None:
             rank, world = _group()
             self._ckpt = _Checkpointer(self.directory, rank=rank, world_size=world, **self._options)
+            _weakref.finalize(self, _close_left_open, self._ckpt, self.directory)
         return self._ckpt
 
     def _take_step(self):
@@ -194,6 +234,13 @@ class StorageWriter(_StorageWriter, _AsyncStager):
                     newest = box[0]
                 self._next = newest + 1
             step = self._next
+            # Under lifeline-agent, the training step the save follows, so that a checkpoint's step
+            # is the step the agent's clock, metrics and restarts name (a relaunch's clock goes on
+            # from the loaded step).
+            autotrace = _sys.modules.get("lifeline._autotrace")
+            trained = autotrace.last_step() if autotrace is not None else None
+            if trained is not None and trained > step:
+                step = trained
         self._next = step + 1
         return step
 
@@ -202,10 +249,21 @@ class StorageWriter(_StorageWriter, _AsyncStager):
         if self._ckpt is not None:
             self._ckpt.wait_snapshot()
 
-    def close(self):
-        """Waits for every save to be durable, then frees the staging memory."""
+    def close(self, keep_memory_tier=False):
+        """Waits for every save to be durable, then frees the staging memory and this rank's
+        memory-tier snapshots that are on disk (keep_memory_tier=True keeps them, as a crash does).
+        Raises lifeline.Error when the newest save failed. Idempotent; a writer still open when the
+        interpreter ends normally is closed then (see __init__)."""
         if self._ckpt is not None:
-            self._ckpt.close()
+            self._ckpt.close(keep_memory_tier=keep_memory_tier)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        # Leaving on an exception is not the end of the job: the relaunch wants the snapshots.
+        self.close(keep_memory_tier=exc_type is not None)
+        return False
 
     _PROCESS_MODE = ("lifeline.dcp.StorageWriter works in DCP's thread mode only "
                      "(async_save(..., async_checkpointer_type=AsyncCheckpointerType.THREAD), the default): "
@@ -215,11 +273,17 @@ class StorageWriter(_StorageWriter, _AsyncStager):
     def __reduce__(self):
         raise TypeError(self._PROCESS_MODE)
 
-    @classmethod
-    def _refuse_process_mode(cls):
-        """Raises before anything is saved when the async_save calling stage() is in process mode.
-        DCP does not tell a stager its mode, and in that mode the writer's pickling error is seen
-        only as "background process is dead": the caller's frame says it."""
+    _SHARED_GROUP = ("lifeline.dcp: dcp.async_save was given no process_group, so DCP runs its save's collectives "
+                     "(plan, metadata) on the default group from a background thread while training uses that "
+                     "group too: their messages can pair with training's (gloo fails with 'collective mismatch' "
+                     "or 'EnforceNotMet', NCCL may hang). Make a group for checkpoints once, on every rank, and "
+                     "pass it: async_save(..., process_group=torch.distributed.new_group(backend=\"gloo\"))")
+
+    def _check_async_save_call(self):
+        """Checks how the async_save calling stage() was called, before anything is saved. DCP does
+        not tell a stager its mode or group, but its frame does. Process mode is refused (the
+        writer's pickling error would be seen only as "background process is dead"); no group in a
+        job of several ranks is warned of, once per writer."""
         frame = _sys._getframe(2)
         for _ in range(8):
             if frame is None:
@@ -227,7 +291,11 @@ class StorageWriter(_StorageWriter, _AsyncStager):
             if frame.f_code.co_name == "async_save" and "async_checkpointer_type" in frame.f_locals:
                 kind = frame.f_locals["async_checkpointer_type"]
                 if getattr(kind, "name", str(kind)).upper().endswith("PROCESS"):
-                    raise ValueError(cls._PROCESS_MODE)
+                    raise ValueError(self._PROCESS_MODE)
+                group = frame.f_locals.get("process_group")
+                if not self._group_warned and _shares_default_group(group):
+                    self._group_warned = True
+                    _warnings.warn(self._SHARED_GROUP, RuntimeWarning, stacklevel=2)
                 return
             frame = frame.f_back
 
@@ -237,7 +305,7 @@ class StorageWriter(_StorageWriter, _AsyncStager):
         """Starts Lifeline's save of `state_dict` (its tensors copied in the background) and returns
         a Future of the state dict that completes once the copy is done (staging="lazy", torch with
         AsyncSaveResponse), else the state dict after synchronize_staging()."""
-        self._refuse_process_mode()
+        self._check_async_save_call()
         step = self._take_step()
         pieces, objects, mappings = _pieces_as_dcp_names_them(state_dict)
         ticket = self.checkpointer._save_pieces(step, pieces, objects, _metadata(mappings))
@@ -369,34 +437,72 @@ class StorageWriter(_StorageWriter, _AsyncStager):
 
 class StorageReader(_StorageReader):
     """DCP's StorageReader loading a Lifeline checkpoint of `path` (however it was saved) into any
-    mesh. StorageReader(path, step=None): the newest complete step, or `step`."""
+    mesh. StorageReader(path, step=None): `step`, else the step resume_step(path) names (under
+    lifeline-agent the one it fixed for this launch, else the newest complete one). The bytes come
+    from this node's memory tier when it holds the step, else from the disk, checksums verified
+    either way. Like lifeline.Checkpointer.load, a load tells lifeline-agent (when there is one)
+    from which step and source the process resumed, and `last_load` says it too (step,
+    from_memory_tier, saved_world_size, bytes_read, ...). The reader creates nothing and never
+    saves."""
 
     def __init__(self, path, step=None, **options):
         self.directory = _path(path)
         self.step = None if step is None else int(step)
         self._options = dict(options)
         self._ckpt = None
-        self._read_step = None
         self._metadata = None
         self._is_coordinator = False
+        self._load_began = None
+        self.last_load = None
 
     def _checkpointer(self):
         if self._ckpt is None:
             rank, world = _group()
             options = dict(self._options)
             options.setdefault("run_id", "dcp-reader")  # it never saves: no launch id to agree on
+            options.setdefault("load_only", True)
             self._ckpt = _Checkpointer(self.directory, rank=rank, world_size=world, **options)
         return self._ckpt
+
+    def close(self):
+        """Releases the reader's handle on the directory (a later load opens it again)."""
+        if self._ckpt is not None:
+            self._ckpt.close()
+            self._ckpt = None
+
+    def _step_to_load(self):
+        if self.step is not None:
+            return self.step
+        ckpt = self._checkpointer()
+        pinned = ckpt._impl.resume_step  # lifeline-agent's choice for this launch, for this directory
+        if pinned == "none":
+            return None
+        if pinned:
+            return int(pinned)
+        if not _os.path.exists(self.directory):
+            return None  # a first run: the writer creates it
+        return ckpt.latest_step()
 
     def reset(self, checkpoint_id=None):
         if checkpoint_id is not None and _path(checkpoint_id) != self.directory:
             self.directory = _path(checkpoint_id)
-            self._ckpt = None
-        self._read_step = None
+            self.close()
+        self._load_began = None
 
     def read_metadata(self, *args, **kwargs):
+        if self._load_began is None:
+            self._load_began = _time.monotonic()
         try:
-            described = _lifeline_describe(self.directory, self.step)
+            step = self._step_to_load()
+        except Error as e:
+            raise Error(f"lifeline.dcp.StorageReader: {self.directory}: {e}") from None
+        if step is None:
+            pinned = self._checkpointer()._impl.resume_step == "none"
+            raise Error(f"NotFound: lifeline.dcp.StorageReader: no complete checkpoint in {self.directory}" +
+                        (" (lifeline-agent found none when it launched this job: it starts fresh)" if pinned else "") +
+                        "; lifeline.dcp.resume_step(path) returns None then, for the script to start fresh")
+        try:
+            described = self._describe(step)
         except Error as e:
             raise Error(f"lifeline.dcp.StorageReader: {self.directory}: {e}") from None
         if described.get("format") != "lifeline":
@@ -432,6 +538,20 @@ class StorageReader(_StorageReader):
         return _md.Metadata(state_dict_metadata=state, planner_data=planner_data,
                             storage_data={"step": described["step"], "objects": holders},
                             storage_meta=_md.StorageMeta(checkpoint_id=self.directory))
+
+    def _describe(self, step):
+        """The step's tensors and objects, from the disk, else (a step the disk does not hold: the
+        process died before its copy) from this node's memory tier."""
+        try:
+            return _lifeline_describe(self.directory, step)
+        except Error as e:
+            tier = self._checkpointer().memory_tier_directory
+            if getattr(e, "code", None) != "NotFound" or not tier:
+                raise
+            try:
+                return _lifeline_describe(tier, step)
+            except Error:
+                raise e from None
 
     def set_up_storage_reader(self, metadata, is_coordinator, *args, **kwargs):
         self._metadata = metadata
@@ -469,8 +589,9 @@ class StorageReader(_StorageReader):
             specs.append(spec)
             fills.append((item, target, buffer))
         objects = {}
+        loaded = None  # this rank's own load (its tensors, or else its objects)
         if specs:
-            result = ckpt._impl.load(step, specs, rank)
+            loaded = result = ckpt._impl.load(step, specs, rank)
             if result is None:
                 raise Error(f"NotFound: step {step} of {self.directory} is gone")
             objects.update(dict(result["objects"]))
@@ -491,16 +612,45 @@ class StorageReader(_StorageReader):
                 data = dict(result["objects"]).get(fqn)
                 if owner == rank:
                     objects.update(dict(result["objects"]))
+                    loaded = result
             if data is None:
                 raise Error(f"NotFound: object {fqn!r} of rank {owner} is not in step {step} of {self.directory}")
             planner.load_bytes(item, _io.BytesIO(_as_torch_save(fqn, data)))
+        self._say_loaded(step, loaded)
         fut = _TorchFuture()
         fut.set_result(None)
         return fut
 
+    def _say_loaded(self, step, result):
+        # What lifeline.Checkpointer.load does after a load: last_load, and lifeline-agent told from
+        # which step and source the process resumed (its step clock, time lost and ETTR follow).
+        ckpt = self._ckpt
+        ckpt._load_began = self._load_began
+        if result is None:  # nothing of this rank's own was read: the step is all it can say
+            result = {"step": step, "from_memory_tier": False, "saved_world_size": None, "bytes_read": 0,
+                      "metadata_json": "", "skipped": []}
+        ckpt._loaded(result, [], False)
+        self.last_load = ckpt.last_load
+        self._load_began = None
+
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id):
         return _is_local_path(checkpoint_id)
+
+
+def resume_step(path):
+    """The step that dcp.load through StorageReader(path) loads when given none, without reading
+    any tensor: under lifeline-agent the step it fixed for this launch (None: it found no complete
+    checkpoint, so the launch starts fresh); otherwise the newest complete step of `path` (None:
+    there is none). The same on every rank of a job sharing the directory; no collective."""
+    reader = StorageReader(path)
+    try:
+        step = reader._step_to_load()
+        if step is None:  # the script starts fresh: lifeline-agent hears it as from Checkpointer.load
+            reader._checkpointer()._announce(None)
+        return step
+    finally:
+        reader.close()
 
 
 def _lifeline_describe(directory, step):

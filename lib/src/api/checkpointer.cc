@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <limits.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
@@ -203,7 +204,7 @@ Checkpointer::~Checkpointer() {
   m.pipeline.reset();
   m.copier.reset();
   m.drainer.reset();
-  if (m.tier != nullptr && options_.memory_tier_cleanup_on_close) {
+  if (m.tier != nullptr && options_.memory_tier_cleanup_on_close && !options_.load_only) {
     // Snapshots durable on disk are no longer needed in memory; one whose disk copy failed is the
     // only copy, and stays for the next process.
     for (const auto& job : m.slot_job) {
@@ -211,6 +212,11 @@ Checkpointer::~Checkpointer() {
       const SaveProgress p = job->Progress();
       if (p.phase == SavePhase::kPersisted || p.phase == SavePhase::kCommitted) m.tier->Withdraw(job->step).IgnoreError();
     }
+    // And whatever else of this rank's the tier holds of a step complete on disk (a snapshot whose
+    // slot went to a later save before its own withdrawal was due).
+    if (Result<std::vector<CheckpointInfo>> disk = ScanCheckpoints(m.env, options_.directory); disk.ok())
+      for (const CheckpointInfo& info : *disk)
+        if (info.complete) m.tier->Withdraw(info.step).IgnoreError();
     m.tier->RemoveSlotFiles();
     m.tier->RemoveRootIfEmpty();
   }
@@ -219,6 +225,33 @@ Checkpointer::~Checkpointer() {
     if (base != nullptr) cuda::UnpinHostMemory(base);
   if (m.arena != nullptr) m.arena->ReleaseAll(/*unlink_files=*/false);
 }
+
+namespace {
+
+// The checkpoint directory, created when missing (with `create`). A path that is no directory,
+// or one that cannot be written, is FailedPrecondition: the operator must change something.
+Status CreateCheckpointDirectory(Env* env, const std::string& dir, bool create) {
+  Status s = create ? CreateDirDurably(env, dir) : Status::OK();
+  if (!create && env->FileExists(dir) && !env->IsDirectory(dir)) s = Status::IOError(dir, "not a directory");
+  if (s.ok()) return s;
+  std::string existing = dir;  // the deepest part of the path that exists
+  while (!existing.empty() && existing != "/" && !env->FileExists(existing)) {
+    const size_t slash = existing.find_last_not_of('/') == std::string::npos
+                             ? std::string::npos
+                             : existing.rfind('/', existing.find_last_not_of('/'));
+    existing = slash == std::string::npos ? "." : slash == 0 ? "/" : existing.substr(0, slash);
+    if (existing == ".") break;
+  }
+  if (!existing.empty() && env->FileExists(existing) && !env->IsDirectory(existing))
+    return Status::FailedPrecondition(dir, (existing == dir ? std::string("is") : existing + " is") +
+                                               " a file, not a directory: a checkpoint directory must be one");
+  if (env == Env::Default() && !existing.empty() && ::access(existing.c_str(), W_OK | X_OK) != 0 &&
+      (errno == EACCES || errno == EROFS || errno == EPERM))
+    return Status::FailedPrecondition(dir, "cannot be written (" + existing + ": " + std::strerror(errno) + ")");
+  return s;
+}
+
+}  // namespace
 
 Result<std::unique_ptr<Checkpointer>> Checkpointer::Open(CheckpointerOptions options) {
   if (options.directory.empty()) return Status::InvalidArgument("checkpoint directory is empty");
@@ -259,10 +292,25 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::Open(CheckpointerOptions opt
   m.resume_pinned = !o.resume_step.empty();
   m.resume_step = resume_step;
   trace::ReportCheckpointDirectory(o.directory);
-  LL_RETURN_IF_ERROR(CreateDirDurably(m.env, o.directory));
+  {
+    if (Status s = CreateCheckpointDirectory(m.env, o.directory, /*create=*/!o.load_only); !s.ok()) {
+      // The agent learns it before the process dies of it: no relaunch cures this.
+      trace::Event failed;
+      failed.type = trace::EventType::kCheckpointFailed;
+      failed.step = trace::kNoStep;
+      failed.aux = static_cast<uint64_t>(s.code());
+      trace::Record(failed);
+      return s;
+    }
+  }
 
   std::vector<std::string> shm_paths;
-  if (o.memory_tier) {
+  if (o.load_only) {
+    // A reader takes the tier as it finds it: opening one would claim its slots from the saver.
+    Result<std::string> root = o.memory_tier_directory.empty() ? FindMemoryTierRoot(m.env, o.directory)
+                                                               : Result<std::string>(o.memory_tier_directory);
+    if (root.ok() && Env::Default()->IsDirectory(*root)) m.tier = MemoryTier::Existing(*root, o.rank, o.world_size);
+  } else if (o.memory_tier) {
     // Null for a read-only directory: loads from it work, from disk.
     LL_ASSIGN_OR_RETURN(m.tier, MemoryTier::OpenFor(m.env, o.memory_tier_directory, o.directory, m.run_hash, o.rank,
                                                     o.world_size, o.staging_slots));
@@ -334,6 +382,10 @@ SaveTicket Checkpointer::Save(uint64_t step, const SaveRequest& request) {
     return SaveTicket(job);
   };
 
+  if (o.load_only)
+    return refuse(Status::FailedPrecondition(where, "this Checkpointer of " + o.directory +
+                                                    " was opened load_only (a reader): it never saves"),
+                  SavePhase::kFailed);
   m.resume_pinned = false;  // Load(latest) means the newest again
   if (o.run_id.empty())
     return refuse(Status::FailedPrecondition(

@@ -216,6 +216,10 @@ Result<std::unique_ptr<MemoryTier>> MemoryTier::OpenFor(Env* env, std::string ro
   return tier;
 }
 
+std::unique_ptr<MemoryTier> MemoryTier::Existing(std::string root, uint32_t rank, uint32_t world_size) {
+  return std::unique_ptr<MemoryTier>(new MemoryTier(std::move(root), /*default_root=*/false, "", rank, world_size, 0));
+}
+
 std::string MemoryTier::SlotPath(unsigned k) const {
   return JoinPath(JoinPath(root_, "slots"), SlotPrefix(run_hash_, rank_, world_size_) + std::to_string(k));
 }

@@ -49,6 +49,9 @@ class MemoryTier {
                                                      std::string run_hash, uint32_t rank, uint32_t world_size,
                                                      unsigned slots);
 
+  // The tier at `root` as it is, for loads: nothing is created or removed, and it has no slots.
+  static std::unique_ptr<MemoryTier> Existing(std::string root, uint32_t rank, uint32_t world_size);
+
   const std::string& root() const { return root_; }
   Env* env() const { return env_; }
   // The shared-memory file behind staging slot k of this rank.
