@@ -102,6 +102,8 @@ def main():
             optimizer.step()
             optimizer.zero_grad()
             if step % args.every == 0 or step == args.steps - 1:
+                if saving is not None:  # one async_save in flight at a time (DCP's rule)
+                    saving.upload_completion.result()
                 saving = dcp.async_save(state(step), storage_writer=writer, process_group=group)
                 if args.no_group:
                     saving.upload_completion.result()

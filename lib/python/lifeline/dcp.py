@@ -93,11 +93,18 @@ def _path(checkpoint_id):
     return _os.fsdecode(_os.fspath(checkpoint_id))
 
 
-def _is_local_path(checkpoint_id):
+def _is_object_store_path(path):
+    return path.startswith("s3://")
+
+
+def _is_lifeline_path(checkpoint_id):
+    """A local directory or an object-store prefix (s3://bucket/prefix): what a Lifeline checkpoint
+    directory may be. Other schemes belong to other storage layers (fsspec)."""
     try:
-        return "://" not in _path(checkpoint_id)
+        path = _path(checkpoint_id)
     except TypeError:
         return False
+    return "://" not in path or _is_object_store_path(path)
 
 
 def _group():
@@ -208,6 +215,8 @@ class StorageWriter(_StorageWriter, _AsyncStager):
         self._call = _threading.local()
         self._is_coordinator = False
         self._group_warned = False
+        self._overlap_warned = False
+        self._uploading = None       # the ticket of the newest save stage() started
 
     # ---- the Lifeline side ----
 
@@ -279,6 +288,25 @@ class StorageWriter(_StorageWriter, _AsyncStager):
                      "or 'EnforceNotMet', NCCL may hang). Make a group for checkpoints once, on every rank, and "
                      "pass it: async_save(..., process_group=torch.distributed.new_group(backend=\"gloo\"))")
 
+    _OVERLAP = ("lifeline.dcp: dcp.async_save was called while this writer's previous async_save was still "
+                "uploading: DCP runs each upload's collectives in a thread of its own, and two at once on one "
+                "process group can pair wrongly and hang. This save waited for the previous one to be durable; "
+                "wait for its upload_completion before the next async_save, as DCP asks")
+
+    def _one_upload_at_a_time(self):
+        """Before a new async_save: the previous one's upload must be past its writes (DCP's next
+        collectives would otherwise run beside its own, in another thread, on the same group)."""
+        previous = self._uploading
+        if previous is None or previous.done():
+            return
+        if not self._overlap_warned:
+            self._overlap_warned = True
+            _warnings.warn(self._OVERLAP, RuntimeWarning, stacklevel=3)
+        try:
+            previous.wait_persisted()
+        except Error:
+            pass  # its own upload_completion reports it
+
     def _check_async_save_call(self):
         """Checks how the async_save calling stage() was called, before anything is saved. DCP does
         not tell a stager its mode or group, but its frame does. Process mode is refused (the
@@ -306,10 +334,12 @@ class StorageWriter(_StorageWriter, _AsyncStager):
         a Future of the state dict that completes once the copy is done (staging="lazy", torch with
         AsyncSaveResponse), else the state dict after synchronize_staging()."""
         self._check_async_save_call()
+        self._one_upload_at_a_time()
         step = self._take_step()
         pieces, objects, mappings = _pieces_as_dcp_names_them(state_dict)
         ticket = self.checkpointer._save_pieces(step, pieces, objects, _metadata(mappings))
         staged = (step, ticket, _threading.get_ident())
+        self._uploading = ticket
         with self._lock:
             self._staged.append(staged)
             if self._synchronize_after_execute:
@@ -432,7 +462,7 @@ class StorageWriter(_StorageWriter, _AsyncStager):
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id):
-        return _is_local_path(checkpoint_id)
+        return _is_lifeline_path(checkpoint_id)
 
 
 class StorageReader(_StorageReader):
@@ -479,7 +509,7 @@ class StorageReader(_StorageReader):
             return None
         if pinned:
             return int(pinned)
-        if not _os.path.exists(self.directory):
+        if not _is_object_store_path(self.directory) and not _os.path.exists(self.directory):
             return None  # a first run: the writer creates it
         return ckpt.latest_step()
 
@@ -635,7 +665,7 @@ class StorageReader(_StorageReader):
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id):
-        return _is_local_path(checkpoint_id)
+        return _is_lifeline_path(checkpoint_id)
 
 
 def resume_step(path):
