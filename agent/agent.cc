@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <random>
 #include <thread>
@@ -125,7 +126,9 @@ void OnStopSignal(int sig) { g_stop_signal = sig; }
 // What the Supervisor asks, answered from this host's /proc and the job's etcd.
 class AgentSurroundings final : public Surroundings {
  public:
-  explicit AgentSurroundings(Rendezvous* rdzv) : rdzv_(rdzv) {}
+  AgentSurroundings(Rendezvous* rdzv, std::function<std::string()> checkpoint_dir)
+      : rdzv_(rdzv), checkpoint_dir_(std::move(checkpoint_dir)) {}
+  bool CheckpointDirKnown() override { return !checkpoint_dir_().empty(); }
   HostCpu SampleHostCpu() override { return agent::SampleHostCpu(); }
   Status ReportFailure(uint64_t round, uint64_t unix_ms) override {
     return rdzv_ != nullptr ? rdzv_->ReportFailure(round, unix_ms) : NoRendezvous();
@@ -142,6 +145,7 @@ class AgentSurroundings final : public Surroundings {
  private:
   static Status NoRendezvous() { return Status::FailedPrecondition("the round's failures", "a single-node job has no etcd"); }
   Rendezvous* const rdzv_;  // nullptr in a single-node job
+  const std::function<std::string()> checkpoint_dir_;
 };
 
 }  // namespace
@@ -301,6 +305,11 @@ Status Agent::CheckCheckpointDirFree() const {
   if (config_.checkpoint_dir.empty()) return Status::OK();
   // What would fail every launch alike is said before the first.
   const std::string& dir = config_.checkpoint_dir;
+  if (IsObjectStorePath(dir)) {
+    // No credentials, no such bucket, no access: the same at every launch.
+    Result<std::vector<std::string>> listed = Env::Routing()->GetChildren(dir);
+    if (!listed.ok()) return Status::FailedPrecondition("--checkpoint-dir " + dir, listed.status().ToString());
+  }
   if (Env::Default()->FileExists(dir) && !Env::Default()->IsDirectory(dir))
     return Status::FailedPrecondition("--checkpoint-dir " + dir, "is a file, not a directory");
   if (Env::Default()->IsDirectory(dir) && ::access(dir.c_str(), W_OK | X_OK) != 0)
@@ -382,13 +391,25 @@ Status Agent::Launch() {
   if (plan_) {
     PlanEnvironment(&env, &resume);
   } else if (!checkpoint_dir.empty()) {
-    Result<ResumePoint> point = FindResumePoint(Env::Default(), checkpoint_dir);
+    // A rollback fixed the step (the newest before its fault); otherwise the newest sound one.
+    Result<ResumePoint> point = rollback_point_ ? Result<ResumePoint>(*rollback_point_)
+                                                : FindResumePoint(Env::Routing(), checkpoint_dir);
     if (!point.ok()) return point.status().Annotate("choosing the resume step");
     env["LIFELINE_RESUME_STEP"] = point->EnvValue();
-    env["LIFELINE_RESUME_DIR"] = std::filesystem::absolute(checkpoint_dir).lexically_normal().string();
+    env["LIFELINE_RESUME_DIR"] = IsObjectStorePath(checkpoint_dir)
+                                     ? checkpoint_dir
+                                     : std::filesystem::absolute(checkpoint_dir).lexically_normal().string();
     resume = {{"directory", checkpoint_dir}, {"step", point->step ? nlohmann::json(*point->step) : nlohmann::json(nullptr)},
               {"location", point->location}};
+    if (rollback_point_) resume["rollback"] = true;
+    // The data the rollbacks so far skip, of the steps ahead of this launch (lifeline.skip_steps()).
+    const std::vector<StepRange> skip = supervisor_->SkipSteps(point->step);
+    if (!skip.empty()) {
+      env["LIFELINE_SKIP_STEPS"] = FormatStepRanges(skip);
+      resume["skip_steps"] = env["LIFELINE_SKIP_STEPS"];
+    }
   }
+  rollback_point_.reset();
   if (!config_.checkpoint_dir.empty() && resume.is_object() && resume.value("step", nlohmann::json()).is_null()) {
     // The operator named a directory: a launch that finds nothing there (a mistyped path, a first
     // run) says so, rather than training from scratch without a word.
@@ -610,7 +631,7 @@ nlohmann::json ExcludedJson(const std::vector<ExcludedNode>& excluded) {
 Status Agent::JoinRound(const std::string& checkpoint_dir) {
   ResumeOffer offer;
   if (!checkpoint_dir.empty()) {
-    Result<ResumeOffer> found = FindResumeOffer(Env::Default(), checkpoint_dir);
+    Result<ResumeOffer> found = FindResumeOffer(Env::Routing(), checkpoint_dir);
     if (!found.ok()) return found.status().Annotate("choosing the resume step");
     offer = std::move(*found);
   }
@@ -714,7 +735,9 @@ void Agent::PlanEnvironment(std::map<std::string, std::string>* env, nlohmann::j
     point.step = plan_->resume_step;
     point.location = plan_->resume_location;
     (*env)["LIFELINE_RESUME_STEP"] = point.EnvValue();
-    (*env)["LIFELINE_RESUME_DIR"] = std::filesystem::absolute(plan_->checkpoint_dir).lexically_normal().string();
+    (*env)["LIFELINE_RESUME_DIR"] = IsObjectStorePath(plan_->checkpoint_dir)
+                                        ? plan_->checkpoint_dir
+                                        : std::filesystem::absolute(plan_->checkpoint_dir).lexically_normal().string();
     *resume = {{"directory", plan_->checkpoint_dir},
                {"step", point.step ? nlohmann::json(*point.step) : nlohmann::json(nullptr)},
                {"location", point.location}};
@@ -838,7 +861,7 @@ void Agent::SayStopped(int ranks, int killed_after_grace) {
   const std::string dir = !config_.checkpoint_dir.empty() ? config_.checkpoint_dir : ReportedCheckpointDir(ring_dir_);
   std::string newest = "no checkpoint directory was named or reported";
   if (!dir.empty()) {
-    Result<ResumePoint> point = FindResumePoint(Env::Default(), dir);
+    Result<ResumePoint> point = FindResumePoint(Env::Routing(), dir);
     newest = !point.ok() ? "the checkpoints of " + dir + " cannot be read: " + point.status().ToString()
              : point->step ? "the newest checkpoint is step " + std::to_string(*point->step) + " of " + dir + " (" +
                                  point->location + "): a relaunch resumes from it"
@@ -884,10 +907,36 @@ void Agent::Act(const std::vector<RaisedAnomaly>& raised) {
     std::cerr << "lifeline-agent: " << a.kind << " (ranks " << JoinRanks(a.ranks) << "): " << a.message << " -> "
               << ActionName(r.action) << std::endl;
     if (r.action == Action::kDump) RequestDumps(a.kind);
+    if (a.kind == "sdc_suspect" && a.step) MarkSuspect(a);
   }
 }
 
-bool Agent::Restart(const Anomaly& reason, uint64_t detected_ns) {
+// The replicas of step a.step differ: the step is marked in the checkpoint, so that no launch
+// resumes from it (resume.cc, Checkpointer::Load(latest)) and `lifeline ls`/`verify` show it.
+void Agent::MarkSuspect(const Anomaly& a) {
+  const std::string dir = !config_.checkpoint_dir.empty() ? config_.checkpoint_dir : ReportedCheckpointDir(ring_dir_);
+  const int64_t unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                              std::chrono::system_clock::now().time_since_epoch()).count();
+  nlohmann::json marker = {{"format", "lifeline-suspect-1"}, {"kind", a.kind},       {"step", *a.step},
+                           {"ranks", a.ranks},               {"message", a.message}, {"evidence", a.evidence},
+                           {"job", config_.job_id},          {"detected_unix_ms", unix_ms}};
+  std::string text = marker.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  if (text.size() > (64 << 10)) {
+    marker["evidence"] = {{"truncated", true}};
+    text = marker.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  }
+  const Status s = dir.empty() ? Status::FailedPrecondition("step " + std::to_string(*a.step),
+                                                            "no checkpoint directory known to mark suspect")
+                               : MarkStepSuspect(dir, *a.step, text);
+  nlohmann::json line = {{"action", "mark_suspect"}, {"step", *a.step}, {"directory", dir}, {"ok", s.ok()}};
+  if (!s.ok()) {
+    line["error"] = s.ToString();
+    std::cerr << "lifeline-agent: cannot mark step " << *a.step << " suspect: " << s.ToString() << std::endl;
+  }
+  Log(std::move(line));
+}
+
+bool Agent::Restart(const Anomaly& reason, uint64_t detected_ns, bool rollback) {
   if (reason.kind == "hang") {
     // The hung ranks' last events say where they stopped: ask for them before they are killed.
     RequestDumps("hang");
@@ -898,7 +947,8 @@ bool Agent::Restart(const Anomaly& reason, uint64_t detected_ns) {
   Log({{"action", "stop"}, {"reason", reason.kind}, {"killed_after_grace", killed}});
   std::vector<RankEnd> ends;
   for (const RankProcess& p : launcher_->ranks()) ends.push_back({p.wait_status, p.last_line});
-  const RestartPlan plan = supervisor_->PlanRestart(reason, trace::MonotonicNanos(), ends);
+  const RestartPlan plan =
+      rollback ? PlanRollback(reason, ends) : supervisor_->PlanRestart(reason, trace::MonotonicNanos(), ends);
   // Which node's ranks caused it, remembered with the job: a node that keeps failing is left out.
   const std::string culprit_node = reason.ranks.empty() ? std::string() : supervisor_->NodeOfRank(reason.ranks.front());
   metrics_->RestartCause(reason.kind, culprit_node);
@@ -932,12 +982,14 @@ bool Agent::Restart(const Anomaly& reason, uint64_t detected_ns) {
   metrics_->Restarted();
   Log({{"action", "restart"},
        {"reason", reason.kind},
+       {"rollback", rollback},
        {"ranks", reason.ranks},
        {"node", culprit_node},
        {"backoff_seconds", plan.backoff_seconds},
        {"max_restarts", config_.restart.max_restarts}});
-  std::cerr << "lifeline-agent: restart " << restarts_ << " of " << config_.restart.max_restarts << " in "
-            << plan.backoff_seconds << " s (" << reason.kind << ")" << std::endl;
+  std::cerr << "lifeline-agent: " << (rollback ? "rollback (restart " : "restart ") << restarts_ << " of "
+            << config_.restart.max_restarts << (rollback ? ")" : "") << " in " << plan.backoff_seconds << " s ("
+            << reason.kind << ")" << std::endl;
   const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(plan.backoff_seconds);
   while (std::chrono::steady_clock::now() < until && g_stop_signal == 0) {
     if (control_ != nullptr) control_->ServePending([this](const std::string& r) { return HandleControl(r); });
@@ -952,6 +1004,57 @@ bool Agent::Restart(const Anomaly& reason, uint64_t detected_ns) {
   }
   restart_detected_ns_ = detected_ns;
   return !ended_unplaced_;
+}
+
+std::string Agent::CheckpointDir() const {
+  return !config_.checkpoint_dir.empty() ? config_.checkpoint_dir : ReportedCheckpointDir(ring_dir_);
+}
+
+RestartPlan Agent::PlanRollback(const Anomaly& reason, const std::vector<RankEnd>& ends) {
+  const std::string dir = CheckpointDir();
+  // Listed once the ranks are stopped: no save can commit a step after the choice.
+  Result<std::vector<ResumableStep>> listing = ListResumableSteps(Env::Default(), dir);
+  if (!listing.ok()) {
+    RestartPlan plan;
+    plan.give_up = "cannot roll back: the checkpoints of " + dir + " cannot be read: " + listing.status().ToString();
+    plan.job_wide = true;
+    return plan;
+  }
+  RollbackPlan rollback = supervisor_->PlanRollback(reason, trace::MonotonicNanos(), ends, *listing);
+  const RollbackDecision& d = rollback.decision;
+  nlohmann::json line = d.Record(reason);
+  line["directory"] = dir;
+  if (rollback.restart.give_up.empty()) {
+    // The steps after the checkpoint go: they may hold the damage, a later restart would resume
+    // from them, and the relaunch saves their step numbers again.
+    Result<std::vector<uint64_t>> removed = RemoveStepsAfterRollback(Env::Default(), dir, d.point.step);
+    if (!removed.ok()) {
+      rollback.restart.give_up = "cannot roll back: removing the checkpoints after " +
+                                 (d.point.step ? "step " + std::to_string(*d.point.step) : std::string("scratch")) +
+                                 " failed: " + removed.status().ToString();
+      rollback.restart.job_wide = true;
+      line["action"] = "rollback_give_up";
+      line["reason"] = rollback.restart.give_up;
+    } else {
+      line["removed"] = *removed;
+      ResumePoint point;
+      point.step = d.point.step;
+      point.location = d.point.location;
+      rollback_point_ = point;
+      metrics_->RolledBack(d.skipped ? d.skipped->last - d.skipped->first + 1 : 0);
+    }
+  }
+  Log(line);
+  if (line["action"] == "rollback") {
+    std::cerr << "lifeline-agent: rolling back to "
+              << (d.point.step ? "step " + std::to_string(*d.point.step) + " (" + d.point.location + ")"
+                               : std::string("scratch"))
+              << " after " << reason.kind << " at step " << d.anomaly_step << ": " << d.point.why << "; "
+              << d.steps_rolled_back() << " steps to train again"
+              << (d.skipped ? ", the data of steps " + FormatStepRanges({*d.skipped}) + " skipped" : std::string())
+              << std::endl;
+  }
+  return rollback.restart;
 }
 
 int Agent::Finish() {
@@ -1081,7 +1184,7 @@ std::optional<int> Agent::CarryOut(const PollDecision& decision, uint64_t now) {
   }
   if (decision.restart) {
     const Anomaly& reason = *decision.restart;
-    if (!Restart(reason, reason.detected_ns != 0 ? reason.detected_ns : now)) {
+    if (!Restart(reason, reason.detected_ns != 0 ? reason.detected_ns : now, decision.rollback)) {
       if (ended_unplaced_) return 0;
       if (g_stop_signal != 0 && give_up_reason_.empty()) {
         SayStopped(0, 0);
@@ -1112,7 +1215,7 @@ int Agent::Run() {
   sigaction(SIGINT, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  surroundings_ = std::make_unique<AgentSurroundings>(rdzv_.get());
+  surroundings_ = std::make_unique<AgentSurroundings>(rdzv_.get(), [this] { return CheckpointDir(); });
   supervisor_ = std::make_unique<Supervisor>(config_, surroundings_.get(), rdzv_ != nullptr ? rdzv_->node_id() : "");
   std::cerr << "lifeline-agent: job " << config_.job_id << ", " << config_.nproc << " ranks; control socket "
             << config_.run_dir << "/control.sock" << std::endl;

@@ -71,13 +71,20 @@ class Agent {
   PollDecision Poll(uint64_t now);
   // Counts, logs and says the anomalies the Supervisor named, and asks for the dumps their policy wants.
   void Act(const std::vector<RaisedAnomaly>& raised);
+  void MarkSuspect(const Anomaly& a);
   void RequestDumps(const std::string& reason);
   // Names on stderr the files the ranks' dumps went to (their Python stacks, their last events).
   void SayDumps(const std::string& why);
   // What a stop by a signal leaves: the ranks stopped and the checkpoint a relaunch resumes from.
   void SayStopped(int ranks, int killed_after_grace);
   // Stops the ranks and relaunches them after the back-off; false when the Supervisor gives up.
-  bool Restart(const Anomaly& reason, uint64_t detected_ns);
+  // `rollback`: from the newest checkpoint before the anomaly's step (PollDecision::rollback).
+  bool Restart(const Anomaly& reason, uint64_t detected_ns, bool rollback = false);
+  // A rollback's part of Restart, the ranks stopped: the plan, the events-log line, and the steps
+  // after the chosen checkpoint removed; sets rollback_point_ for the relaunch.
+  RestartPlan PlanRollback(const Anomaly& reason, const std::vector<RankEnd>& ends);
+  // The checkpoint directory the ranks save into: --checkpoint-dir, else the one they reported.
+  std::string CheckpointDir() const;
   // Carries out what a poll decided; the agent's exit code when it is done, nullopt to poll on.
   std::optional<int> CarryOut(const PollDecision& decision, uint64_t now);
   // Every rank exited with nothing to restart: says how the job ended; the exit code.
@@ -124,6 +131,7 @@ class Agent {
   std::optional<RoundPlan> plan_;  // the round this node's ranks run in
   uint32_t rank_base_ = 0;         // global rank of local rank 0
   std::vector<uint64_t> ring_dropped_;  // per local rank: its ring's drop count when last seen
+  std::optional<ResumePoint> rollback_point_;  // set by a rollback for the next launch: its resume step
   std::optional<uint64_t> resume_step_;  // the step this launch resumes from (nullopt: a fresh start)
   std::string resume_dir_;               // ...in this directory
   bool mismatch_said_ = false;           // a rank starting fresh against it was reported

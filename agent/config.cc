@@ -24,15 +24,28 @@ const char* ActionName(Action a) {
     case Action::kLog: return "log";
     case Action::kDump: return "dump";
     case Action::kRestart: return "restart";
+    case Action::kRollback: return "rollback";
+  }
+  return "unknown";
+}
+
+const char* SkipDataName(RollbackConfig::SkipData s) {
+  switch (s) {
+    case RollbackConfig::SkipData::kNever: return "never";
+    case RollbackConfig::SkipData::kOnRepeat: return "on_repeat";
+    case RollbackConfig::SkipData::kAlways: return "always";
   }
   return "unknown";
 }
 
 namespace {
 
+// The kinds whose policy may be rollback: faults of the training state, which older state cures.
+bool MayRollBack(const std::string& kind) { return kind == "non_finite" || kind == "spike"; }
+
 // The anomaly kinds a policy may name, in the order messages list them.
 constexpr const char* kKinds[] = {"dead",      "hang",       "straggler", "slow_collective", "checkpoint",
-                                  "node_lost", "non_finite", "spike",     "disagreement"};
+                                  "node_lost", "non_finite", "spike",     "disagreement", "sdc_suspect"};
 
 bool IsKnownKind(const std::string& kind) {
   for (const char* k : kKinds) {
@@ -54,6 +67,7 @@ bool ParseAction(const std::string& text, Action* out) {
   if (text == "log") *out = Action::kLog;
   else if (text == "dump") *out = Action::kDump;
   else if (text == "restart") *out = Action::kRestart;
+  else if (text == "rollback") *out = Action::kRollback;
   else return false;
   return true;
 }
@@ -314,6 +328,24 @@ Status ReadDocument(const YamlReader& r, const YAML::Node& root, AgentConfig* c)
         return r.UnknownKey(fk, key);
       });
     }
+    if (name == "rollback") {
+      RollbackConfig& rb = c->rollback;
+      return r.Group(k, v, name, [&](const std::string& f, const Node& fk, const Node& fv) -> Status {
+        const std::string key = name + "." + f;
+        if (f == "max_per_checkpoint") return r.U32(fk, fv, key, &rb.max_per_checkpoint);
+        if (f == "skip_data") {
+          // true and false as YAML spells them, or the three words.
+          const std::string t = fv.IsScalar() ? fv.Scalar() : "";
+          if (t == "never" || t == "false" || t == "no" || t == "off") rb.skip_data = RollbackConfig::SkipData::kNever;
+          else if (t == "on_repeat") rb.skip_data = RollbackConfig::SkipData::kOnRepeat;
+          else if (t == "always" || t == "true" || t == "yes" || t == "on") rb.skip_data = RollbackConfig::SkipData::kAlways;
+          else return r.Error(YamlReader::MarkOf(fv, fk), key,
+                              "expected never, on_repeat or always (false, true), got " + YamlReader::Describe(fv));
+          return Status::OK();
+        }
+        return r.UnknownKey(fk, key);
+      });
+    }
     if (name == "replication") {
       ReplicationConfig& rp = c->replication;
       return r.Group(k, v, name, [&](const std::string& f, const Node& fk, const Node& fv) -> Status {
@@ -355,11 +387,15 @@ Status ReadDocument(const YamlReader& r, const YAML::Node& root, AgentConfig* c)
         }
         if (!fv.IsScalar()) {
           return r.Error(YamlReader::MarkOf(fv, fk), key,
-                         "expected an action (log, dump or restart), got " + YamlReader::Describe(fv));
+                         "expected an action (log, dump, restart or rollback), got " + YamlReader::Describe(fv));
         }
         Action a;
         if (!ParseAction(fv.Scalar(), &a)) {
-          return r.Error(fv.Mark(), key, "unknown action '" + fv.Scalar() + "' (expected log, dump or restart)");
+          return r.Error(fv.Mark(), key, "unknown action '" + fv.Scalar() + "' (expected log, dump, restart or rollback)");
+        }
+        if (a == Action::kRollback && !MayRollBack(kind)) {
+          return r.Error(fv.Mark(), key, "rollback is for non_finite and spike only: a " + kind +
+                                             " anomaly is not cured by older training state (use restart)");
         }
         c->policy[kind] = a;
         return Status::OK();
@@ -473,7 +509,9 @@ Status LoadAgentConfig(const std::string& path, AgentConfig* config) {
 //                              spread_floor >= 0, hold >= 0
 //   restart                    grace >= 0, backoff_initial >= 0, backoff_multiplier >= 1,
 //                              backoff_max >= backoff_initial, prestart_after >= 0
-//   policy                     an action for every known kind and no other kind
+//   rollback                   max_per_checkpoint >= 1
+//   policy                     an action for every known kind and no other kind; rollback for
+//                              non_finite and spike only
 // Every duration is at most kMaxSeconds, so converting it to nanoseconds cannot overflow.
 // Comparisons are written so that NaN fails them (a value can come from the command line).
 
@@ -650,12 +688,17 @@ Status ValidateAgentConfig(const AgentConfig& c) {
                                    FormatDouble(r.backoff_initial_seconds));
   }
 
+  LL_RETURN_IF_ERROR(CheckCountAtLeast("rollback.max_per_checkpoint", c.rollback.max_per_checkpoint, 1));
+
   for (const auto& [kind, action] : c.policy) {
     if (!IsKnownKind(kind)) {
       return Status::InvalidArgument("policy." + kind + ": unknown anomaly kind (expected one of " + KindList() + ")");
     }
-    if (action != Action::kLog && action != Action::kDump && action != Action::kRestart) {
+    if (action != Action::kLog && action != Action::kDump && action != Action::kRestart && action != Action::kRollback) {
       return Status::InvalidArgument("policy." + kind + ": not a known action");
+    }
+    if (action == Action::kRollback && !MayRollBack(kind)) {
+      return Status::InvalidArgument("policy." + kind + ": rollback is for non_finite and spike only (use restart)");
     }
   }
   for (const char* kind : kKinds) {

@@ -13,9 +13,10 @@
 
 namespace lifeline::agent {
 
-// What the agent does about an anomaly of one kind.
-enum class Action { kLog, kDump, kRestart };
-const char* ActionName(Action a);  // "log", "dump", "restart"
+// What the agent does about an anomaly of one kind. kRollback (non_finite and spike only): stop the
+// ranks and relaunch them from the newest checkpoint taken before the anomaly's step (RollbackConfig).
+enum class Action { kLog, kDump, kRestart, kRollback };
+const char* ActionName(Action a);  // "log", "dump", "restart", "rollback"
 
 // hang: a collective or step that does not finish within an adaptive timeout.
 struct HangConfig {
@@ -82,6 +83,21 @@ struct TrainingSignalConfig {
   // later step, or this long after the first of them came.
   double hold_seconds = 5;
 };
+
+// The rollback policy's settings (agent/rollback.h). A rollback is a restart from an older
+// checkpoint: it spends the restart budget (RestartConfig::max_restarts) like any restart.
+struct RollbackConfig {
+  // Rollbacks to one checkpoint: one more, the same fault back after that many relaunches from it,
+  // gives up (the data or the model is at fault deterministically; a relaunch cannot help).
+  uint32_t max_per_checkpoint = 2;
+  // Whether the relaunched ranks are told to skip the data of the steps rolled back
+  // (LIFELINE_SKIP_STEPS, lifeline.skip_steps()): never; on_repeat, from the second rollback to a
+  // checkpoint on (the first replays the same data: a transient fault does not come back, and the
+  // job's data stays whole); always.
+  enum class SkipData { kNever, kOnRepeat, kAlways };
+  SkipData skip_data = SkipData::kOnRepeat;
+};
+const char* SkipDataName(RollbackConfig::SkipData s);  // "never", "on_repeat", "always"
 
 struct RestartConfig {
   uint32_t max_restarts = 3;          // --max-restarts; then the agent exits non-zero with the reason
@@ -182,19 +198,26 @@ struct AgentConfig {
   CheckpointConfig checkpoint;
   TrainingSignalConfig training_signals;
   RestartConfig restart;
+  RollbackConfig rollback;
   RendezvousSettings rendezvous;
   ReplicationConfig replication;
   // Per anomaly kind ("dead", "hang", "straggler", "slow_collective", "checkpoint", "node_lost",
-  // "non_finite", "spike", "disagreement").
+  // "non_finite", "spike", "disagreement"). rollback is allowed for non_finite and spike only: the
+  // others are faults of the machines or of one rank, which a rollback to older state cannot cure.
+  // non_finite and spike roll back by default: their damage is in the model already (a NaN spreads
+  // through the all-reduce and the update; a spike's update is applied), so training on, or
+  // restarting from the newest checkpoint that may hold it, keeps the damage; `log` keeps the
+  // detection without the action.
   std::map<std::string, Action> policy = {{"dead", Action::kRestart},
                                           {"hang", Action::kRestart},
                                           {"straggler", Action::kLog},
                                           {"slow_collective", Action::kLog},
                                           {"checkpoint", Action::kLog},
                                           {"node_lost", Action::kRestart},
-                                          {"non_finite", Action::kLog},
-                                          {"spike", Action::kLog},
-                                          {"disagreement", Action::kLog}};
+                                          {"non_finite", Action::kRollback},
+                                          {"spike", Action::kRollback},
+                                          {"disagreement", Action::kLog},
+                                          {"sdc_suspect", Action::kLog}};
 };
 
 // Reads the YAML file at `path` into `config` (fields absent from the file keep their values).

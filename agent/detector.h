@@ -24,7 +24,8 @@ namespace lifeline::agent {
 
 struct Anomaly {
   std::string kind;               // "dead", "hang", "straggler", "slow_collective", "checkpoint",
-                                  // "non_finite", "spike", "disagreement" (training signals)
+                                  // "non_finite", "spike", "disagreement" (training signals),
+                                  // "sdc_suspect" (replicas' snapshot digests differ)
   // The culprits, ascending, by global rank in the job (Timeline::GlobalRank), as are the ranks in
   // `message` and `evidence`; the timeline and the detectors' own state are by local index.
   std::vector<int> ranks;

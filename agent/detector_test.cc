@@ -28,7 +28,7 @@ TEST(DetectorsTest, CleanJitteryStreamRaisesNothing) {
   sim.persist = 1.0;
   sim.process_exit = true;
   auto detectors = MakeDetectors(Config(4));
-  ASSERT_EQ(detectors.size(), 6u);
+  ASSERT_EQ(detectors.size(), 7u);
   SimDriver driver(sim, std::move(detectors));
   driver.RunPast(5 * kSec);
   for (int r = 0; r < 4; ++r) driver.Exit(r, 0, /*expected=*/false);  // finished: exit 0
@@ -41,7 +41,7 @@ TEST(DetectorsTest, MakeDetectorsGivesOneOfEachKind) {
   std::vector<std::string> kinds;
   for (auto& d : detectors) kinds.push_back(d->kind());
   EXPECT_EQ(kinds, (std::vector<std::string>{"dead", "hang", "straggler", "slow_collective", "checkpoint",
-                                              "training_signal"}));
+                                              "training_signal", "replica_digest"}));
 }
 
 TEST(DetectorsTest, ExpectedExitsRaiseNothingFromAnyDetector) {

@@ -87,7 +87,7 @@ const std::vector<MetricFamilyInfo>& MetricFamilies() {
       {"lifeline_restarts_total", "counter", "", "Restarts of the local ranks by the agent"},
       {"lifeline_anomalies_total", "counter", "kind, rank",
        "Anomalies detected, by kind (dead, hang, straggler, slow_collective, checkpoint, node_lost, non_finite, "
-       "spike, disagreement) and culprit rank, global in a multi-node job (\"none\" when no rank stands out)"},
+       "spike, disagreement, sdc_suspect) and culprit rank, global in a multi-node job (\"none\" when no rank stands out)"},
       {"lifeline_step_duration_seconds", "histogram", "rank", "Step durations, StepBegin to StepEnd"},
       {"lifeline_steps_total", "counter", "rank", "Steps completed"},
       {"lifeline_step", "gauge", "rank", "The step each rank began last (-1: none yet)"},
@@ -141,6 +141,11 @@ const std::vector<MetricFamilyInfo>& MetricFamilies() {
       {"lifeline_steps_redone_total", "counter", "", "Steps computed again after restarts (since the checkpoint resumed from)"},
       {"lifeline_restarts_by_cause_total", "counter", "cause, node",
        "Restarts this agent decided, by the anomaly's kind and the node of the culprit rank"},
+      {"lifeline_rollbacks_total", "counter", "",
+       "Relaunches from the newest checkpoint before a non_finite or spike anomaly (policy rollback); each is a "
+       "restart too"},
+      {"lifeline_rollback_skipped_steps_total", "counter", "",
+       "Steps whose data relaunched ranks were told to skip after a rollback (rollback.skip_data)"},
       {"lifeline_nodes_excluded", "gauge", "", "Nodes the current round left out as bad (multi-node jobs)"},
       {"lifeline_etcd_reachable", "gauge", "",
        "1 when etcd answered the agent's last poll, 0 when not (training goes on; job-wide verdicts and restarts "
@@ -231,11 +236,13 @@ AgentMetrics::AgentMetrics(const std::string& job, int world, const std::string&
   // the first restart (other nodes' series appear when this agent restarts the job for them).
   for (const char* cause : {"dead", "hang", "node_lost"})
     restarts_by_cause_->Add({{"cause", cause}, {"node", node.empty() ? "unknown" : node}});
+  rollbacks_ = &counter("lifeline_rollbacks_total")->Add({});
+  rollback_skipped_steps_ = &counter("lifeline_rollback_skipped_steps_total")->Add({});
   nodes_excluded_ = &gauge("lifeline_nodes_excluded")->Add({});
   JoinedRound(HostName(), 0);  // one node
   // Every kind appears from the start, so a rate() over it is defined before the first anomaly.
   for (const char* kind : {"dead", "hang", "straggler", "slow_collective", "checkpoint", "node_lost", "non_finite",
-                           "spike", "disagreement"})
+                           "spike", "disagreement", "sdc_suspect"})
     anomalies_->Add({{"kind", kind}, {"rank", "none"}});
   Launched(world);
 }
@@ -338,6 +345,11 @@ void AgentMetrics::RestartCost(const agent::RestartCost& cost) {
 
 void AgentMetrics::RestartCause(const std::string& cause, const std::string& node) {
   restarts_by_cause_->Add({{"cause", cause}, {"node", node.empty() ? "unknown" : node}}).Increment();
+}
+
+void AgentMetrics::RolledBack(uint64_t skipped_steps) {
+  rollbacks_->Increment();
+  rollback_skipped_steps_->Increment(static_cast<double>(skipped_steps));
 }
 
 void AgentMetrics::NodesExcluded(int n) { nodes_excluded_->Set(n); }

@@ -80,6 +80,9 @@ class AgentMetrics {
   void RestartCost(const agent::RestartCost& cost);
   // A restart this agent decided, for `cause` on a rank of node `node`.
   void RestartCause(const std::string& cause, const std::string& node);
+  // A rollback this agent decided (a restart too: Restarted and RestartCause count it), whose
+  // relaunch skips the data of `skipped_steps` steps.
+  void RolledBack(uint64_t skipped_steps);
   void NodesExcluded(int n);
   void Anomaly(const std::string& kind, const std::vector<int>& ranks);
   // The text exposition of everything, as a scrape would get it (for tests and `ctl metrics`).
@@ -105,6 +108,8 @@ class AgentMetrics {
   prometheus::Family<prometheus::Counter>* time_lost_;
   prometheus::Counter* steps_redone_;
   prometheus::Family<prometheus::Counter>* restarts_by_cause_;
+  prometheus::Counter* rollbacks_;
+  prometheus::Counter* rollback_skipped_steps_;
   prometheus::Gauge* nodes_excluded_;
   prometheus::Gauge* replication_lag_;
   prometheus::Gauge* replicated_step_;

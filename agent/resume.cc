@@ -1,10 +1,12 @@
 #include "agent/resume.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <random>
 #include <vector>
 
 #include "lifeline/checkpoint.h"
+#include "lifeline/inspect.h"
 #include "lifeline/trace.h"
 
 namespace lifeline::agent {
@@ -52,6 +54,32 @@ Result<ResumePoint> FindResumePoint(Env* env, const std::string& checkpoint_dir)
     point.location = "disk";
   }
   return point;
+}
+
+Result<std::vector<ResumableStep>> ListResumableSteps(Env* env, const std::string& checkpoint_dir) {
+  std::vector<ResumableStep> out;
+  LL_ASSIGN_OR_RETURN(std::vector<CheckpointInfo> disk, ScanSteps(env, checkpoint_dir));
+  for (uint64_t step : SoundSteps(env, disk, disk.size())) out.push_back({step, "disk"});
+  if (Result<std::vector<CheckpointInfo>> tier = ScanMemoryTierOf(checkpoint_dir, env); tier.ok())
+    for (uint64_t step : SoundSteps(env, *tier, tier->size())) out.push_back({step, "memory"});
+  return out;
+}
+
+Result<std::vector<uint64_t>> RemoveStepsAfterRollback(Env* env, const std::string& checkpoint_dir,
+                                                       std::optional<uint64_t> step) {
+  std::vector<uint64_t> removed;
+  if (env->IsDirectory(checkpoint_dir)) {
+    LL_ASSIGN_OR_RETURN(removed, RemoveStepsAfter(checkpoint_dir, step, env));
+  }
+  // The memory tier's copies too: a later restart prefers the tier, and the relaunch saves these
+  // step numbers into it again.
+  if (Result<std::string> tier = FindMemoryTierOf(checkpoint_dir, env); tier.ok()) {
+    LL_ASSIGN_OR_RETURN(std::vector<uint64_t> in_tier, RemoveStepsAfter(*tier, step, env));
+    removed.insert(removed.end(), in_tier.begin(), in_tier.end());
+  }
+  std::sort(removed.begin(), removed.end(), std::greater<>());
+  removed.erase(std::unique(removed.begin(), removed.end()), removed.end());
+  return removed;
 }
 
 Result<ResumeOffer> FindResumeOffer(Env* env, const std::string& checkpoint_dir) {

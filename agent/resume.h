@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "agent/rollback.h"
 #include "lifeline/env.h"
 #include "lifeline/status.h"
 
@@ -24,6 +25,16 @@ struct ResumePoint {
 // memory tier (where every rank's snapshot must be present). Damaged and invalid steps are passed
 // over. NotFound-free: a directory that does not exist yet means a fresh start.
 Result<ResumePoint> FindResumePoint(Env* env, const std::string& checkpoint_dir);
+
+// Every step of `checkpoint_dir` a launch could resume from (complete and sound, as FindResumePoint
+// judges them), on disk and in this node's memory tier: what a rollback chooses from
+// (ChooseRollbackPoint). Empty for a directory that does not exist yet.
+Result<std::vector<ResumableStep>> ListResumableSteps(Env* env, const std::string& checkpoint_dir);
+
+// A rollback's clearing: removes the steps of `checkpoint_dir` and of this node's memory tier newer
+// than `step` (all with nullopt). Returns the steps removed, newest first, each once.
+Result<std::vector<uint64_t>> RemoveStepsAfterRollback(Env* env, const std::string& checkpoint_dir,
+                                                       std::optional<uint64_t> step);
 
 // Where one node could resume from: its view of the shared checkpoint directory and of its own
 // memory tier. The agents of a multi-node job resume from a step every node has (rendezvous.h).

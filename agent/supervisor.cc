@@ -27,6 +27,7 @@ Supervisor::Supervisor(const AgentConfig& config, Surroundings* around, std::str
       node_id_(std::move(node_id)),
       publish_ns_(Nanos(publish_seconds)),
       detectors_(MakeDetectors(config)),
+      rollbacks_(config.rollback),
       timeline_(std::max<size_t>(Timeline::kDefaultSavesKept, config.checkpoint.lag_count + size_t{8})) {}
 
 Supervisor::~Supervisor() = default;
@@ -441,7 +442,28 @@ void Supervisor::Name(std::vector<Anomaly>* anomalies, bool may_restart, PollDec
     const auto it = config_.policy.find(a.kind);
     raised.action = it != config_.policy.end() ? it->second : Action::kLog;
     line["policy"] = ActionName(raised.action);
-    if (may_restart && raised.action == Action::kRestart && !out->restart) out->restart = a;
+    if (raised.action == Action::kRollback && may_restart && !out->restart) {
+      // Named and logged, and the ranks train on, where a rollback cannot be chosen: the nodes of a
+      // multi-node job resume from the step their round agrees on, which knows no rollback yet;
+      // with no checkpoint directory known, what a relaunch loads cannot be chosen, and starting
+      // over from scratch is not the agent's call.
+      std::string why;
+      if (MultiNode()) {
+        why = "a rollback is not available in a multi-node job yet";
+      } else if (!a.step) {
+        why = "the anomaly names no step to roll back before";
+      } else if (!around_->CheckpointDirKnown()) {
+        why = "no checkpoint directory is known (--checkpoint-dir, or a Checkpointer the ranks opened)";
+      }
+      if (!why.empty()) {
+        line["not_acted_on"] = why + ": the ranks train on";
+        raised.action = Action::kLog;
+      }
+    }
+    if (may_restart && (raised.action == Action::kRestart || raised.action == Action::kRollback) && !out->restart) {
+      out->restart = a;
+      out->rollback = raised.action == Action::kRollback;
+    }
     raised.anomaly = std::move(a);
     out->raised.push_back(std::move(raised));
   }
@@ -529,6 +551,23 @@ RestartPlan Supervisor::PlanRestart(const Anomaly& reason, uint64_t now_ns, cons
           ? 0.0
           : std::min(r.backoff_max_seconds, r.backoff_initial_seconds * std::pow(r.backoff_multiplier, failed_in_a_row_ - 1));
   ledger_.Stopped(now_ns, plan.backoff_seconds);
+  return plan;
+}
+
+RollbackPlan Supervisor::PlanRollback(const Anomaly& reason, uint64_t now_ns, const std::vector<RankEnd>& ends,
+                                      const std::vector<ResumableStep>& listing) {
+  RollbackPlan plan;
+  uint64_t reached = 0;
+  for (const RankTimeline& v : timeline_.ranks())
+    if (v.step != trace::kNoStep) reached = std::max(reached, v.step);
+  plan.decision = rollbacks_.Decide(reason, reached, listing);
+  if (!plan.decision.give_up.empty()) {
+    plan.restart.give_up = plan.decision.give_up;
+    plan.restart.job_wide = true;
+    plan.restart.incurable = true;  // a requeue resumes from the same checkpoint and meets it again
+    return plan;
+  }
+  plan.restart = PlanRestart(reason, now_ns, ends);
   return plan;
 }
 

@@ -34,6 +34,7 @@
 #include "agent/job_view.h"
 #include "agent/progress.h"
 #include "agent/rendezvous.h"
+#include "agent/rollback.h"
 #include "agent/time_ledger.h"
 #include "agent/timeline.h"
 #include "lifeline/status.h"
@@ -56,6 +57,9 @@ class Surroundings {
   virtual Result<bool> FailedEarlierElsewhere(uint64_t round, uint64_t unix_ms) = 0;
   // Of `nodes`, those that reported no failure in `round` and did not finish.
   virtual Result<std::vector<std::string>> NodesWithoutFailure(uint64_t round, const std::vector<std::string>& nodes) = 0;
+  // Whether the directory the ranks checkpoint into is known (--checkpoint-dir, or the one their
+  // Checkpointer reported): asked when an anomaly's policy is rollback, which needs its listing.
+  virtual bool CheckpointDirKnown() { return true; }
 };
 
 // A rank's process ended, as the launcher reaped it.
@@ -104,8 +108,10 @@ struct PollDecision {
   // host explains ("not_paged"), consequences folded into an earlier alarm ("folded").
   std::vector<nlohmann::json> records;
   std::vector<Anomaly> echoes;  // the failures taken for echoes of another node's (in `records` too)
-  // The first raised anomaly whose policy restarts: stop the ranks, then PlanRestart.
+  // The first raised anomaly whose policy restarts or rolls back: stop the ranks, then PlanRestart
+  // (PlanRollback when `rollback`).
   std::optional<Anomaly> restart;
+  bool rollback = false;  // `restart`'s policy is rollback
   // Another node moved the job to a new round: stop the ranks and join it. `raised` then holds
   // only this node's own failures found meanwhile, named but not acted on (that restart covers
   // them), and `restart` is empty.
@@ -126,6 +132,13 @@ struct RestartPlan {
   bool job_wide = false;      // the give-up is the job's (its budget is spent): every node ends
   bool incurable = false;     // nothing but the operator can fix it: a requeue would fail alike
   double backoff_seconds = 0;
+};
+
+// After the ranks were stopped for a rollback: the restart's plan (give-up, back-off) and the
+// rollback's (where to resume, what data to skip, the evidence).
+struct RollbackPlan {
+  RestartPlan restart;
+  RollbackDecision decision;
 };
 
 // How the job ended once every rank exited with nothing to restart.
@@ -185,6 +198,14 @@ class Supervisor {
   // launches in a row gives up (a relaunch cannot help); so does a spent budget. `ends`: per local rank, as the
   // launcher left it. Relaunching is the caller's, with SupervisedLaunch::restart one more.
   RestartPlan PlanRestart(const Anomaly& reason, uint64_t now_ns, const std::vector<RankEnd>& ends);
+  // After the ranks were stopped for a rollback (PollDecision::rollback) at `now_ns`, with the steps
+  // the job can resume from (`listing`, any order): the newest checkpoint before the anomaly's
+  // step, the data to skip, or a give-up (RollbackLedger::Decide: the same checkpoint rolled back to
+  // rollback.max_per_checkpoint times already), then the restart budget and back-off as PlanRestart.
+  RollbackPlan PlanRollback(const Anomaly& reason, uint64_t now_ns, const std::vector<RankEnd>& ends,
+                            const std::vector<ResumableStep>& listing);
+  // The steps whose data a launch resuming from `resume_step` skips (LIFELINE_SKIP_STEPS).
+  std::vector<StepRange> SkipSteps(std::optional<uint64_t> resume_step) const { return rollbacks_.SkipAfter(resume_step); }
   // Whether the current launch ran: every rank began a step, or it lived a minute.
   bool LaunchRan(uint64_t now_ns) const;
   // The ranks were stopped at `now_ns` because another node moved the job to a new round (no
@@ -284,6 +305,7 @@ class Supervisor {
     bool machine = false;  // a fault of the machines, not of the command
   };
   std::vector<Fault> faults_;  // every restart this Supervisor decided, in order
+  RollbackLedger rollbacks_;   // every rollback decided, per checkpoint, and the steps skipped
   bool multi_node_job_ = false;  // some launch ran on more than one node
   std::set<int> named_;  // global ranks named hung or dead in this launch
   std::optional<HeldFailure> held_;

@@ -49,6 +49,37 @@ TEST(ActionNameTest, NamesEveryAction) {
   EXPECT_STREQ(ActionName(Action::kLog), "log");
   EXPECT_STREQ(ActionName(Action::kDump), "dump");
   EXPECT_STREQ(ActionName(Action::kRestart), "restart");
+  EXPECT_STREQ(ActionName(Action::kRollback), "rollback");
+}
+
+TEST_F(ConfigTest, NonFiniteAndSpikeRollBackByDefaultAndRollbackIsForThemOnly) {
+  AgentConfig c;
+  EXPECT_EQ(c.policy.at("non_finite"), Action::kRollback);
+  EXPECT_EQ(c.policy.at("spike"), Action::kRollback);
+  EXPECT_EQ(c.policy.at("disagreement"), Action::kLog);
+  EXPECT_EQ(c.rollback.skip_data, RollbackConfig::SkipData::kOnRepeat);
+  ASSERT_TRUE(Load("rollback:\n  max_per_checkpoint: 3\n  skip_data: true\npolicy:\n  spike: log\n", &c).ok());
+  EXPECT_EQ(c.rollback.max_per_checkpoint, 3u);
+  EXPECT_EQ(c.rollback.skip_data, RollbackConfig::SkipData::kAlways);
+  EXPECT_EQ(c.policy.at("spike"), Action::kLog);
+  ASSERT_TRUE(Load("rollback: {skip_data: never}\n", &c).ok());
+  EXPECT_EQ(c.rollback.skip_data, RollbackConfig::SkipData::kNever);
+
+  Status s = Load("policy:\n  hang: rollback\n", &c);
+  ASSERT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("agent.yaml:2: policy.hang: rollback is for non_finite and spike only"), std::string::npos)
+      << s.message();
+  s = Load("rollback:\n  skip_data: sometimes\n", &c);
+  ASSERT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("rollback.skip_data: expected never, on_repeat or always"), std::string::npos) << s.message();
+
+  AgentConfig v = ValidConfig();
+  v.rollback.max_per_checkpoint = 0;
+  EXPECT_NE(ValidateAgentConfig(v).message().find("rollback.max_per_checkpoint"), std::string::npos);
+  v = ValidConfig();
+  v.policy["dead"] = Action::kRollback;
+  EXPECT_NE(ValidateAgentConfig(v).message().find("policy.dead: rollback is for non_finite and spike only"),
+            std::string::npos);
 }
 
 TEST_F(ConfigTest, FullFileSetsEveryGroup) {

@@ -17,6 +17,7 @@
 #include "agent/detectors/training_signal_detector.h"
 #include "agent/timeline.h"
 #include "lifeline/internal/trace_ring.h"
+#include "agent/detectors/replica_digest_detector.h"
 #include "lifeline/trace.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -31,6 +32,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   config.replicated.push_back("loss");
   config.replica_group_size = static_cast<uint32_t>(size % 3);
   agent::TrainingSignalDetector detector(config);
+  agent::ReplicaDigestDetector digests(/*hold_seconds=*/5);  // replica_digest, replica_name (SPEC §15)
+  digests.Reset(kWorld);
   agent::Timeline timeline;
   timeline.Reset(kWorld, /*rank_base=*/8);
   detector.Reset(kWorld);
@@ -50,12 +53,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     const agent::TimelineChange change = timeline.Apply(rank, e);
     if (change.rank >= 0) detector.Observe(timeline, change);
+    if (change.rank >= 0) digests.Observe(timeline, change);
     if ((data[at] & 0x80) != 0) {
       now += 2'000'000'000;
       detector.Poll(timeline, now, &found);
+      digests.Poll(timeline, now, &found);
     }
   }
   detector.Poll(timeline, now + 3'600'000'000'000ull, &found);
+  digests.Poll(timeline, now + 3'600'000'000'000ull, &found);
   for (const agent::Anomaly& a : found) {
     if (a.ranks.empty() || !a.step) std::abort();
     for (size_t i = 0; i < a.ranks.size(); ++i)

@@ -110,7 +110,10 @@ class TrainingSignalsUnderTheAgent(unittest.TestCase):
         a = anomalies[0]
         self.assertEqual(a["ranks"], [1])
         self.assertEqual(a["step"], 25)
-        self.assertEqual(a["policy"], "log")
+        # Its policy rolls back by default, but the script keeps no checkpoint the agent knows of:
+        # nothing to roll back to, the ranks train on.
+        self.assertEqual(a["policy"], "rollback")
+        self.assertIn("no checkpoint directory is known", a["not_acted_on"])
         self.assertIn("loss is NaN on rank 1", a["message"])
         # The norms came from the unchanged clip_grad_norm_ calls: NaN on both ranks after the all-reduce.
         self.assertIn("grad_norm is NaN on ranks 0,1", a["message"])

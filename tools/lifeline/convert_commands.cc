@@ -316,6 +316,7 @@ int RunLs(const LsArgs& a) {
                           {"age_seconds", c.created_unix_ns ? now - static_cast<double>(c.created_unix_ns) / 1e9 : 0.0},
                           {"directory", c.directory}};
       if (!c.complete) j["problem"] = c.problem;
+      if (c.suspect) j["problem"] = "suspect: " + c.suspect_reason;
       list.push_back(std::move(j));
     }
     PrintJson({{"ok", true}, {"command", kCommand}, {"dir", a.dir}, {"memory_tier", tier_root},
@@ -337,7 +338,7 @@ int RunLs(const LsArgs& a) {
                                                        : "-";
     std::printf("%-12llu %-9s %-7s %-7s %-7s %12s %7s  %s\n", static_cast<unsigned long long>(c.step),
                 StepStateName(c), where.c_str(), replica.c_str(), ranks.c_str(), FormatByteSize(c.bytes).c_str(),
-                AgeText(c.created_unix_ns).c_str(), c.complete ? "" : c.problem.c_str());
+                AgeText(c.created_unix_ns).c_str(), c.suspect ? c.suspect_reason.c_str() : c.complete ? "" : c.problem.c_str());
   }
   if (!tier_root.empty()) std::cout << "memory tier: " << tier_root << "\n";
   return kExitOk;

@@ -45,6 +45,22 @@ int RunVerify(const StepArgs& o) {
     }
     return kExitFailed;
   }
+  if (report.suspect) {
+    std::cerr << "lifeline verify: step " << report.step << " in " << report.directory
+              << " is marked suspect (its bytes match their checksums): " << report.suspect_reason << std::endl;
+    if (o.json)
+      PrintJson({{"ok", false},
+                 {"command", "verify"},
+                 {"step", report.step},
+                 {"directory", report.directory},
+                 {"code", "suspect"},
+                 {"error", "marked suspect: " + report.suspect_reason},
+                 {"suspect", true},
+                 {"indexes_checked", report.indexes_checked},
+                 {"chunks_checked", report.chunks_checked},
+                 {"objects_checked", report.objects_checked}});
+    return kExitFailed;
+  }
   if (o.json) {
     PrintJson({{"ok", true},
                {"command", "verify"},

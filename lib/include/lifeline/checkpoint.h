@@ -166,10 +166,15 @@ struct LIFELINE_EXPORT CheckpointInfo {
   uint64_t created_unix_ns = 0;
   std::string directory;       // path of the step directory
   std::string problem;         // why it is not complete, when it is not
+  // Complete, but marked suspect (formats/SPEC.md §2, `suspect.json`: lifeline-agent found the
+  // data-parallel replicas' copies differing at this step's snapshot): Load(latest), the agent's
+  // resume choice and retention's count of loadable steps pass it over; Load(step) still reads it.
+  bool suspect = false;
+  std::string suspect_reason;  // the marker's message
 };
 
 // Reading checkpoint directories without a Checkpointer, for tools and the agent (`env` nullptr:
-// Env::Default()). Nothing here writes.
+// Env::Routing(): a local path or an s3:// prefix). Nothing here writes.
 //
 // Every step directory under `root` (a checkpoint directory or a memory-tier root), newest first,
 // complete or not.
@@ -178,6 +183,11 @@ LIFELINE_EXPORT Result<std::vector<CheckpointInfo>> ScanCheckpointDirectory(cons
 // the manifest) decodes and the pieces cover each tensor exactly once. Else the reason, naming the
 // file, tensor or ranks. Data is not read (`lifeline verify` does that).
 LIFELINE_EXPORT Status CheckCheckpointMetadata(const CheckpointInfo& info, Env* env = nullptr);
+// Marks step `step` under `root` suspect: writes `json` (a JSON object, at most 64 KiB; SPEC §2)
+// as the step directory's `suspect.json`, atomically, creating the step directory when the save has
+// not yet. Used by lifeline-agent; a suspect step is never resumed from.
+LIFELINE_EXPORT Status MarkStepSuspect(const std::string& root, uint64_t step, const std::string& json,
+                                       Env* env = nullptr);
 // The memory-tier root holding this node's snapshots of checkpoint directory `dir`; NotFound when
 // it has none.
 LIFELINE_EXPORT Result<std::string> FindMemoryTierOf(const std::string& dir, Env* env = nullptr);
@@ -195,6 +205,10 @@ struct LIFELINE_EXPORT VerifyResult {
   uint64_t chunks_checked = 0;
   uint64_t objects_checked = 0;
   uint64_t bytes_checked = 0;    // with headers and padding
+  // The step is marked suspect (CheckpointInfo::suspect): its bytes may be intact and still hold a
+  // replica's silent corruption. `lifeline verify` fails on it.
+  bool suspect = false;
+  std::string suspect_reason;
   Status status;
 };
 // Checks every byte of step `step` under `root` (the newest complete one when empty): rank indexes
@@ -233,7 +247,7 @@ struct LIFELINE_EXPORT CheckpointerOptions {
   std::string directory;         // the checkpoint root; created if missing
   uint32_t rank = 0;
   uint32_t world_size = 1;
-  Env* env = nullptr;            // nullptr: Env::Default()
+  Env* env = nullptr;            // nullptr: Env::Routing() (a local path or s3://bucket/prefix)
 
   // Identifies this launch of the job: the same on every rank, new for every launch (a relaunch
   // after a failure included), so that a step can never be completed by ranks of two launches.
@@ -270,6 +284,14 @@ struct LIFELINE_EXPORT CheckpointerOptions {
   // about what a straight copy does; the price is more fragments in the index (a block is one).
   // false: every shard stored as one fragment, row by row (what saves before this option did).
   bool column_blocks = true;
+  // Data-parallel replicas must be bit-identical. Every staged snapshot digests each replicated
+  // host shard on every replica (the parts other replicas write are read and hashed by the copy
+  // threads, before the snapshot completes, never copied) and reports one 64-bit digest per shard
+  // to lifeline-agent, which names a rank whose copy differs from the majority's (sdc_suspect)
+  // and marks the step suspect. kAuto: when an agent listens (LIFELINE_AGENT); kOn: always (the
+  // digests are then in SaveTicket::ReplicaDigests); kOff: never.
+  enum class ReplicaDigests { kAuto, kOn, kOff };
+  ReplicaDigests replica_digests = ReplicaDigests::kAuto;
 
   // ---- lazy snapshots: the host staging arena ----
   // Host memory for snapshots. The arena is divided into `staging_slots` slots, each sized to the
@@ -404,6 +426,18 @@ class LIFELINE_EXPORT SaveTicket {
   // Non-blocking.
   SaveProgress Progress() const;
   bool valid() const { return job_ != nullptr; }
+
+  // This rank's digests of its replicated shards (CheckpointerOptions::replica_digests), once the
+  // snapshot is complete (WaitSnapshot returned OK); empty before, for a save that computed none
+  // (no replicated host shard, digests off, a snapshot streamed rather than staged), or failed.
+  struct ReplicaDigest {
+    std::string tensor;
+    uint64_t key = 0;            // the shard's key, the same on every replica (formats/SPEC.md §7)
+    uint32_t replica_count = 0;
+    uint64_t bytes = 0;
+    uint64_t digest = 0;
+  };
+  std::vector<ReplicaDigest> ReplicaDigests() const;
 
  private:
   std::shared_ptr<internal::SaveJob> job_;

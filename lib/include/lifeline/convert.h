@@ -119,7 +119,7 @@ class LIFELINE_EXPORT TensorSource {
 struct LIFELINE_EXPORT SourceOptions {
   std::optional<uint64_t> step;           // a checkpoint's step (default: the newest complete one)
   uint64_t memory_budget = 256ull << 20;  // read staging of a checkpoint source
-  Env* env = nullptr;                     // null: Env::Default()
+  Env* env = nullptr;                     // null: Env::Routing() (local paths, s3:// prefixes)
 };
 
 // Opens `path`, recognising what it is: a directory holding step-* directories (a Lifeline
@@ -174,7 +174,7 @@ struct LIFELINE_EXPORT ConvertOptions {
   SaveCodec codec = SaveCodec::kNone;
   int codec_level = 0;
   bool direct_io = true;
-  Env* env = nullptr;                     // null: Env::Default()
+  Env* env = nullptr;                     // null: Env::Routing() (local paths, s3:// prefixes)
   // Called from the converting thread after each slab read: the tensor and the bytes just read.
   std::function<void(const std::string& tensor, uint64_t bytes)> progress;
 };

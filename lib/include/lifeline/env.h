@@ -1,8 +1,11 @@
 // Env: the single seam between Lifeline and the operating system (files, directories, async I/O).
 //
-// Three implementations ship with the library:
+// Implementations that ship with the library:
 //   Env::Default()          POSIX files; O_DIRECT when asked and supported; io_uring queues with a
 //                           thread-pool fallback when the kernel or sandbox forbids io_uring.
+//   Env::Routing()          every path Lifeline accepts as a checkpoint directory: "s3://bucket/..."
+//                           paths go to an object store (S3 API, formats/SPEC.md §18), all others to
+//                           Env::Default(). What `Env* env = nullptr` means everywhere.
 //   NewMemEnv()             everything in memory, with crash simulation: bytes not yet synced and
 //                           directory entries not yet made durable are dropped by SimulateCrash().
 //   FaultInjectionEnv       wraps any Env and fails chosen operations on demand.
@@ -148,8 +151,17 @@ class LIFELINE_EXPORT Env {
 
   // The POSIX environment. Never deleted.
   static Env* Default();
-  // `env`, or Default() where it is null (what every option `Env* env = nullptr` means).
-  static Env* OrDefault(Env* env) { return env != nullptr ? env : Default(); }
+  // Local paths through Default(), object-store paths ("s3://bucket/key", IsObjectStorePath)
+  // through an Env per bucket over one S3 client of the process, configured at the first such path
+  // from the standard AWS places (AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID,
+  // AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, ~/.aws/credentials and ~/.aws/config). When that
+  // configuration fails, every operation on an s3:// path fails with its error (bool queries answer
+  // false). Its IoQueues send each request to the engine of the request's file: io_uring (or the
+  // thread pool) for local files, a pool of at least 16 threads for objects. Never deleted.
+  static Env* Routing();
+  // `env`, or Routing() where it is null (what every option `Env* env = nullptr` means): a
+  // checkpoint directory may be local or an object-store prefix.
+  static Env* OrDefault(Env* env) { return env != nullptr ? env : Routing(); }
 
   // Creates (or truncates) a file for writing.
   virtual Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path,
@@ -201,6 +213,18 @@ class LIFELINE_EXPORT Env {
   // holds it or the file does not exist. Takes nothing and creates nothing. NotSupported where
   // LockFile is.
   virtual Result<std::optional<std::string>> LockHolder(const std::string& path);
+  // Makes `path` hold exactly `data`, atomically and durably: afterwards it holds either its old
+  // content or `data`, never a mix, even across a crash. With `replace` false an existing `path` is
+  // left alone and the result is AlreadyExists: the first of several concurrent writers wins. The
+  // default writes path.tmp-<unique> through NewWritableFile, syncs it, renames it into place
+  // (RenameFile, or RenameFileNoReplace) and syncs the directory; an object store PUTs `path`
+  // itself (If-None-Match: * without `replace`), since an object is visible whole or not at all.
+  // Callers use the free function WriteFileAtomically.
+  virtual Status PutFile(const std::string& path, std::string_view data, bool replace);
+  // Removes writes begun at or below `path` that never completed and never will (the multipart
+  // uploads of a writer that died), returning how many. Never call it while a writer may still be
+  // writing there. Files have no such leftovers: the default removes nothing and returns 0.
+  virtual Result<size_t> AbortIncompleteWrites(const std::string& /*path*/) { return size_t{0}; }
 };
 
 // Forwards every call to another Env; a test double overrides only what it needs.
@@ -242,6 +266,9 @@ class LIFELINE_EXPORT EnvWrapper : public Env {
   Result<std::optional<std::string>> LockHolder(const std::string& path) override {
     return target_->LockHolder(path);
   }
+  // PutFile is not forwarded: the default goes through this wrapper's NewWritableFile and renames,
+  // so a test double sees (and may fail) every step of it.
+  Result<size_t> AbortIncompleteWrites(const std::string& path) override { return target_->AbortIncompleteWrites(path); }
 
  private:
   Env* target_;
@@ -302,16 +329,19 @@ LIFELINE_EXPORT std::unique_ptr<IoQueue> NewThreadPoolIoQueue(const IoQueueOptio
 
 // ---- helpers built on the seam -------------------------------------------------------------
 
+// True for an object-store path, "s3://bucket[/key]": a checkpoint directory may be one (Env::Routing).
+LIFELINE_EXPORT bool IsObjectStorePath(std::string_view path);
 // path + "/" + name.
 LIFELINE_EXPORT std::string JoinPath(std::string_view dir, std::string_view name);
 // Reads a whole (small) file. ResourceExhausted when it is larger than max_bytes. A link at `path`
 // is refused unless options.follow_symlinks.
 LIFELINE_EXPORT Result<std::string> ReadFileToString(Env* env, const std::string& path, uint64_t max_bytes,
                                      const FileOptions& options = FileOptions{});
-// Writes `data` to path.tmp-<unique>, syncs it, renames it over `path`, then syncs the directory:
-// afterwards `path` holds either its old content or `data`, never a mix, even across a crash.
-// With `replace` false an existing `path` is left alone and the result is AlreadyExists (the
-// temporary file removed): the first of several concurrent writers wins.
+// env->PutFile(path, data, replace): on a file system, writes `data` to path.tmp-<unique>, syncs
+// it, renames it over `path`, then syncs the directory; on an object store, one PUT. Afterwards
+// `path` holds either its old content or `data`, never a mix, even across a crash. With `replace`
+// false an existing `path` is left alone and the result is AlreadyExists (the temporary file
+// removed): the first of several concurrent writers wins.
 LIFELINE_EXPORT Status WriteFileAtomically(Env* env, const std::string& path, std::string_view data, bool replace = true);
 // The error for a symbolic link found where Lifeline reads or writes its own files.
 LIFELINE_EXPORT Status SymlinkRefused(const std::string& path);

@@ -7,7 +7,7 @@
 //   keep.keep_last = 2;
 //   auto plan = lifeline::PlanRetention("/ckpt", keep);     // what `lifeline gc --keep 2` removes
 //
-// Every function takes an Env (nullptr: Env::Default()); none writes anything except
+// Every function takes an Env (nullptr: Env::Routing(), local or s3://); none writes anything except
 // ApplyRetention. Errors name the directory, step or file involved.
 //
 // Thread safety: the functions share no state; the values they return are plain data.
@@ -99,12 +99,13 @@ enum class CheckpointState {
   kPartial,   // some rank indexes missing (a save in progress, or one that died)
   kInvalid,   // every index present but never loadable (they disagree)
   kDamaged,   // every index present, but the metadata does not decode or does not cover the tensors
+  kSuspect,   // complete, but marked suspect: its data-parallel replicas differed (never resumed from)
 };
 
 // The state of a scanned step. A damaged step is one whose `problem` starts "damaged" or
 // "cannot be loaded" (as ListCheckpoints and the retention plan mark them).
 LIFELINE_EXPORT CheckpointState CheckpointStateOf(const CheckpointInfo& info);
-// "complete", "partial", "invalid" or "damaged".
+// "complete", "partial", "invalid", "damaged" or "suspect".
 LIFELINE_EXPORT const char* CheckpointStateName(CheckpointState state);
 
 struct LIFELINE_EXPORT ListedCheckpoint {
@@ -165,6 +166,14 @@ LIFELINE_EXPORT Result<std::vector<RetentionDecision>> PlanRetention(const std::
 // (one rank index before anything else), so an interrupted removal leaves a partial step, never
 // a damaged complete one. A kept complete step also loses the files of other save attempts.
 LIFELINE_EXPORT Status ApplyRetention(const std::string& root, const RetentionOptions& options, Env* env = nullptr);
+
+// Removes every step of `root` (a checkpoint directory or a memory-tier root) newer than `step`
+// (every step with nullopt), complete or partial, each made invisible first as ApplyRetention
+// removes one. A rollback's (lifeline-agent): those steps may hold the damage it rolls back from,
+// and the relaunched ranks save their step numbers again. Returns the steps removed, newest first.
+// REQUIRES: no launch saving into `root` (its ranks stopped).
+LIFELINE_EXPORT Result<std::vector<uint64_t>> RemoveStepsAfter(const std::string& root, std::optional<uint64_t> step,
+                                                               Env* env = nullptr);
 
 // The launch saving into checkpoint directory `dir` now, as its save lock (<dir>/lifeline.lock,
 // held by rank 0 of the launch from its first save until it closes or dies) names it: "launch

@@ -55,6 +55,12 @@ enum class EventType : uint16_t {
                      // IEEE 754 binary64 bits (ScalarValue)
   kScalarName = 16,  // the name of scalar `comm` of this process, said before its first value: seq,
                      // bytes, duration_ns and aux hold its bytes (DecodeScalarName)
+  kReplicaDigest = 17,  // a snapshot's digest of this rank's copy of a replicated shard (data-parallel
+                        // replicas): seq: the shard's key, the same on every replica; comm: the
+                        // replica count; bytes: the shard's bytes; duration_ns: their offset in the
+                        // tensor (kNoOffset: a box); aux: the digest (formats/SPEC.md §15)
+  kReplicaName = 18,    // part `comm` of `op` parts of the name of the tensor of shard key `seq`,
+                        // said once per process before its first digest (DecodeReplicaNamePart)
 };
 
 // Collective operations, as NCCL and torch.distributed name them.
@@ -160,6 +166,27 @@ LIFELINE_EXPORT double ScalarValue(const Event& event);
 // The name a kScalarName event carries: InvalidArgument when `event` is not one, or its bytes are
 // not a name RegisterScalar takes (the agent trusts nothing a ring holds).
 LIFELINE_EXPORT Result<std::string> DecodeScalarName(const Event& event);
+
+// Replica digests (kReplicaDigest, kReplicaName). The save path reports them; the agent compares
+// the replicas' digests of each shard key and names the rank whose copy differs.
+inline constexpr uint64_t kNoOffset = ~uint64_t{0};
+inline constexpr size_t kReplicaNamePartBytes = 24;  // name bytes per kReplicaName event
+inline constexpr uint32_t kMaxReplicaNameParts = 171;  // ceil(4096 / 24)
+// Records the name of the tensor of shard `key` (at most 4096 bytes, no NUL), in parts; false when
+// the ring refused a part (full) or there is no agent.
+LIFELINE_EXPORT bool ReportReplicaName(uint64_t key, const std::string& name);
+// Records a digest of this rank's copy of shard `key` at `step`.
+LIFELINE_EXPORT void ReportReplicaDigest(uint64_t step, uint64_t key, uint32_t replica_count, uint64_t bytes,
+                                         uint64_t tensor_offset, uint64_t digest);
+// The part of a name a kReplicaName event carries (its bytes up to the first NUL), with its part
+// number and count: InvalidArgument when `event` is not one, or its fields are out of bounds (a
+// part beyond the count, a count above kMaxReplicaNameParts, bytes after a NUL, an empty part).
+struct ReplicaNamePart {
+  uint64_t key = 0;
+  uint32_t part = 0, parts = 0;
+  std::string bytes;
+};
+LIFELINE_EXPORT Result<ReplicaNamePart> DecodeReplicaNamePart(const Event& event);
 
 // Writes the ring's newest `max_events` events to `path`, one JSON object per line, oldest
 // first. FailedPrecondition when tracing is inactive.

@@ -31,7 +31,8 @@ from . import _state
 
 Error = _lifeline.Error
 
-__all__ = ["Checkpointer", "Ticket", "Shard", "Error", "trace", "report", "guard_optimizer", "convert", "describe_source", "dcp"]
+__all__ = ["Checkpointer", "Ticket", "Shard", "Error", "trace", "report", "guard_optimizer", "convert", "describe_source", "dcp",
+           "skip_steps", "StepSet"]
 
 
 def __getattr__(name):
@@ -40,6 +41,64 @@ def __getattr__(name):
         import importlib
         return importlib.import_module("." + name, __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class StepSet:
+    """Steps as ranges, first and last included: `step in steps`, len(), iteration in order, and
+    `ranges` [(first, last), ...]. What lifeline.skip_steps() returns."""
+
+    def __init__(self, ranges=()):
+        self.ranges = sorted((int(a), int(b)) for a, b in ranges)
+
+    @classmethod
+    def parse(cls, text):
+        """"41-47,60" -> StepSet([(41, 47), (60, 60)]); "" -> an empty one. ValueError when malformed."""
+        ranges = []
+        for part in (text or "").split(","):
+            part = part.strip()
+            if not part:
+                continue
+            first, _, last = part.partition("-")
+            a, b = int(first), int(last) if last else int(first)
+            if a < 0 or b < a:
+                raise ValueError(f"not a step range: {part!r}")
+            ranges.append((a, b))
+        return cls(ranges)
+
+    def __contains__(self, step):
+        return any(a <= step <= b for a, b in self.ranges)
+
+    def __iter__(self):
+        for a, b in self.ranges:
+            yield from range(a, b + 1)
+
+    def __len__(self):
+        return sum(b - a + 1 for a, b in self.ranges)
+
+    def __bool__(self):
+        return bool(self.ranges)
+
+    def __eq__(self, other):
+        return isinstance(other, StepSet) and self.ranges == other.ranges
+
+    def __repr__(self):
+        return "StepSet(" + ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in self.ranges) + ")"
+
+
+def skip_steps():
+    """The steps whose data this launch must skip: lifeline-agent's rollbacks (policy rollback with
+    rollback.skip_data) name the steps between the checkpoint resumed from and a loss spike or a
+    non-finite value that came back after a replay (LIFELINE_SKIP_STEPS). Empty without an agent or
+    with nothing to skip. The recipe: draw the step's batch as usual, and do not train on it:
+
+        for step in range(start, steps):
+            batch = next(batches)              # the data stays where the step count says
+            if step in skip:                   # skip = lifeline.skip_steps(), read once
+                continue
+            ...
+
+    See docs/reliability.md."""
+    return StepSet.parse(_os.environ.get("LIFELINE_SKIP_STEPS", ""))
 
 
 class Ticket:
@@ -380,7 +439,8 @@ class Checkpointer:
         directory: a mistyped path must not start training from scratch). The checkpoint may have
         been saved with any world size and layout: each tensor or Shard gets its region of the
         stored global tensor. `last_load` then holds step, from_memory_tier, saved_world_size,
-        bytes_read, metadata and missing_objects."""
+        bytes_read, metadata, missing_objects and skip_steps (lifeline.skip_steps(): the steps whose
+        data a rollback of lifeline-agent tells this launch to skip)."""
         self._load_began = _time.monotonic()
         targets = _state.LoadTargets(state)
         if step is None and self._dist is not None and not self._pinned:
@@ -418,6 +478,7 @@ class Checkpointer:
             "metadata": _json.loads(meta) if meta else None,
             "missing_objects": missing_objects,
             "skipped": result["skipped"],
+            "skip_steps": skip_steps(),
         }
         self._announce(result["step"], "memory" if result["from_memory_tier"] else "disk")
         autotrace = _sys.modules.get("lifeline._autotrace")  # loaded only under lifeline-agent

@@ -43,6 +43,7 @@ from collections.abc import Mapping as _Mapping
 import torch as _torch  # the real torch: imports are absolute
 
 from . import _lifeline
+from . import skip_steps as _skip_steps
 from . import _dtensor
 from . import _state
 from ._state import Shard
@@ -64,12 +65,14 @@ def _error(code, message):
 class LoadedStep(int):
     """The step load() restored (an int), with `missing_keys` (in the model or optimizer, not in the
     checkpoint) and `unexpected_keys` (in the checkpoint, not in the model or optimizer): both empty
-    unless strict=False let the load go on without them."""
+    unless strict=False let the load go on without them; and `skip_steps`, the steps whose data
+    this launch must skip after a rollback of lifeline-agent (lifeline.skip_steps(), a StepSet)."""
 
-    def __new__(cls, step, missing_keys=(), unexpected_keys=()):
+    def __new__(cls, step, missing_keys=(), unexpected_keys=(), skip_steps=None):
         self = super().__new__(cls, step)
         self.missing_keys = list(missing_keys)
         self.unexpected_keys = list(unexpected_keys)
+        self.skip_steps = skip_steps if skip_steps is not None else _skip_steps()
         return self
 
     def __str__(self):

@@ -36,7 +36,8 @@ What the manager does, against torchtitan's CheckpointManager:
   checkpoint directory (torchtitan's own format), model only when initial_load_model_only;
   initial_load_in_hf reads Hugging Face safetensors through the model's state dict adapter, as
   torchtitan does.
-- Refused, saying so: a remote (fsspec) folder, and last_save_in_hf (Lifeline writes safetensors
+- The folder may be an object-store prefix, s3://bucket/prefix (docs/object-storage.md).
+- Refused, saying so: another remote (fsspec) folder, and last_save_in_hf (Lifeline writes safetensors
   with `lifeline convert DIR --to safetensors` instead).
 
 Tested (tests/python/test_torchtitan.py) with torchtitan 0.3.0 and torch 2.13.0 on CPU over gloo,
@@ -104,9 +105,9 @@ class LifelineCheckpointManager(BaseCheckpointManager):
             if self.async_mode not in ("disabled", "async", "async_with_pinned_mem"):
                 raise ValueError(f"checkpoint.async_mode {self.async_mode!r}: "
                                  f"'disabled', 'async' or 'async_with_pinned_mem'")
-            if _filesystem.is_remote(self.folder):
+            if _filesystem.is_remote(self.folder) and not str(self.folder).startswith("s3://"):
                 raise ValueError(f"lifeline.torchtitan: checkpoint.folder {self.folder!r} is remote; Lifeline "
-                                 f"writes a local (or mounted) directory")
+                                 f"writes a local (or mounted) directory or an s3://bucket/prefix")
             if self.last_save_in_hf:
                 raise ValueError("lifeline.torchtitan: checkpoint.last_save_in_hf is not supported: convert a "
                                  "step with `lifeline convert DIR --to safetensors` instead")
@@ -243,7 +244,7 @@ class LifelineCheckpointManager(BaseCheckpointManager):
             _logger.info(f"No checkpoint in {self.folder}: a fresh start")
             return False
         path = c.initial_load_path
-        if not _os.path.isdir(path):
+        if not str(path).startswith("s3://") and not _os.path.isdir(path):
             raise ValueError(f"checkpoint.initial_load_path is not a directory: {path}")
         states = self._states_to_load(model_only=c.initial_load_model_only)
         if _is_lifeline_directory(path):

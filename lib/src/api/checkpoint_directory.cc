@@ -2,6 +2,8 @@
 // commit rules and the memory tier's naming.
 #include "lib/src/load/checkpoint_reader.h"
 #include "lib/src/save/commit.h"
+#include "lib/src/store/checkpoint_layout.h"
+#include "lib/src/store/step_scan.h"
 #include "lib/src/tier/memory_tier.h"
 #include "lifeline/checkpoint.h"
 
@@ -22,6 +24,16 @@ Result<std::vector<CheckpointInfo>> ScanMemoryTierOf(const std::string& dir, Env
   return ListTierSteps(Env::OrDefault(env), dir, root);
 }
 
+Status MarkStepSuspect(const std::string& root, uint64_t step, const std::string& json, Env* env) {
+  env = Env::OrDefault(env);
+  if (json.size() > kMaxSuspectMarkerBytes)
+    return Status::InvalidArgument("suspect marker of step " + std::to_string(step), "larger than 64 KiB");
+  const std::string dir = JoinPath(root, StepDirName(step));
+  Status made = env->CreateDir(dir);
+  if (!made.ok() && !env->IsDirectory(dir)) return made;
+  return WriteFileAtomically(env, JoinPath(dir, kSuspectMarkerName), json);
+}
+
 Result<VerifyResult> VerifyCheckpoint(const std::string& root, std::optional<uint64_t> step, Env* env) {
   LL_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(Env::OrDefault(env), root, step));
   VerifyReport report;
@@ -33,6 +45,10 @@ Result<VerifyResult> VerifyCheckpoint(const std::string& root, std::optional<uin
   result.chunks_checked = report.chunks_checked;
   result.objects_checked = report.objects_checked;
   result.bytes_checked = report.bytes_checked;
+  if (Result<StepState> state = ScanStep(Env::OrDefault(env), reader->step_dir(), reader->step()); state.ok()) {
+    result.suspect = state->info.suspect;
+    result.suspect_reason = state->info.suspect_reason;
+  }
   return result;
 }
 

@@ -14,6 +14,7 @@
 
 #include "formats/index_codec.h"
 #include "lib/src/env/aligned_buffer.h"
+#include "lib/src/env/s3_url.h"
 #include "lib/src/store/checkpoint_layout.h"
 #include "lib/src/load/checkpoint_reader.h"
 #include "lib/src/save/commit.h"
@@ -23,6 +24,7 @@
 #include "lib/src/tier/memory_tier.h"
 #include "lib/src/save/persist_pipeline.h"
 #include "lib/src/save/rank_objects.h"
+#include "lib/src/save/replica_digest.h"
 #include "lib/src/save/save_job.h"
 #include "lifeline/trace.h"
 #include "lib/src/store/save_lock.h"
@@ -38,6 +40,9 @@ namespace lifeline {
 // drainer), then the copy threads, the drainer, and the memory the saves used.
 namespace {
 
+// The size of every part of a multipart upload but the last (S3EnvOptions::part_bytes).
+constexpr uint64_t kObjectPartBytes = 8ull << 20;
+
 // What Save plans from a request's tensors alone (Checkpointer::Impl::tensor_plan).
 struct TensorPlan {
   std::vector<TensorShard> tensors;  // the request's (data addresses included; streams ignored)
@@ -48,6 +53,8 @@ struct TensorPlan {
   std::shared_ptr<const format::CheckpointIndex> index;
   std::vector<format::ChunkInfo> chunks;  // checksums zero
   std::shared_ptr<const std::vector<internal::CopyPiece>> pieces;  // the fragments'
+  // The replica digests' plan, made at the first save that computes them.
+  std::shared_ptr<const internal::ReplicaDigestPlan> replicas;
 };
 
 }  // namespace
@@ -97,6 +104,10 @@ void ReportFallbacks(const LoadResult& result) {
 // `path` resolved as far as it exists (realpath of its longest existing prefix), the rest appended:
 // a directory that one rank has created and another not yet gets the same answer from both.
 std::string ResolvedPath(const std::string& path) {
+  if (IsObjectStorePath(path)) {  // no links there: one spelling per prefix
+    Result<S3Location> loc = ParseS3Path(path);
+    return loc.ok() ? loc->ToString() : path;
+  }
   char resolved[PATH_MAX];
   if (::realpath(path.c_str(), resolved) != nullptr) return resolved;
   if (path == ".") return path;  // the working directory is gone
@@ -216,7 +227,10 @@ Checkpointer::~Checkpointer() {
     // slot went to a later save before its own withdrawal was due).
     if (Result<std::vector<CheckpointInfo>> disk = ScanCheckpoints(m.env, options_.directory); disk.ok())
       for (const CheckpointInfo& info : *disk)
-        if (info.complete) m.tier->Withdraw(info.step).IgnoreError();
+        if (info.complete) {
+          m.tier->Withdraw(info.step).IgnoreError();
+          m.tier->WithdrawEarlierLaunches(info.step).IgnoreError();
+        }
     m.tier->RemoveSlotFiles();
     m.tier->RemoveRootIfEmpty();
   }
@@ -245,7 +259,7 @@ Status CreateCheckpointDirectory(Env* env, const std::string& dir, bool create) 
   if (!existing.empty() && env->FileExists(existing) && !env->IsDirectory(existing))
     return Status::FailedPrecondition(dir, (existing == dir ? std::string("is") : existing + " is") +
                                                " a file, not a directory: a checkpoint directory must be one");
-  if (env == Env::Default() && !existing.empty() && ::access(existing.c_str(), W_OK | X_OK) != 0 &&
+  if ((env == Env::Default() || env == Env::Routing()) && !IsObjectStorePath(dir) && !existing.empty() && ::access(existing.c_str(), W_OK | X_OK) != 0 &&
       (errno == EACCES || errno == EROFS || errno == EPERM))
     return Status::FailedPrecondition(dir, "cannot be written (" + existing + ": " + std::strerror(errno) + ")");
   return s;
@@ -255,6 +269,17 @@ Status CreateCheckpointDirectory(Env* env, const std::string& dir, bool create) 
 
 Result<std::unique_ptr<Checkpointer>> Checkpointer::Open(CheckpointerOptions options) {
   if (options.directory.empty()) return Status::InvalidArgument("checkpoint directory is empty");
+  for (std::string* dir : {&options.directory, &options.drain_directory}) {
+    if (!IsObjectStorePath(*dir)) continue;
+    LL_ASSIGN_OR_RETURN(S3Location loc, ParseS3Path(*dir));
+    if (loc.key.empty())
+      return Status::InvalidArgument(*dir, "a checkpoint directory in a bucket needs a prefix (s3://bucket/prefix): "
+                                           "the bucket's other keys are never touched, so they cannot be its own");
+    *dir = loc.ToString();  // one spelling: no trailing slash
+    // Each write block is one part of a multipart upload, sent straight from the snapshot; a
+    // smaller one would be copied and held until the file closes (formats/SPEC.md §18).
+    options.write_block_bytes = std::max(options.write_block_bytes, kObjectPartBytes);
+  }
   if (options.world_size == 0 || options.world_size > format::kMaxWorldSize || options.rank >= options.world_size)
     return Status::InvalidArgument("rank " + std::to_string(options.rank) + " of world size " +
                                    std::to_string(options.world_size) + " is not a valid rank");
@@ -538,6 +563,13 @@ SaveTicket Checkpointer::Save(uint64_t step, const SaveRequest& request) {
       return refuse(s.Annotate(where), SavePhase::kFailed);
     }
   }
+  if (o.replica_digests == CheckpointerOptions::ReplicaDigests::kOn ||
+      (o.replica_digests == CheckpointerOptions::ReplicaDigests::kAuto && trace::Active())) {
+    TensorPlan& t = *m.tensor_plan;  // this save's (reused or just made)
+    if (t.replicas == nullptr)
+      t.replicas = internal::PlanReplicaDigests(request, *t.plan, t.index->fragments, w.chunk_bytes, o.replica_split_bytes);
+    if (!t.replicas->shards.empty()) job->SetReplicaDigests(t.replicas, trace::Active());
+  }
   job->InitCounters(request.tensors.size());
   if (m.tier != nullptr) {
     MemoryTier* tier = m.tier.get();
@@ -622,7 +654,7 @@ Result<LoadResult> LoadFromRoot(Env* env, const std::string& root, std::optional
     LL_ASSIGN_OR_RETURN(std::vector<CheckpointInfo> all, ScanCheckpoints(env, root));
     std::vector<uint64_t> steps;
     for (const CheckpointInfo& info : all)
-      if (info.complete) steps.push_back(info.step);
+      if (info.complete && !info.suspect) steps.push_back(info.step);  // a suspect step only when asked for
     return steps;
   };
   std::vector<uint64_t> candidates;
@@ -725,7 +757,7 @@ Result<LoadResult> Checkpointer::LoadHost(std::optional<uint64_t> step, const Lo
       std::optional<uint64_t> found;
       if (!list.ok()) return found;
       for (const CheckpointInfo& info : *list)
-        if (info.complete && (!want || info.step == *want)) return std::optional<uint64_t>(info.step);
+        if (info.complete && (want ? info.step == *want : !info.suspect)) return std::optional<uint64_t>(info.step);
       return found;
     };
     const std::optional<uint64_t> in_memory =
@@ -759,7 +791,7 @@ Result<std::vector<CheckpointInfo>> Checkpointer::List() { return ScanCheckpoint
 Result<std::optional<uint64_t>> Checkpointer::LatestStep() {
   LL_ASSIGN_OR_RETURN(std::vector<CheckpointInfo> all, List());
   for (const CheckpointInfo& info : all)
-    if (info.complete) return std::optional<uint64_t>(info.step);
+    if (info.complete && !info.suspect) return std::optional<uint64_t>(info.step);
   return std::optional<uint64_t>();
 }
 

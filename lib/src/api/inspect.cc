@@ -98,7 +98,7 @@ Result<CheckpointDescription> DescribeCheckpoint(const std::string& root, std::o
 }
 
 CheckpointState CheckpointStateOf(const CheckpointInfo& info) {
-  if (info.complete) return CheckpointState::kComplete;
+  if (info.complete) return info.suspect ? CheckpointState::kSuspect : CheckpointState::kComplete;
   if (info.invalid) return CheckpointState::kInvalid;
   const bool damaged = info.problem.rfind("damaged", 0) == 0 || info.problem.rfind("cannot be loaded", 0) == 0;
   return damaged ? CheckpointState::kDamaged : CheckpointState::kPartial;
@@ -110,6 +110,7 @@ const char* CheckpointStateName(CheckpointState state) {
     case CheckpointState::kPartial: return "partial";
     case CheckpointState::kInvalid: return "invalid";
     case CheckpointState::kDamaged: return "damaged";
+    case CheckpointState::kSuspect: return "suspect";
   }
   return "?";
 }
@@ -128,7 +129,7 @@ Result<CheckpointListing> ListCheckpoints(const std::string& dir, Env* env) {
   std::stable_sort(listing.checkpoints.begin(), listing.checkpoints.end(),
                    [](const ListedCheckpoint& x, const ListedCheckpoint& y) { return x.info.step > y.info.step; });
   for (ListedCheckpoint& l : listing.checkpoints) {
-    if (!l.info.complete) continue;
+    if (!l.info.complete || l.info.suspect) continue;  // a suspect step is listed as such
     if (Status s = CheckStepMetadata(env, l.info); !s.ok()) {
       l.info.complete = false;
       l.info.problem = "damaged: " + s.ToString();
@@ -176,6 +177,12 @@ Status ApplyRetention(const std::string& root, const RetentionOptions& options, 
                                                   "force it: `lifeline gc --partial --force`)");
   }
   return CollectGarbageIn(env, root, PolicyFor(env, root, options));
+}
+
+Result<std::vector<uint64_t>> RemoveStepsAfter(const std::string& root, std::optional<uint64_t> step, Env* env) {
+  std::vector<uint64_t> removed;
+  LL_RETURN_IF_ERROR(RemoveStepsAfterIn(Env::OrDefault(env), root, step, &removed));
+  return removed;
 }
 
 }  // namespace lifeline

@@ -272,7 +272,7 @@ std::vector<TensorShard> TargetShards(const std::vector<SourceTensor>& tensors, 
 Result<ConvertReport> ExportHdf5(TensorSource& source, const std::string& out, const ConvertOptions& o) {
   if (o.deflate_level < 0 || o.deflate_level > 9) return Status::InvalidArgument("--deflate must be 0 to 9");
   Env* env = EnvOf(o);
-  if (env != Env::Default())
+  if ((env != Env::Default() && env != Env::Routing()) || IsObjectStorePath(out))
     return Status::NotSupported(out, "HDF5 output needs the POSIX Env (libhdf5 writes its files itself)");
   LL_RETURN_IF_ERROR(CheckOutputFree(env, out, o.force));
   const std::vector<size_t> selected = SelectTensors(source, o.select);

@@ -194,7 +194,7 @@ class CheckpointSource final : public TensorSource {
 class Hdf5Source final : public TensorSource {
  public:
   static Result<std::unique_ptr<TensorSource>> Open(Env* env, const std::string& path) {
-    if (env != Env::Default())
+    if ((env != Env::Default() && env != Env::Routing()) || IsObjectStorePath(path))
       return Status::NotSupported(path, "HDF5 input needs the POSIX Env (libhdf5 reads its files itself)");
     LL_ASSIGN_OR_RETURN(Hdf5File file, Hdf5File::OpenReadOnly(path));
     auto src = std::make_unique<Hdf5Source>(std::move(file));

@@ -27,7 +27,14 @@ Result<std::string> ReadFileToString(Env* env, const std::string& path, uint64_t
   return data;
 }
 
+bool IsObjectStorePath(std::string_view path) { return path.rfind("s3://", 0) == 0; }
+
 Status WriteFileAtomically(Env* env, const std::string& path, std::string_view data, bool replace) {
+  return env->PutFile(path, data, replace);
+}
+
+Status Env::PutFile(const std::string& path, std::string_view data, bool replace) {
+  Env* env = this;
   static std::atomic<uint64_t> counter{0};
   char suffix[64];
   std::snprintf(suffix, sizeof(suffix), ".tmp-%d-%llu", static_cast<int>(getpid()),

@@ -318,7 +318,7 @@ class S3EnvImpl final : public S3Env {
 
   Result<EntryType> GetEntryType(const std::string& path) override {
     LL_ASSIGN_OR_RETURN(Resolved r, Resolve(path));
-    if (r.above_root) return EntryType::kDirectory;
+    if (r.above_root || r.loc.key.empty()) return EntryType::kDirectory;  // the bucket: never an object
     Result<S3ObjectInfo> head = client_->HeadObject(r.loc.bucket, r.loc.key);
     if (head.ok()) return EntryType::kFile;
     if (!head.status().IsNotFound()) return head.status();
@@ -387,6 +387,13 @@ class S3EnvImpl final : public S3Env {
     LL_RETURN_IF_ERROR(text.status());
     return std::optional<std::string>(std::move(*text));
   }
+
+  Status PutFile(const std::string& path, std::string_view data, bool replace) override {
+    LL_ASSIGN_OR_RETURN(S3Location loc, Object(path));
+    return client_->PutObject(loc.bucket, loc.key, data, /*if_none_match=*/!replace);
+  }
+
+  Result<size_t> AbortIncompleteWrites(const std::string& path) override { return AbortIncompleteUploads(path); }
 
   Result<size_t> AbortIncompleteUploads(const std::string& path) override {
     LL_ASSIGN_OR_RETURN(Resolved r, Resolve(path));

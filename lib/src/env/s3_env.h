@@ -29,6 +29,9 @@
 //   LockFile          a lock object created by a conditional PUT and deleted when the FileLock is
 //                     destroyed. Unlike a kernel lock it outlives a holder that dies: the holder
 //                     text (LockHolder) says who took it, and a caller decides when it is stale.
+//   PutFile           one PUT of the whole object (If-None-Match: * when not replacing): no temporary
+//                     object, no copy.
+//   AbortIncompleteWrites  AbortIncompleteUploads.
 //   NewIoQueue        the thread-pool queue (at least min(depth, 16) threads): each request is one
 //                     part upload or ranged GET.
 //

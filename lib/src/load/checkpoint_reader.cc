@@ -45,6 +45,9 @@ constexpr uint64_t kMergeBytes = 8ull << 20;
 // memory until ReadObject asks for them).
 constexpr uint64_t kPrefetchObjectBytes = 1ull << 20;
 constexpr uint64_t kMinReadsInFlight = 4;
+// Objects: 16 ranged GETs of up to 4 MiB in flight.
+constexpr uint64_t kRemoteReadAheadBytes = 64ull << 20;
+constexpr uint64_t kRemoteMergeBytes = 4ull << 20;
 
 // One contiguous extent of a data file to read and hand to a consumer.
 struct ReadSpan {
@@ -77,19 +80,25 @@ class SpanReader {
  public:
   SpanReader(Env* env, const std::string& step_dir, const format::CheckpointIndex& manifest,
              const ReaderOptions& options)
-      : env_(env), step_dir_(step_dir), manifest_(manifest), options_(options), files_(manifest.files.size()) {}
+      : env_(env), step_dir_(step_dir), manifest_(manifest), options_(options), files_(manifest.files.size()),
+        remote_(IsObjectStorePath(step_dir)) {}
 
   template <typename Consume>
   Status Run(const std::vector<ReadSpan>& spans, Consume&& consume) {
     // Read-ahead is bounded by bytes as well as by the queue depth: every staging byte is fresh
     // memory the kernel must zero (on a small VM, slower than the disk delivers), and about 32 MiB
     // in flight per reader already keeps a fast device busy.
-    const uint64_t staging_cap = std::min(options_.memory_budget, kReadAheadBytes);
+    // An object store is read with ranged GETs of exactly the spans' bytes (no alignment: nothing
+    // bypasses a cache there), merged only where spans touch; each GET waits on the network, so
+    // more and smaller ones are kept in flight.
+    const uint64_t align = remote_ ? 1 : kDirectIoAlignment;
+    const uint64_t staging_cap = std::min(options_.memory_budget, remote_ ? kRemoteReadAheadBytes : kReadAheadBytes);
     // Merged reads stay small enough that several fit in the staging at once.
     const uint64_t merge_cap =
-        std::max(kDirectIoAlignment,
-                 AlignDown(std::min(kMergeBytes, staging_cap / kMinReadsInFlight), kDirectIoAlignment)) +
-        kDirectIoAlignment;
+        remote_ ? std::max<uint64_t>(1, std::min(kRemoteMergeBytes, staging_cap / kMinReadsInFlight))
+                : std::max(kDirectIoAlignment,
+                           AlignDown(std::min(kMergeBytes, staging_cap / kMinReadsInFlight), kDirectIoAlignment)) +
+                      kDirectIoAlignment;
     std::vector<Read> reads;
     std::vector<size_t> members;  // span indexes; each read's are a contiguous range of them
     for (size_t i = 0; i < spans.size(); ++i) {
@@ -99,8 +108,8 @@ class SpanReader {
         LL_RETURN_IF_ERROR(consume(span, &kNothing));
         continue;
       }
-      const uint64_t start = AlignDown(span.offset, kDirectIoAlignment);
-      const uint64_t end = AlignUp(span.offset + span.length, kDirectIoAlignment);
+      const uint64_t start = AlignDown(span.offset, align);
+      const uint64_t end = AlignUp(span.offset + span.length, align);
       if (!reads.empty()) {
         Read& last = reads.back();
         if (span.file == last.file && start >= last.start && start <= last.end &&
@@ -224,6 +233,7 @@ class SpanReader {
   const format::CheckpointIndex& manifest_;
   const ReaderOptions& options_;
   std::vector<std::unique_ptr<RandomAccessFile>> files_;
+  const bool remote_;  // the files are objects
   uint64_t bytes_read_ = 0;
 };
 

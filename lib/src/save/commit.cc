@@ -26,6 +26,9 @@ Status RemoveStep(Env* env, const StepState& state) {
     if (!s.ok() && !s.IsNotFound()) return s;
     LL_RETURN_IF_ERROR(env->SyncDir(dir));
   }
+  // Uploads a dead writer left in it (an object store's) would otherwise be kept, and billed, forever.
+  Result<size_t> aborted = env->AbortIncompleteWrites(dir);
+  if (!aborted.ok()) Log(LogLevel::kWarning, "removing " + dir + ": " + aborted.status().ToString());
   return env->RemoveTree(dir);
 }
 
@@ -57,6 +60,7 @@ std::string ParentDir(const std::string& path) {
 // A directory entry survives a crash only once its parent is synced; without that a whole
 // checkpoint root could vanish with the machine.
 Status CreateDirDurably(Env* env, const std::string& dir) {
+  if (IsObjectStorePath(dir)) return env->CreateDir(dir);  // prefixes exist while objects do
   std::vector<std::string> created;  // deepest first
   for (std::string p = dir; !p.empty() && p != "/" && p != "." && !env->IsDirectory(p); p = ParentDir(p))
     created.push_back(p);
@@ -136,6 +140,10 @@ Result<bool> PublishRankIndex(Env* env, const std::string& root, uint64_t step, 
 
 Status CheckStepMetadata(Env* env, const CheckpointInfo& info) {
   LL_ASSIGN_OR_RETURN(StepState state, ScanStep(env, info.directory, info.step));
+  // A suspect step's metadata is sound, but it is no step to resume from or to count as kept.
+  if (info.suspect || state.info.suspect)
+    return Status::FailedPrecondition(info.directory, "marked suspect: " +
+                                                          (info.suspect ? info.suspect_reason : state.info.suspect_reason));
   return ReadManifest(env, state).status();
 }
 
@@ -215,12 +223,29 @@ Status CollectGarbageIn(Env* env, const std::string& root, const RetentionPolicy
   return env->SyncDir(root);
 }
 
+Status RemoveStepsAfterIn(Env* env, const std::string& root, std::optional<uint64_t> step,
+                          std::vector<uint64_t>* removed) {
+  LL_ASSIGN_OR_RETURN(std::vector<CheckpointInfo> all, ScanCheckpoints(env, root));
+  for (const CheckpointInfo& info : all) {  // newest first
+    if (step && info.step <= *step) break;
+    Result<StepState> scanned = ScanStep(env, info.directory, info.step);
+    if (scanned.status().IsNotFound() && !env->FileExists(info.directory)) continue;
+    LL_ASSIGN_OR_RETURN(StepState state, std::move(scanned));
+    LL_RETURN_IF_ERROR(RemoveStep(env, state));
+    if (removed != nullptr) removed->push_back(info.step);
+  }
+  return env->SyncDir(root);
+}
+
 Status WaitForCommitIn(Env* env, const std::string& root, uint64_t step, double timeout_seconds) {
   const std::string step_dir = JoinPath(root, StepDirName(step));
   using Clock = std::chrono::steady_clock;
   const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_seconds);
   std::optional<Clock::time_point> unsealed_since;
-  auto pause = std::chrono::milliseconds(1);
+  // Each look at an object store is a HEAD and two LISTs per rank: polled gently, at most 5 a second.
+  const bool remote = IsObjectStorePath(root);
+  auto pause = std::chrono::milliseconds(remote ? 20 : 1);
+  const auto longest_pause = std::chrono::milliseconds(remote ? 200 : 100);
   for (;;) {
     std::string problem = "no such step";
     if (env->IsDirectory(step_dir)) {
@@ -253,7 +278,7 @@ Status WaitForCommitIn(Env* env, const std::string& root, uint64_t step, double 
     if (Clock::now() >= deadline)
       return Status::Aborted(step_dir, "not committed after " + std::to_string(timeout_seconds) + " s: " + problem);
     std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, std::chrono::milliseconds(100));
+    pause = std::min(pause * 2, longest_pause);
   }
 }
 

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -65,6 +66,12 @@ std::vector<bool> RetentionPlan(std::vector<CheckpointInfo>& all, const Retentio
 // a saving rank: keep_last, loadable by CheckStepMetadata, partial steps of other launches stale.
 Status CollectGarbageIn(Env* env, const std::string& root, const RetentionPolicy& policy);
 RetentionPolicy SaverRetention(Env* env, uint32_t keep_last, std::string_view run_hash);
+
+// Removes every step directory under `root` newer than `step` (all of them with nullopt), complete
+// or partial, each made invisible first as retention removes it; `removed` gets their steps, newest
+// first. A rollback's: no launch may be saving into `root` meanwhile.
+Status RemoveStepsAfterIn(Env* env, const std::string& root, std::optional<uint64_t> step,
+                          std::vector<uint64_t>* removed);
 
 // Polls until step `step` under `root` is committed; Aborted naming what is missing after the timeout.
 Status WaitForCommitIn(Env* env, const std::string& root, uint64_t step, double timeout_seconds);

@@ -168,6 +168,10 @@ void CopyEngine::Run() {
     work_.notify_one();  // the next thread joins this job (and wakes the one after it)
     for (std::optional<size_t> i; (i = job->ClaimPiece());) {
       const internal::CopyPiece& p = job->piece(*i);
+      if (p.verify) {  // a replica's copy of a part another replica writes: hashed, never copied
+        job->PieceDone(*i, job->cancelled() ? 0 : format::Checksum64(p.source, p.length));
+        continue;
+      }
       if (p.source_stride != 0) {  // column blocks (host memory only): a band, or a block alone
         CopyBand(*job, *i);
         continue;

@@ -22,7 +22,7 @@ namespace lifeline {
 struct DrainConfig {
   std::string source_root;
   RankWriterConfig writer;  // writer.root: the directory drained into
-  uint64_t buffer_bytes = 8ull << 20;
+  uint64_t buffer_bytes = 8ull << 20;  // per copy lane: 1 lane, or 8 (parts in flight) into an object store
   double commit_timeout_seconds = 1800;  // how long to wait for the other ranks to commit a step
   int nice_levels = 0;                   // the drain thread's priority below its creator's
 };

@@ -143,8 +143,9 @@ Result<uint64_t> PersistPipeline::WriteImage(internal::SaveJob& job, const std::
     }
   }
   if (first_error.ok()) first_error = file->Sync();
-  Status closed = file->Close();
-  if (first_error.ok()) first_error = closed;
+  // A failed file is dropped unclosed: an object store then aborts its upload instead of publishing
+  // an object with holes.
+  if (first_error.ok()) first_error = file->Close();
   if (!first_error.ok()) return first_error.Annotate(path);
   return padded;
 }

@@ -236,7 +236,7 @@ Result<format::CheckpointIndex> WriteRankData(Env* env, const std::string& step_
   auto fail = [&](Status s) -> Status {
     writer.Drain().IgnoreError();
     if (writer.broken()) queue.reset();  // waits for what Drain could not reap, before the writer's buffers go
-    file->Close().IgnoreError();
+    file.reset();  // unclosed: an object store aborts the upload rather than publish what was written
     return s.Annotate("saving step " + std::to_string(o.step) + " on rank " + std::to_string(o.rank) + " to " + path);
   };
 

@@ -4,6 +4,7 @@
 
 #include "formats/checksum.h"
 #include "lib/src/save/commit.h"
+#include "lib/src/save/replica_digest.h"
 #include "lifeline/trace.h"
 
 namespace lifeline {
@@ -148,6 +149,7 @@ void SaveJob::InitCounters(size_t request_tensors, bool streamed) {
     const CopyPiece& p = piece(i);
     bands = bands || p.band != 1;
     if (!p.object) ++per_tensor[p.request_tensor];
+    if (p.verify) continue;  // in no block
     for (uint64_t at = p.image_offset, end = p.image_offset + p.length; at < end;) {
       const uint64_t b = at / block_bytes, stop = std::min(end, (b + 1) * block_bytes);
       per_block[b] += static_cast<int64_t>(stop - at);
@@ -163,8 +165,50 @@ void SaveJob::InitCounters(size_t request_tensors, bool streamed) {
   pieces_left_.store(num_pieces(), std::memory_order_release);
 }
 
+void SaveJob::SetReplicaDigests(std::shared_ptr<const ReplicaDigestPlan> plan, bool report) {
+  replica_plan_ = std::move(plan);
+  verify_pieces_ = &replica_plan_->verify_pieces;
+  num_verify_ = verify_pieces_->size();
+  verify_hashes_.assign(num_verify_, 0);
+  report_digests_ = report;
+}
+
+std::vector<uint64_t> SaveJob::replica_digests() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return replica_digests_;
+}
+
+void SaveJob::FinishReplicaDigests() {
+  const ReplicaDigestPlan& plan = *replica_plan_;
+  std::vector<uint64_t> digests;
+  digests.reserve(plan.shards.size());
+  for (const ReplicaShardDigest& shard : plan.shards) digests.push_back(ShardDigest(shard, index.chunks, verify_hashes_));
+  if (report_digests_ && trace::Active()) {
+    if (!plan.names_sent.load(std::memory_order_acquire)) {
+      bool all = true;
+      for (const ReplicaShardDigest& shard : plan.shards) all = trace::ReportReplicaName(shard.key, shard.name) && all;
+      if (all) plan.names_sent.store(true, std::memory_order_release);
+    }
+    for (size_t k = 0; k < plan.shards.size(); ++k) {
+      const ReplicaShardDigest& shard = plan.shards[k];
+      trace::ReportReplicaDigest(step, shard.key, shard.replica_count, shard.bytes, shard.tensor_offset, digests[k]);
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  replica_digests_ = std::move(digests);
+}
+
 void SaveJob::PieceDone(size_t i, uint64_t checksum) {
   const CopyPiece& p = piece(i);
+  if (p.verify) {
+    if (!cancelled()) verify_hashes_[p.target] = checksum;
+    if (tensor_pending_[p.request_tensor].fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      std::lock_guard<std::mutex> lock(mu_);
+      cv_.notify_all();
+    }
+    if (pieces_left_.fetch_sub(1, std::memory_order_acq_rel) == 1) CompleteCopy();
+    return;
+  }
   if (!cancelled()) {
     // Each slot is written by one thread only, before the release below publishes it.
     if (p.object) {
@@ -191,6 +235,7 @@ void SaveJob::PieceDone(size_t i, uint64_t checksum) {
 }
 
 void SaveJob::CompleteCopy() {
+  if (replica_plan_ != nullptr && !cancelled()) FinishReplicaDigests();
   {
     std::lock_guard<std::mutex> lock(mu_);
     copied_ = true;
@@ -404,6 +449,16 @@ Status SaveTicket::WaitPersisted() const { return job_ ? job_->WaitPersisted() :
 Status SaveTicket::WaitCommitted(double timeout_seconds) const {
   return job_ ? job_->WaitCommitted(timeout_seconds) : NoSave();
 }
+std::vector<SaveTicket::ReplicaDigest> SaveTicket::ReplicaDigests() const {
+  std::vector<ReplicaDigest> out;
+  if (!job_ || job_->replica_plan() == nullptr) return out;
+  const std::vector<uint64_t> digests = job_->replica_digests();
+  const auto& shards = job_->replica_plan()->shards;
+  for (size_t k = 0; k < digests.size() && k < shards.size(); ++k)
+    out.push_back({shards[k].name, shards[k].key, shards[k].replica_count, shards[k].bytes, digests[k]});
+  return out;
+}
+
 SaveProgress SaveTicket::Progress() const {
   if (!job_) {
     SaveProgress p;

@@ -55,11 +55,15 @@ struct CopyPiece {
   // over those rows copies them all (GatherBandAndHash). 1: a piece taken alone; 0: a piece of a
   // band, taken with its first. At most kMaxBandPieces.
   uint32_t band = 1;
+  // Hash only, for a replica digest (replica_digest.h): `length` host bytes at `source`, read and
+  // hashed into the job's verify hash `target`; nothing is copied, no block or image is touched.
+  bool verify = false;
 };
 
 inline constexpr uint32_t kMaxBandPieces = 16;
 
 class SaveJob;
+struct ReplicaDigestPlan;
 
 // Splits the job's staged image into its pieces, each at most one chunk: the unit of copying,
 // hashing and per-tensor readiness. The column blocks of one shard are interleaved into bands
@@ -100,11 +104,21 @@ class SaveJob {
   // from save to save, when it does), then `pieces`. Use num_pieces() and piece(i).
   std::shared_ptr<const std::vector<CopyPiece>> shared_pieces;
   std::vector<CopyPiece> pieces;
-  size_t num_pieces() const { return (shared_pieces ? shared_pieces->size() : 0) + pieces.size(); }
+  // Then the hash-only pieces of the replica digests, last, so that the copy the persist pipeline
+  // waits for comes first.
+  size_t num_pieces() const { return (shared_pieces ? shared_pieces->size() : 0) + pieces.size() + num_verify_; }
   const CopyPiece& piece(size_t i) const {
     const size_t shared = shared_pieces ? shared_pieces->size() : 0;
-    return i < shared ? (*shared_pieces)[i] : pieces[i - shared];
+    if (i < shared) return (*shared_pieces)[i];
+    i -= shared;
+    return i < pieces.size() ? pieces[i] : (*verify_pieces_)[i - pieces.size()];
   }
+  // Digests this job's replicated shards by `plan` (its verify pieces join the job's pieces) and,
+  // with `report`, sends them to the agent when the snapshot completes. Before InitCounters.
+  void SetReplicaDigests(std::shared_ptr<const ReplicaDigestPlan> plan, bool report);
+  // The digests, once the snapshot is complete (ReplicaDigestPlan's shards' order).
+  std::vector<uint64_t> replica_digests() const;
+  const ReplicaDigestPlan* replica_plan() const { return replica_plan_.get(); }
   uint8_t* image = nullptr;        // slot memory; null when streamed
   std::optional<unsigned> slot;    // the staging slot it holds
   uint64_t block_bytes = 0;        // granularity of block readiness
@@ -179,7 +193,14 @@ class SaveJob {
  private:
   std::once_flag index_completed_;
   void CompleteCopy();
+  void FinishReplicaDigests();
 
+  std::shared_ptr<const ReplicaDigestPlan> replica_plan_;
+  const std::vector<CopyPiece>* verify_pieces_ = nullptr;  // replica_plan_'s
+  size_t num_verify_ = 0;
+  bool report_digests_ = false;
+  std::vector<uint64_t> verify_hashes_;   // each written by one copy thread, read after the last piece
+  std::vector<uint64_t> replica_digests_; // GUARDED_BY(mu_) once copied_
   std::once_flag device_once_;
   Status device_status_;  // written once under device_once_
   std::atomic<size_t> next_piece_{0};  // counts claims: pieces, or bands when there are bands

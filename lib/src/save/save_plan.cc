@@ -19,6 +19,8 @@ format::Region RegionOf(const TensorShard& s) {
   return r;
 }
 
+}  // namespace
+
 uint64_t ReplicaHash(const std::string& name, const format::Region& r) {
   std::string key = name;
   key.push_back('\0');
@@ -29,6 +31,8 @@ uint64_t ReplicaHash(const std::string& name, const format::Region& r) {
   put(r.flat_end);
   return format::Checksum64(key);
 }
+
+namespace {
 
 constexpr uint64_t kColumnBlockMinBytes = uint64_t{64} << 10;
 constexpr uint64_t kColumnBlockMinRunBytes = 256;

@@ -38,6 +38,11 @@ struct RankSavePlan {
   std::vector<PlannedFragment> fragments;   // in request order
 };
 
+// The key of a replicated shard (formats/SPEC.md §7): XXH3-64 of the tensor name, a 0x00 byte, then
+// as little-endian i64 each offset, each extent, flat_begin and flat_end of its region. Every
+// replica of the shard computes the same key.
+uint64_t ReplicaHash(const std::string& name, const format::Region& region);
+
 // Validates the request (names, dtypes, regions, replica fields, consistent declarations of a
 // tensor held in several pieces) and decides what this rank writes. With `require_data` false, a
 // shard may have no data (a plan for bytes that WriteRankData will fetch through a FragmentReader);

@@ -34,6 +34,12 @@ std::string ManifestFileName(std::string_view run_hash, uint32_t world_size);
 // loaded and garbage collection removes it.
 std::string InvalidMarkerFileName(std::string_view run_hash, uint32_t world_size);
 
+// "suspect.json": a complete step whose data-parallel replicas were found to differ at its
+// snapshot (lifeline-agent's sdc_suspect); a JSON object, at most kMaxSuspectMarkerBytes. The step
+// is never loaded as the latest nor resumed from (formats/SPEC.md §2, §7).
+inline constexpr char kSuspectMarkerName[] = "suspect.json";
+inline constexpr uint64_t kMaxSuspectMarkerBytes = 64 << 10;
+
 struct RankFileName {
   std::string run_hash;
   uint32_t rank = 0;

@@ -27,6 +27,18 @@ std::string OneLine(std::string s) {
   return s;
 }
 
+// Whether the holder named by a lock that outlives its holder (an object store's lock object) has
+// ended, as far as can be told: a process of this host that is gone, or an earlier launch of the job
+// this process belongs to (lifeline-agent ends every rank of a launch before it starts the next,
+// so a launch id of the same job that is not ours names a launch that is over).
+bool ObjectLockIsStale(const SaveLockHolder& holder, const std::string& run_id) {
+  if (holder.run_id == run_id) return false;
+  if (holder.host == ThisHost() && holder.pid > 0 && ::kill(static_cast<pid_t>(holder.pid), 0) != 0 && errno == ESRCH)
+    return true;
+  const char* job = std::getenv("LIFELINE_JOB");
+  return job != nullptr && *job != '\0' && holder.job == job;
+}
+
 }  // namespace
 
 std::string SaveLockHolder::Describe() const {
@@ -81,19 +93,27 @@ Status DirectoryInUse(const std::string& dir, const SaveLockHolder& holder) {
   return Status::FailedPrecondition(
       dir, "is being saved into by " + who +
                ": two jobs saving into one directory overwrite each other's steps; give this job a directory of "
-               "its own, or stop the other one (the lock is " + kSaveLockFileName + ", held until that process ends)");
+               "its own, or stop the other one" +
+               (IsObjectStorePath(dir)
+                    ? " (the lock is the object " + JoinPath(dir, kSaveLockFileName) +
+                          ", deleted when that job closes its Checkpointer; if that job died, delete the object)"
+                    : std::string(" (the lock is ") + kSaveLockFileName + ", held until that process ends)"));
 }
 
 Result<std::unique_ptr<SaveLock>> SaveLock::Claim(Env* env, const std::string& dir, const std::string& run_id,
                                                   uint32_t rank) {
   const std::string path = JoinPath(dir, kSaveLockFileName);
+  // An object store's lock is an object: it outlives a holder that dies (formats/SPEC.md §18).
+  const bool object_store = IsObjectStorePath(dir);
   if (rank != 0) {
     // Rank 0 of this launch may not have taken it yet, or not written its name: only a lock that
     // names another launch, by a process that is alive as far as this host can tell, refuses.
     LL_ASSIGN_OR_RETURN(std::optional<SaveLockHolder> holder, FindSaveLockHolder(env, dir));
     const bool gone = holder && holder->host == ThisHost() && holder->pid > 0 &&
                       ::kill(static_cast<pid_t>(holder->pid), 0) != 0 && errno == ESRCH;
-    if (holder && !gone && !holder->run_id.empty() && holder->run_id != run_id) return DirectoryInUse(dir, *holder);
+    const bool ended = holder && object_store && ObjectLockIsStale(*holder, run_id);
+    if (holder && !gone && !ended && !holder->run_id.empty() && holder->run_id != run_id)
+      return DirectoryInUse(dir, *holder);
     return std::unique_ptr<SaveLock>(new SaveLock(nullptr));
   }
   Result<std::unique_ptr<FileLock>> lock = env->LockFile(path);
@@ -102,7 +122,11 @@ Result<std::unique_ptr<SaveLock>> SaveLock::Claim(Env* env, const std::string& d
     if (holder) {
       // Another Checkpointer of this very launch (in this process) holds it.
       if (holder->run_id == run_id) return std::unique_ptr<SaveLock>(new SaveLock(nullptr));
-      return DirectoryInUse(dir, *holder);
+      if (!object_store || !ObjectLockIsStale(*holder, run_id)) return DirectoryInUse(dir, *holder);
+      // A lock object left by a launch that has ended: removed, then taken by a conditional create,
+      // so that of several claimants only one wins it.
+      Status removed = env->RemoveFile(path);
+      if (!removed.ok() && !removed.IsNotFound()) return removed;
     }
     lock = env->LockFile(path);  // let go meanwhile
   }

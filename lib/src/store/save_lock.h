@@ -9,6 +9,13 @@
 // host, pid, since when. The other ranks check at their first save that no other launch holds it.
 // Envs without locks (the in-memory Env of the tests) skip all of this.
 //
+// In an object store (an s3:// directory) the lock is an object created only if absent, deleted when
+// the Checkpointer closes; a holder that dies leaves it behind. There a lock is stale, and is
+// removed and taken again (by a conditional create, so one claimant wins), when its holder is a
+// process of this host that is gone, or another launch of this process's job (LIFELINE_JOB: the
+// agent ends every rank of a launch before it starts the next). A lock left by another job that
+// died elsewhere refuses saves until someone deletes it; the refusal names the object and holder.
+//
 // Thread safety: the functions share no state; a SaveLock is used by its Checkpointer's caller.
 #ifndef LIFELINE_SRC_SAVE_LOCK_H_
 #define LIFELINE_SRC_SAVE_LOCK_H_

@@ -9,8 +9,17 @@
 #include "lib/src/store/checkpoint_layout.h"
 #include "lifeline/log.h"
 
+#include <nlohmann/json.hpp>
+
 namespace lifeline {
 namespace {
+
+// The reason a suspect marker gives: its "message", else its text as it is (never trusted further).
+std::string SuspectMessage(const std::string& text) {
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_object() && j.contains("message") && j["message"].is_string()) return j["message"].get<std::string>();
+  return "suspect (" + std::to_string(text.size()) + " bytes of marker, no message)";
+}
 
 // An index or manifest larger than the format allows is damage, not a resource problem: saying
 // Corruption lets a load fall back to an older checkpoint instead of giving up.
@@ -89,6 +98,12 @@ Result<StepState> ScanStep(Env* env, const std::string& step_dir, uint64_t step)
     const std::string marker = JoinPath(step_dir, InvalidMarkerFileName(state.run_hash, state.info.world_size));
     Result<std::string> reason = ReadFileToString(env, marker, 64 << 10);
     state.info.problem = "invalid, never loaded: " + (reason.ok() ? *reason : reason.status().ToString());
+  } else if (state.info.complete) {
+    if (std::find(state.children.begin(), state.children.end(), kSuspectMarkerName) != state.children.end()) {
+      state.info.suspect = true;
+      Result<std::string> text = ReadFileToString(env, JoinPath(step_dir, kSuspectMarkerName), kMaxSuspectMarkerBytes);
+      state.info.suspect_reason = text.ok() ? SuspectMessage(*text) : text.status().ToString();
+    }
   } else if (!state.info.complete) {
     std::string missing;
     int listed = 0;
@@ -183,7 +198,9 @@ Result<format::CheckpointIndex> ReadManifest(Env* env, const StepState& state) {
 }
 
 Result<std::vector<CheckpointInfo>> ScanCheckpoints(Env* env, const std::string& root) {
-  if (!env->IsDirectory(root)) return Status::NotFound(root, "no such checkpoint directory");
+  // A prefix of an object store exists while objects do: an empty one is an empty directory, and
+  // the listing below says what is wrong with the bucket or the credentials.
+  if (!IsObjectStorePath(root) && !env->IsDirectory(root)) return Status::NotFound(root, "no such checkpoint directory");
   // A step removed between the listing and its scan was removed by the retention of a concurrent
   // save, which committed a newer step the listing may predate: list again to see it.
   for (int attempt = 0;; ++attempt) {

@@ -250,6 +250,25 @@ Status MemoryTier::Withdraw(uint64_t step) {
   return env_->RemoveTree(step_dir);
 }
 
+Status MemoryTier::WithdrawEarlierLaunches(uint64_t step) {
+  const std::string step_dir = JoinPath(root_, StepDirName(step));
+  Result<std::vector<std::string>> names = env_->GetChildren(step_dir);
+  if (!names.ok()) return names.status().IsNotFound() ? Status::OK() : names.status();
+  bool ours_left = false;
+  for (const std::string& name : *names) {
+    // Every file of a step is "<run hash>.<rest>"; the run hash names the launch.
+    const bool this_launch = name.size() > run_hash_.size() && name.compare(0, run_hash_.size(), run_hash_) == 0 &&
+                             name[run_hash_.size()] == '.';
+    if (this_launch) {
+      ours_left = ours_left || ParseIndexFileName(name) || name.find(".data") != std::string::npos;
+      continue;
+    }
+    Status s = env_->RemoveFile(JoinPath(step_dir, name));
+    if (!s.ok() && !s.IsNotFound()) return s;
+  }
+  return ours_left ? Status::OK() : env_->RemoveTree(step_dir);
+}
+
 Status MemoryTier::Publish(uint64_t step, unsigned slot, std::string_view encoded_index) {
   // Written through the one checkpoint writer; the data file is the slot itself, hard-linked.
   LL_ASSIGN_OR_RETURN(CheckpointWriter writer,
@@ -293,6 +312,13 @@ Status SplitTierSteps(Env* env, const std::string& checkpoint_dir, const std::st
     Result<std::vector<std::string>> children = tier_env->GetChildren(info.directory);
     const bool gone = children.ok() && TierStepWasOnDisk(*children) &&
                       !env->IsDirectory(JoinPath(checkpoint_dir, StepDirName(info.step)));
+    // A step the agent marked suspect on disk is suspect in memory too (same snapshot).
+    const std::string marker = JoinPath(JoinPath(checkpoint_dir, StepDirName(info.step)), kSuspectMarkerName);
+    if (!gone && env->FileExists(marker)) {
+      info.suspect = true;
+      Result<std::string> text = ReadFileToString(env, marker, kMaxSuspectMarkerBytes);
+      info.suspect_reason = text.ok() ? "marked suspect on disk" : text.status().ToString();
+    }
     (gone ? deleted : kept)->push_back(std::move(info));
   }
   return Status::OK();
@@ -376,16 +402,17 @@ MemoryTierRootInfo DescribeRoot(const std::string& root) {
     info.checkpoint_dir = owner->substr(0, nl);
     std::string id = owner->substr(nl + 1);
     while (!id.empty() && id.back() == '\n') id.pop_back();
-    if (!Env::Default()->IsDirectory(info.checkpoint_dir)) {
+    // The directory may be an object-store prefix: Routing() reaches both kinds.
+    if (!Env::Routing()->IsDirectory(info.checkpoint_dir)) {
       info.state = "gone";
     } else {
-      Result<std::string> now = CheckpointDirectoryId(Env::Default(), info.checkpoint_dir, /*create=*/false);
+      Result<std::string> now = CheckpointDirectoryId(Env::Routing(), info.checkpoint_dir, /*create=*/false);
       info.state = now.ok() && *now == id ? "current" : "re-created";
     }
   }
   info.in_use = RootInUse(root);
   std::vector<CheckpointInfo> kept, deleted;
-  if (info.state == "current" && SplitTierSteps(Env::Default(), info.checkpoint_dir, root, &kept, &deleted).ok()) {
+  if (info.state == "current" && SplitTierSteps(Env::Routing(), info.checkpoint_dir, root, &kept, &deleted).ok()) {
     info.steps = kept.size() + deleted.size();
     info.offered = kept.size();
   } else if (Result<std::vector<CheckpointInfo>> all = ScanCheckpoints(Env::Default(), root); all.ok()) {

@@ -59,6 +59,9 @@ class MemoryTier {
 
   // Removes this rank's snapshot of `step` (its index first, then its data link).
   Status Withdraw(uint64_t step);
+  // Removes what earlier launches (other run hashes) left of `step`: a launch that was killed never
+  // withdrew its snapshots. For a step durable on disk, when this rank closes.
+  Status WithdrawEarlierLaunches(uint64_t step);
   // Publishes slot k as this rank's snapshot of `step`, described by `encoded_index`; the rank that
   // completes the step writes its manifest and applies the tier's retention.
   Status Publish(uint64_t step, unsigned slot, std::string_view encoded_index);

@@ -487,5 +487,33 @@ TEST(MemoryTierTest, KeepsOneSnapshotPerSlotAndCleansUpOnClose) {
     EXPECT_TRUE(name == "slots") << "left in the memory tier: " << name;
 }
 
+// Issue 51: a killed launch never withdraws its snapshots; the launch that ends the job in order
+// frees them too, once their steps are on disk.
+TEST(MemoryTierTest, AnOrderlyCloseAlsoFreesWhatAKilledLaunchLeft) {
+  TempDir dir;
+  WholeState state(1);
+  auto step_dirs = [&dir] {
+    std::vector<std::string> steps;
+    for (const std::string& name : ListDir(dir.Sub("tier")))
+      if (name != "slots") steps.push_back(name);
+    return steps;
+  };
+  {
+    CheckpointerOptions o = TierOptions(dir, "killed-launch");
+    o.staging_slots = 2;
+    auto ckpt = Checkpointer::Open(o);
+    ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
+    for (uint64_t step = 1; step <= 2; ++step) ASSERT_TRUE((*ckpt)->Save(step, state.Request()).WaitPersisted().ok());
+    (*ckpt)->KeepMemoryTierOnClose();  // what a SIGKILL leaves
+  }
+  ASSERT_EQ(step_dirs().size(), 2u);
+  {
+    auto ckpt = Checkpointer::Open(TierOptions(dir, "last-launch"));
+    ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
+    ASSERT_TRUE((*ckpt)->Save(3, state.Request()).WaitPersisted().ok());
+  }
+  EXPECT_EQ(step_dirs(), std::vector<std::string>{}) << "left in the memory tier";
+}
+
 }  // namespace memory_tier_test
 }  // namespace lifeline::testing

@@ -44,6 +44,8 @@ const char* EventTypeName(EventType type) {
     case EventType::kCheckpointFallback: return "checkpoint_fallback";
     case EventType::kScalar: return "scalar";
     case EventType::kScalarName: return "scalar_name";
+    case EventType::kReplicaDigest: return "replica_digest";
+    case EventType::kReplicaName: return "replica_name";
   }
   return "unknown";
 }
@@ -448,6 +450,69 @@ void Record(const Event& event) {
   // Integrations that do not know the step (the NCCL plugin) get the one the process is in.
   if (e.step == kNoStep) e.step = t->step.load(std::memory_order_relaxed);
   Emit(t, e);
+}
+
+// The 24 name bytes of a kReplicaName event live in bytes, duration_ns and aux, in that order.
+constexpr size_t kReplicaNameOffset = offsetof(Event, bytes);
+static_assert(offsetof(Event, aux) + sizeof(uint64_t) - kReplicaNameOffset == kReplicaNamePartBytes,
+              "a name part fills 24 bytes");
+
+bool ReportReplicaName(uint64_t key, const std::string& name) {
+  Tracer* t = Get();
+  if (t == nullptr || name.empty()) return false;
+  const size_t n = std::min<size_t>(name.size(), kMaxReplicaNameParts * kReplicaNamePartBytes);
+  const uint32_t parts = static_cast<uint32_t>((n + kReplicaNamePartBytes - 1) / kReplicaNamePartBytes);
+  for (uint32_t k = 0; k < parts; ++k) {
+    Event e;
+    e.type = EventType::kReplicaName;
+    e.op = static_cast<Op>(parts);
+    e.comm = k;
+    e.seq = key;
+    e.step = t->step.load(std::memory_order_relaxed);
+    const size_t begin = k * kReplicaNamePartBytes, len = std::min(kReplicaNamePartBytes, n - begin);
+    std::memcpy(reinterpret_cast<char*>(&e) + kReplicaNameOffset, name.data() + begin, len);
+    e.time_ns = MonotonicNanos();
+    if (!t->ring->Push(e)) return false;
+  }
+  return true;
+}
+
+void ReportReplicaDigest(uint64_t step, uint64_t key, uint32_t replica_count, uint64_t bytes, uint64_t tensor_offset,
+                         uint64_t digest) {
+  Tracer* t = Get();
+  if (t == nullptr) return;
+  Event e;
+  e.type = EventType::kReplicaDigest;
+  e.comm = replica_count;
+  e.step = step;
+  e.seq = key;
+  e.bytes = bytes;
+  e.duration_ns = tensor_offset;
+  e.aux = digest;
+  Emit(t, e);
+}
+
+Result<ReplicaNamePart> DecodeReplicaNamePart(const Event& event) {
+  if (event.type != EventType::kReplicaName)
+    return Status::InvalidArgument("trace event", std::string("a ") + EventTypeName(event.type) + " event, not replica_name");
+  ReplicaNamePart part;
+  part.key = event.seq;
+  part.part = event.comm;
+  part.parts = static_cast<uint32_t>(event.op);
+  if (part.parts == 0 || part.parts > kMaxReplicaNameParts || part.part >= part.parts)
+    return Status::InvalidArgument("replica_name event", "part " + std::to_string(part.part) + " of " +
+                                                             std::to_string(part.parts) + " is out of bounds");
+  char bytes[kReplicaNamePartBytes];
+  std::memcpy(bytes, reinterpret_cast<const char*>(&event) + kReplicaNameOffset, sizeof(bytes));
+  size_t n = 0;
+  while (n < sizeof(bytes) && bytes[n] != '\0') ++n;
+  for (size_t i = n; i < sizeof(bytes); ++i)
+    if (bytes[i] != '\0') return Status::InvalidArgument("replica_name event", "bytes after a NUL");
+  // Only the last part may be short.
+  if (n == 0 || (n < sizeof(bytes) && part.part + 1 != part.parts))
+    return Status::InvalidArgument("replica_name event", "a part of " + std::to_string(n) + " bytes");
+  part.bytes.assign(bytes, n);
+  return part;
 }
 
 Status DumpRecent(const std::string& path, uint64_t max_events) {

@@ -282,6 +282,20 @@ size_t FormatEventJson(const Event& e, int rank, char* buf, size_t size) {
     a.Char('}');
     return a.Finish();
   }
+  if (e.type == EventType::kReplicaDigest || e.type == EventType::kReplicaName) {
+    a.Str(",\"key\":");
+    a.Uint(e.seq);
+    a.Str(e.type == EventType::kReplicaDigest ? ",\"replicas\":" : ",\"part\":");
+    a.Uint(e.comm);
+    if (e.type == EventType::kReplicaDigest) {
+      a.Str(",\"bytes\":");
+      a.Uint(e.bytes);
+      a.Str(",\"digest\":");
+      a.Uint(e.aux);
+    }
+    a.Char('}');
+    return a.Finish();
+  }
   if (e.bytes != 0) {
     a.Str(",\"bytes\":");
     a.Uint(e.bytes);

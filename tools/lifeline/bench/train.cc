@@ -70,6 +70,9 @@ struct TrainOptions {
   std::string mode = "lazy";
   std::string compute = "read";
   uint32_t ranks = 1;
+  // none: each rank its own piece; digest / plain: the ranks are data-parallel replicas of the same
+  // tensors, with replica digests (CheckpointerOptions::replica_digests kOn) or without (kOff).
+  std::string replicas = "none";
   uint32_t keep_last = 1;
   bool keep = false;
   bool cold = false;
@@ -81,7 +84,7 @@ struct TrainOptions {
 // 510 and gains 1 per update: small integers, exact in f32, different in every tensor and rank.
 class TrainState {
  public:
-  static Result<TrainState> Build(uint64_t rows, uint32_t rank, uint32_t world) {
+  static Result<TrainState> Build(uint64_t rows, uint32_t rank, uint32_t world, bool replicated = false) {
     TrainState s;
     s.rank_ = rank;
     for (int64_t done = 0, t = 0; done < static_cast<int64_t>(rows); ++t) {
@@ -89,8 +92,13 @@ class TrainState {
       Result<MappedRegion> buffer = MappedRegion::Anonymous(static_cast<uint64_t>(n * kColumns * 4), false);
       if (!buffer.ok())
         return Status::ResourceExhausted("rank " + std::to_string(rank), "cannot allocate the training state");
-      s.shards_.push_back(TensorShard::Box("params." + std::to_string(t), DType::kF32, {n * world, kColumns},
-                                           {n * rank, 0}, {n, kColumns}, buffer->data()));
+      if (replicated) {
+        s.shards_.push_back(
+            TensorShard::Whole("params." + std::to_string(t), DType::kF32, {n, kColumns}, buffer->data()).Replica(rank, world));
+      } else {
+        s.shards_.push_back(TensorShard::Box("params." + std::to_string(t), DType::kF32, {n * world, kColumns},
+                                             {n * rank, 0}, {n, kColumns}, buffer->data()));
+      }
       s.buffers_.push_back(std::move(buffer).value());
       done += n;
     }
@@ -208,6 +216,7 @@ int RunTrain(const TrainOptions& o) {
   base.world_size = o.ranks;
   base.run_id = run_id;
   base.keep_last = o.keep_last;
+  base.replica_digests = o.replicas == "digest" ? CheckpointerOptions::ReplicaDigests::kOn : CheckpointerOptions::ReplicaDigests::kOff;
   if (Status s = ApplyBenchSaveTuning(o.tuning, &base); !s.ok()) return ReportFailure(kCommand, s, o.json);
 
   const uint32_t world = o.ranks;
@@ -234,7 +243,7 @@ int RunTrain(const TrainOptions& o) {
       TrainState state;
       if (auto c = Checkpointer::Open(copt); c.ok()) {
         checkpointers[r] = std::move(c).value();
-        if (auto s = TrainState::Build(rows, r, world); s.ok()) {
+        if (auto s = TrainState::Build(rows, r, world, o.replicas != "none"); s.ok()) {
           state = std::move(s).value();
         } else {
           rec.status = s.status();
@@ -530,6 +539,11 @@ void AddBenchTrainCommand(CLI::App* bench, std::vector<Command>* commands) {
                   "(an accelerator computes)")
       ->check(CLI::IsMember({"read", "idle"}));
   app->add_option("--ranks", o->ranks, "Ranks (threads) (default 1)")->check(CLI::PositiveNumber);
+  app->add_option("--replicas", o->replicas,
+                  "none: each rank saves its own piece (default); digest: the ranks are data-parallel replicas of "
+                  "the same state, each digesting its copy at every snapshot (replica_digests on); plain: replicas, "
+                  "digests off")
+      ->check(CLI::IsMember({"none", "digest", "plain"}));
   app->add_option("--keep-last", o->keep_last, "Complete checkpoints kept (default 1; 0 keeps all)");
   app->add_flag("--keep", o->keep, "Keep the run's checkpoint directory");
   app->add_flag("--cold", o->cold,

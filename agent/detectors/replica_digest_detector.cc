@@ -1,0 +1,190 @@
+#include "agent/detectors/replica_digest_detector.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <set>
+
+#include "agent/detectors/evidence.h"
+
+namespace lifeline::agent {
+
+using namespace detail;
+using trace::EventType;
+
+namespace {
+
+// Bounds on what waits: ranks reporting many shards while a replica stays silent must not grow the
+// agent without end (the oldest are judged with what they have).
+constexpr size_t kMaxPending = 1 << 16;
+constexpr size_t kMaxNames = 1 << 16;
+constexpr size_t kMaxTensorsInEvidence = 16;
+
+std::string DigestHex(uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+// A tensor name as evidence and messages show it: its bytes are the script's, so anything outside
+// printable ASCII is spelled \xNN (JSON text must be UTF-8).
+std::string Printable(const std::string& bytes) {
+  std::string out;
+  for (unsigned char c : bytes) {
+    if (c >= 0x20 && c < 0x7f && c != '\\') {
+      out.push_back(static_cast<char>(c));
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\x%02x", c);
+      out += buf;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+void ReplicaDigestDetector::Reset(int world) {
+  world_ = std::max(world, 0);
+  parts_.assign(static_cast<size_t>(world_), {});
+  // Names are the shards' (a key hashes the name): they stay true across launches.
+  comparisons_.clear();
+  verdicts_.clear();
+}
+
+void ReplicaDigestDetector::Observe(const Timeline& t, const TimelineChange& c) {
+  if (c.rank < 0 || c.rank >= world_) return;
+  const trace::Event& e = *c.event;
+  if (e.type == EventType::kReplicaName) {
+    Result<trace::ReplicaNamePart> part = trace::DecodeReplicaNamePart(e);
+    if (!part.ok()) return;
+    auto& pending = parts_[c.rank];
+    if (pending.size() >= kMaxNames) pending.erase(pending.begin());
+    std::vector<std::string>& got = pending[part->key];
+    if (got.size() != part->parts) got.assign(part->parts, std::string());
+    got[part->part] = std::move(part->bytes);
+    std::string name;
+    for (const std::string& p : got) {
+      if (p.empty()) return;  // parts still missing
+      name += p;
+    }
+    if (names_.size() >= kMaxNames && !names_.count(part->key)) names_.erase(names_.begin());
+    names_[part->key] = std::move(name);
+    pending.erase(part->key);
+    return;
+  }
+  if (e.type != EventType::kReplicaDigest || e.step == trace::kNoStep || e.comm < 2) return;
+  ++digests_;
+  if (comparisons_.size() >= kMaxPending && !comparisons_.count({e.step, e.seq})) {
+    auto oldest = comparisons_.begin();
+    Judge(t, oldest->first.first, oldest->first.second, std::move(oldest->second));
+    comparisons_.erase(oldest);
+  }
+  Comparison& cmp = comparisons_[{e.step, e.seq}];
+  cmp.replica_count = e.comm;
+  cmp.bytes = e.bytes;
+  cmp.tensor_offset = e.duration_ns;
+  cmp.digests[c.rank] = e.aux;
+}
+
+void ReplicaDigestDetector::Judge(const Timeline& t, uint64_t step, uint64_t key, Comparison c) {
+  StepVerdict& v = verdicts_[step];
+  if (c.digests.size() < 2) return;  // nothing to compare it with here
+  ++v.shards;
+  ++compared_;
+  const uint64_t first = c.digests.begin()->second;
+  const bool same = std::all_of(c.digests.begin(), c.digests.end(), [&](const auto& kv) { return kv.second == first; });
+  if (!same) v.differences.push_back({key, std::move(c)});
+}
+
+void ReplicaDigestDetector::Poll(const Timeline& t, uint64_t now_ns, std::vector<Anomaly>* out) {
+  if (comparisons_.empty() && verdicts_.empty()) return;
+  std::set<uint64_t> open_steps;  // steps with a shard still waiting
+  for (auto it = comparisons_.begin(); it != comparisons_.end();) {
+    Comparison& c = it->second;
+    if (c.seen_ns == 0) c.seen_ns = now_ns;
+    const bool all_in = c.digests.size() >= c.replica_count;
+    if (!all_in && now_ns < c.seen_ns + Nanos(hold_seconds_)) {
+      open_steps.insert(it->first.first);
+      ++it;
+      continue;
+    }
+    Judge(t, it->first.first, it->first.second, std::move(c));
+    it = comparisons_.erase(it);
+  }
+  for (auto it = verdicts_.begin(); it != verdicts_.end();) {
+    if (open_steps.count(it->first)) {
+      ++it;
+      continue;
+    }
+    if (!it->second.differences.empty()) Raise(t, it->first, it->second, now_ns, out);
+    it = verdicts_.erase(it);
+  }
+}
+
+std::string ReplicaDigestDetector::NameOf(uint64_t key) const {
+  const auto it = names_.find(key);
+  return it != names_.end() ? Printable(it->second) : "shard key " + DigestHex(key);
+}
+
+void ReplicaDigestDetector::Raise(const Timeline& t, uint64_t step, const StepVerdict& v, uint64_t now_ns,
+                                  std::vector<Anomaly>* out) {
+  std::set<int> named;           // global ranks
+  std::set<int> compared;
+  bool every_majority = true;
+  nlohmann::json tensors = nlohmann::json::array();
+  std::string first_tensor;
+  for (const Difference& d : v.differences) {
+    const Comparison& c = d.comparison;
+    std::map<uint64_t, int> counts;
+    for (const auto& [rank, digest] : c.digests) ++counts[digest];
+    const auto top = std::max_element(counts.begin(), counts.end(),
+                                      [](const auto& a, const auto& b) { return a.second < b.second; });
+    const bool majority = 2 * static_cast<size_t>(top->second) > c.digests.size();
+    every_majority = every_majority && majority;
+    nlohmann::json digests = nlohmann::json::object();
+    std::vector<int> differing;
+    for (const auto& [rank, digest] : c.digests) {
+      const int global = t.GlobalRank(rank);
+      compared.insert(global);
+      digests[std::to_string(global)] = DigestHex(digest);
+      if (!majority || digest != top->first) differing.push_back(global);
+    }
+    named.insert(differing.begin(), differing.end());
+    const bool in_tensor = c.tensor_offset != trace::kNoOffset;
+    const uint64_t begin = in_tensor ? c.tensor_offset : 0;
+    if (first_tensor.empty()) first_tensor = NameOf(d.key);
+    if (tensors.size() < kMaxTensorsInEvidence)
+      tensors.push_back({{"tensor", NameOf(d.key)},
+                         {"key", DigestHex(d.key)},
+                         {"byte_range", {begin, begin + c.bytes}},
+                         {"range_of", in_tensor ? "tensor" : "shard"},
+                         {"replicas", c.replica_count},
+                         {"digests", digests},
+                         {"majority", majority ? nlohmann::json(DigestHex(top->first)) : nlohmann::json(nullptr)},
+                         {"ranks", differing}});
+  }
+  Anomaly a;
+  a.kind = "sdc_suspect";
+  a.ranks.assign(named.begin(), named.end());
+  a.step = step;
+  a.detected_ns = now_ns;
+  a.evidence = {{"tensors", tensors},
+                {"tensors_differing", v.differences.size()},
+                {"shards_compared", v.shards},
+                {"ranks_compared", std::vector<int>(compared.begin(), compared.end())},
+                {"majority", every_majority}};
+  const size_t more = v.differences.size() - 1;
+  const std::string what = "'" + first_tensor + "'" + (more ? " and " + std::to_string(more) + " more tensor" + (more > 1 ? "s" : "") : "");
+  if (every_majority) {
+    a.message = "replicas differ" + StepSuffix(step) + ": " + Ranks(a.ranks) + (a.ranks.size() == 1 ? " holds" : " hold") +
+                " a copy of " + what + " unlike the other replicas' (silent data corruption suspected); the step is "
+                "marked suspect and never resumed from";
+  } else {
+    a.message = "replicas differ" + StepSuffix(step) + " in " + what + " with no majority to tell the odd one out (" +
+                Ranks(a.ranks) + "); silent data corruption suspected on one of them; the step is marked suspect and "
+                "never resumed from";
+  }
+  out->push_back(std::move(a));
+}
+
+}  // namespace lifeline::agent

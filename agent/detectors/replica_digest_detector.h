@@ -1,0 +1,78 @@
+// "sdc_suspect": data-parallel replicas that must be bit-identical and are not, found at every
+// snapshot from the digests the ranks' saves report (trace::kReplicaDigest: one 64-bit digest of a
+// rank's copy of each replicated shard, keyed by the shard, the same key on every replica;
+// formats/SPEC.md §7 and §15).
+//
+// Per (step, shard key) the digests of the replicas are compared: once every replica the key says
+// there are (its replica count) has reported, or hold_seconds after the first of them came (a
+// multi-node job: only this node's replicas report here). With a majority (more than half of the
+// digests compared agree), the ranks whose digest differs from it are named; with none (two
+// replicas that differ, or a tie), every rank compared is named, and the evidence says no majority
+// could tell the odd one out. One anomaly per step: its evidence lists the tensors (named by the
+// kReplicaName events, else by key), each with its byte range (in the tensor when the shard is a
+// flat range of it, else in the shard), the digests by rank and the majority's. The cost is linear:
+// one map entry per (step, shard) and one per digest; a step whose replicas all agree leaves
+// nothing behind.
+//
+// Thread safety: none (see agent/detector.h).
+#ifndef LIFELINE_AGENT_DETECTORS_REPLICA_DIGEST_DETECTOR_H_
+#define LIFELINE_AGENT_DETECTORS_REPLICA_DIGEST_DETECTOR_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "agent/detector.h"
+
+namespace lifeline::agent {
+
+class ReplicaDigestDetector : public Detector {
+ public:
+  // A step's digests wait at most `hold_seconds` for replicas that have not reported.
+  explicit ReplicaDigestDetector(double hold_seconds = 30) : hold_seconds_(hold_seconds) {}
+  const char* kind() const override { return "replica_digest"; }
+  void Reset(int world) override;
+  void Observe(const Timeline& timeline, const TimelineChange& change) override;
+  void Poll(const Timeline& timeline, uint64_t now_ns, std::vector<Anomaly>* out) override;
+
+  uint64_t digests() const { return digests_; }            // digest events taken
+  uint64_t shards_compared() const { return compared_; }   // (step, shard) comparisons judged
+
+ private:
+  struct Comparison {
+    uint32_t replica_count = 0;
+    uint64_t bytes = 0;
+    uint64_t tensor_offset = 0;
+    std::map<int, uint64_t> digests;  // by local rank
+    uint64_t seen_ns = 0;             // the first poll that saw it
+  };
+  // A shard whose replicas differ at a step, waiting for the step's other shards.
+  struct Difference {
+    uint64_t key = 0;
+    Comparison comparison;
+  };
+  struct StepVerdict {
+    std::vector<Difference> differences;
+    uint64_t shards = 0;  // compared at this step
+  };
+
+  void Judge(const Timeline& timeline, uint64_t step, uint64_t key, Comparison c);
+  void Raise(const Timeline& timeline, uint64_t step, const StepVerdict& v, uint64_t now_ns, std::vector<Anomaly>* out);
+  std::string NameOf(uint64_t key) const;
+
+  const double hold_seconds_;
+  int world_ = 0;
+  // Names being assembled, per local rank: key -> parts; and the names complete, by key.
+  std::vector<std::map<uint64_t, std::vector<std::string>>> parts_;
+  std::map<uint64_t, std::string> names_;
+  std::map<std::pair<uint64_t, uint64_t>, Comparison> comparisons_;  // (step, key)
+  std::map<uint64_t, StepVerdict> verdicts_;                           // by step
+  uint64_t digests_ = 0;
+  uint64_t compared_ = 0;
+};
+
+}  // namespace lifeline::agent
+
+#endif  // LIFELINE_AGENT_DETECTORS_REPLICA_DIGEST_DETECTOR_H_
