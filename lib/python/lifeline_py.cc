@@ -385,7 +385,7 @@ class PyCheckpointer {
     bool fault_injection = false;
     CheckpointerOptions options = ParseOptions(directory, rank, world_size, kwargs, &fault_injection);
     if (fault_injection) {
-      faults_ = std::make_unique<FaultInjectionEnv>(Env::Default());
+      faults_ = std::make_unique<FaultInjectionEnv>(Env::Routing());
       options.env = faults_.get();
     }
     Result<std::unique_ptr<Checkpointer>> c = [&] {

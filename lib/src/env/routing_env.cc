@@ -24,41 +24,33 @@ bool OnObjectStore(const IoRequest& r) {
 }
 
 // Sends each request to the engine of its file: local files to the POSIX queue (io_uring when
-// allowed), objects to a thread pool. Each engine is created at its first request. Used by one
-// thread at a time, as every IoQueue.
+// allowed), made at once, so that engine() and RegisterBuffers answer as that queue does; objects
+// to a thread pool, made at their first request. Used by one thread at a time, as every IoQueue.
 class RoutingIoQueue final : public IoQueue {
  public:
-  explicit RoutingIoQueue(const IoQueueOptions& options) : options_(options) {}
+  RoutingIoQueue(const IoQueueOptions& options, std::unique_ptr<IoQueue> files)
+      : options_(options), files_(std::move(files)) {}
 
   Status Submit(const IoRequest& request) override {
     if (request.kind == IoRequest::Kind::kWrite ? request.writer == nullptr : request.reader == nullptr)
       return Status::InvalidArgument("io queue", "request without a file");
     if (in_flight() >= depth())
       return Status::ResourceExhausted("io queue", "all " + std::to_string(depth()) + " slots are in flight");
-    const bool object = OnObjectStore(request);
-    std::unique_ptr<IoQueue>& q = object ? objects_ : files_;
-    if (q == nullptr) {
-      if (object) {
-        IoQueueOptions o = options_;
-        o.threads = std::max(o.threads, std::min(std::max(1u, o.depth), kObjectQueueThreads));
-        q = NewThreadPoolIoQueue(o);
-      } else {
-        LL_ASSIGN_OR_RETURN(q, Env::Default()->NewIoQueue(options_));
-        if (!registered_.empty()) q->RegisterBuffers(registered_).IgnoreError();
-      }
+    if (!OnObjectStore(request)) return files_->Submit(request);
+    if (objects_ == nullptr) {
+      IoQueueOptions o = options_;
+      o.threads = std::max(o.threads, std::min(std::max(1u, o.depth), kObjectQueueThreads));
+      objects_ = NewThreadPoolIoQueue(o);
     }
-    if (object) {
-      IoRequest r = request;
-      r.buffer_index = -1;  // registration is the local engine's
-      return q->Submit(r);
-    }
-    return q->Submit(request);
+    IoRequest r = request;
+    r.buffer_index = -1;  // registration is the local engine's
+    return objects_->Submit(r);
   }
 
   Status Reap(size_t min_completions, std::vector<IoCompletion>* out) override {
     const size_t target = std::min(min_completions, in_flight());
     const size_t before = out->size();
-    const size_t local = files_ ? files_->in_flight() : 0, remote = objects_ ? objects_->in_flight() : 0;
+    const size_t local = files_->in_flight(), remote = objects_ ? objects_->in_flight() : 0;
     // The common case: one engine busy, which waits itself.
     if (remote == 0 && local > 0) return files_->Reap(target, out);
     if (local == 0 && remote > 0) return objects_->Reap(target, out);
@@ -72,25 +64,18 @@ class RoutingIoQueue final : public IoQueue {
     }
   }
 
-  size_t in_flight() const override {
-    return (files_ ? files_->in_flight() : 0) + (objects_ ? objects_->in_flight() : 0);
-  }
+  size_t in_flight() const override { return files_->in_flight() + (objects_ ? objects_->in_flight() : 0); }
   unsigned depth() const override { return std::max(1u, options_.depth); }
-  const char* engine() const override {
-    if (files_ != nullptr && objects_ == nullptr) return files_->engine();
-    return "threads";
-  }
+  // The local engine's name: objects always go through threads.
+  const char* engine() const override { return files_->engine(); }
   Status RegisterBuffers(const std::vector<std::pair<void*, size_t>>& regions) override {
-    registered_ = regions;
-    if (files_ != nullptr) return files_->RegisterBuffers(regions);
-    return Status::OK();
+    return files_->RegisterBuffers(regions);
   }
 
  private:
   const IoQueueOptions options_;
-  std::unique_ptr<IoQueue> files_;    // the POSIX engine
-  std::unique_ptr<IoQueue> objects_;  // the thread pool for objects
-  std::vector<std::pair<void*, size_t>> registered_;
+  const std::unique_ptr<IoQueue> files_;  // the POSIX engine
+  std::unique_ptr<IoQueue> objects_;      // the thread pool for objects
 };
 
 class RoutingEnv final : public Env {
@@ -153,7 +138,8 @@ class RoutingEnv final : public Env {
     return env->SyncDir(dir);
   }
   Result<std::unique_ptr<IoQueue>> NewIoQueue(const IoQueueOptions& options) override {
-    return std::unique_ptr<IoQueue>(new RoutingIoQueue(options));
+    LL_ASSIGN_OR_RETURN(std::unique_ptr<IoQueue> files, Env::Default()->NewIoQueue(options));
+    return std::unique_ptr<IoQueue>(new RoutingIoQueue(options, std::move(files)));
   }
   Result<std::unique_ptr<FileLock>> LockFile(const std::string& path) override {
     LL_ASSIGN_OR_RETURN(Env * env, For(path));

@@ -200,7 +200,8 @@ Result<format::CheckpointIndex> ReadManifest(Env* env, const StepState& state) {
 Result<std::vector<CheckpointInfo>> ScanCheckpoints(Env* env, const std::string& root) {
   // A prefix of an object store exists while objects do: an empty one is an empty directory, and
   // the listing below says what is wrong with the bucket or the credentials.
-  if (!IsObjectStorePath(root) && !env->IsDirectory(root)) return Status::NotFound(root, "no such checkpoint directory");
+  const bool object_store = IsObjectStorePath(root);
+  if (!object_store && !env->IsDirectory(root)) return Status::NotFound(root, "no such checkpoint directory");
   // A step removed between the listing and its scan was removed by the retention of a concurrent
   // save, which committed a newer step the listing may predate: list again to see it.
   for (int attempt = 0;; ++attempt) {
@@ -218,6 +219,9 @@ Result<std::vector<CheckpointInfo>> ScanCheckpoints(Env* env, const std::string&
         continue;
       }
       if (!state.ok()) return state.status();
+      // A prefix with no object below is no step: some stores (SeaweedFS) list the folder of a
+      // step just removed for a while after its last object is gone.
+      if (object_store && state->children.empty()) continue;
       out.push_back(std::move(state->info));
     }
     if (!vanished || attempt == 4) return out;

@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "formats/checksum.h"
+#include "lib/src/env/s3_url.h"
 #include "lib/src/store/checkpoint_layout.h"
 #include "lib/src/load/checkpoint_reader.h"
 #include "lib/src/save/checkpoint_writer.h"
@@ -44,6 +45,10 @@ constexpr char kDirIdFile[] = "lifeline.id";
 constexpr char kOwnerFile[] = "owner";  // in a tier root: "<real path>\n<dir id>\n"
 
 std::string RealPath(const std::string& path) {
+  if (IsObjectStorePath(path)) {  // no links there: one spelling per prefix (no trailing slash)
+    Result<S3Location> loc = ParseS3Path(path);
+    return loc.ok() ? loc->ToString() : path;
+  }
   char resolved[PATH_MAX];
   return realpath(path.c_str(), resolved) != nullptr ? std::string(resolved) : path;
 }
