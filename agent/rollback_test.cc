@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include "agent/detectors/detector_test_kit.h"
 #include "agent/detectors/event_simulator.h"
 #include "agent/supervisor.h"
 
@@ -152,14 +153,8 @@ TEST(RollbackLedgerTest, RollbacksToDifferentCheckpointsAreCountedApart) {
 }
 
 // The Supervisor, as the agent drives it.
-class Around final : public Surroundings {
+class Around final : public simulation::QuietSurroundings {
  public:
-  HostCpu SampleHostCpu() override { return {}; }
-  Status ReportFailure(uint64_t, uint64_t) override { return Status::OK(); }
-  Result<bool> FailedEarlierElsewhere(uint64_t, uint64_t) override { return false; }
-  Result<std::vector<std::string>> NodesWithoutFailure(uint64_t, const std::vector<std::string>&) override {
-    return std::vector<std::string>{};
-  }
   bool CheckpointDirKnown() override { return known; }
   bool known = true;
 };

@@ -12,8 +12,20 @@
 
 #include "agent/detector.h"
 #include "agent/detectors/event_simulator.h"
+#include "agent/supervisor.h"
 
 namespace lifeline::agent::simulation {
+
+// A Supervisor's surroundings where nothing happens: an idle host, no other node, no etcd.
+class QuietSurroundings : public Surroundings {
+ public:
+  HostCpu SampleHostCpu() override { return {}; }
+  Status ReportFailure(uint64_t, uint64_t) override { return Status::OK(); }
+  Result<bool> FailedEarlierElsewhere(uint64_t, uint64_t) override { return false; }
+  Result<std::vector<std::string>> NodesWithoutFailure(uint64_t, const std::vector<std::string>&) override {
+    return std::vector<std::string>{};
+  }
+};
 
 // `steps` steps in which `rank` stops short at `step` the way `stall` says; the rest as Sim has it.
 inline Sim StalledSim(int steps, Stall stall, int rank, int step) {

@@ -13,6 +13,7 @@
 
 #include <gtest/gtest.h>
 
+#include "agent/detectors/detector_test_kit.h"
 #include "agent/detectors/event_simulator.h"
 #include "agent/supervisor.h"
 
@@ -406,15 +407,6 @@ TEST(TrainingSignalDetectorTest, EventsNoRankWritesAreIgnored) {
   EXPECT_EQ(job.detector().unnamed_values(), 1u);
 }
 
-class QuietSurroundings final : public Surroundings {
- public:
-  HostCpu SampleHostCpu() override { return {}; }
-  Status ReportFailure(uint64_t, uint64_t) override { return Status::OK(); }
-  Result<bool> FailedEarlierElsewhere(uint64_t, uint64_t) override { return false; }
-  Result<std::vector<std::string>> NodesWithoutFailure(uint64_t, const std::vector<std::string>&) override {
-    return std::vector<std::string>{};
-  }
-};
 
 // The Supervisor runs the detector as it runs the others (so lifeline-agent and lifeline-sim do):
 // the anomaly is raised with its kind's policy (log by default; restart where configured, the
