@@ -254,6 +254,7 @@ Status Agent::Setup() {
     rc.node_name = z.node_name;
     rc.standby = z.standby;
     rc.exclude_after = z.exclude_after;
+    rc.exclude_after_sdc = config_.rollback.sdc_per_node;
     rc.exclude_window_seconds = z.exclude_window_seconds;
     rc.lease_seconds = z.lease_seconds;
     rc.last_call_seconds = z.last_call_seconds;
@@ -657,6 +658,9 @@ Status Agent::JoinRound(const std::string& checkpoint_dir) {
   plan_ = std::move(*plan);
   restarts_ = static_cast<uint32_t>(plan_->round);
   rank_base_ = plan_->rank_base;
+  // The job's skipped steps, whichever node's rollback decided them: the same for every node.
+  supervisor_->AdoptSkipSteps(plan_->skip_steps);
+  if (plan_->rollback) ClearAfterRollbackRound(checkpoint_dir);
   nlohmann::json nodes = nlohmann::json::array();
   for (const RoundNode& n : plan_->nodes) nodes.push_back(n.id);
   Log({{"action", "rendezvous"},
@@ -718,6 +722,39 @@ Status Agent::JoinRound(const std::string& checkpoint_dir) {
   return Status::OK();
 }
 
+void Agent::ClearAfterRollbackRound(const std::string& local_checkpoint_dir) {
+  const RoundRollback& r = *plan_->rollback;
+  const std::string dir = !plan_->checkpoint_dir.empty() ? plan_->checkpoint_dir : local_checkpoint_dir;
+  nlohmann::json line = {{"action", "rollback_round"},
+                         {"round", plan_->round},
+                         {"decided_by", r.by},
+                         {"anomaly", r.anomaly},
+                         {"anomaly_step", r.anomaly_step},
+                         {"ranks", r.ranks},
+                         {"before", r.before},
+                         {"step", plan_->resume_step ? nlohmann::json(*plan_->resume_step) : nlohmann::json(nullptr)},
+                         {"location", plan_->resume_location},
+                         {"skip_steps", FormatStepRanges(supervisor_->SkipSteps(plan_->resume_step))}};
+  if (!dir.empty()) {
+    // The steps after the round's choice go from this node's memory tier (a later restart would
+    // offer them), and, by the node of group rank 0, from the shared directory: the relaunched
+    // ranks save those step numbers again. Before this node's ranks start, so before any save.
+    Result<std::vector<uint64_t>> removed =
+        RemoveStepsAfterRollback(Env::Default(), dir, plan_->resume_step, /*disk=*/plan_->group_rank == 0);
+    if (removed.ok()) {
+      line["removed"] = *removed;
+    } else {
+      line["error"] = removed.status().ToString();
+      std::cerr << "lifeline-agent: warning: clearing the steps after the rollback's: " << removed.status().ToString()
+                << std::endl;
+    }
+  }
+  Log(line);
+  std::cerr << "lifeline-agent: round " << plan_->round << " rolls back (" << r.anomaly << " at step " << r.anomaly_step
+            << ", decided by " << r.by << "): every node resumes from "
+            << (plan_->resume_step ? "step " + std::to_string(*plan_->resume_step) : std::string("scratch")) << std::endl;
+}
+
 void Agent::PlanEnvironment(std::map<std::string, std::string>* env, nlohmann::json* resume) const {
   const std::string world = std::to_string(plan_->world_size);
   (*env)["WORLD_SIZE"] = world;
@@ -741,6 +778,14 @@ void Agent::PlanEnvironment(std::map<std::string, std::string>* env, nlohmann::j
     *resume = {{"directory", plan_->checkpoint_dir},
                {"step", point.step ? nlohmann::json(*point.step) : nlohmann::json(nullptr)},
                {"location", point.location}};
+    if (plan_->rollback) (*resume)["rollback"] = true;
+    // The job's skipped steps ahead of the round's step: every node computes them from the same
+    // ranges (the plan's) and the same step, so every rank reads the same list.
+    const std::vector<StepRange> skip = supervisor_->SkipSteps(plan_->resume_step);
+    if (!skip.empty()) {
+      (*env)["LIFELINE_SKIP_STEPS"] = FormatStepRanges(skip);
+      (*resume)["skip_steps"] = (*env)["LIFELINE_SKIP_STEPS"];
+    }
   }
 }
 
@@ -952,11 +997,14 @@ bool Agent::Restart(const Anomaly& reason, uint64_t detected_ns, bool rollback) 
   // Which node's ranks caused it, remembered with the job: a node that keeps failing is left out.
   const std::string culprit_node = reason.ranks.empty() ? std::string() : supervisor_->NodeOfRank(reason.ranks.front());
   metrics_->RestartCause(reason.kind, culprit_node);
-  if (rdzv_ != nullptr && plan_ && (reason.kind == "dead" || reason.kind == "hang" || reason.kind == "node_lost")) {
+  // An sdc_suspect too: its node's machine corrupted a replica (counted apart: rendezvous.h).
+  if (rdzv_ != nullptr && plan_ &&
+      (reason.kind == "dead" || reason.kind == "hang" || reason.kind == "node_lost" || reason.kind == "sdc_suspect")) {
     std::set<std::string> nodes;
     for (int r : reason.ranks) nodes.insert(supervisor_->NodeOfRank(r));
     for (const std::string& node : nodes)
-      rdzv_->RecordNodeFailure(plan_->round, node, reason.kind + " (ranks " + JoinRanks(reason.ranks) + ")").IgnoreError();
+      rdzv_->RecordNodeFailure(plan_->round, node, reason.kind + " (ranks " + JoinRanks(reason.ranks) + ")", reason.kind)
+          .IgnoreError();
   }
   if (!plan.give_up.empty()) {
     give_up_reason_ = plan.give_up;
@@ -971,7 +1019,9 @@ bool Agent::Restart(const Anomaly& reason, uint64_t detected_ns, bool rollback) 
   if (rdzv_ != nullptr) {
     // The budget is the job's: the round number counts its restarts. Another node may have opened
     // the next round for the same fault meanwhile; either way every node joins it.
-    Result<uint64_t> next = rdzv_->OpenNextRound(plan_ ? plan_->round : restarts_);
+    Result<uint64_t> next =
+        rdzv_->OpenNextRound(plan_ ? plan_->round : restarts_, pending_rollback_ ? &*pending_rollback_ : nullptr);
+    pending_rollback_.reset();
     if (!next.ok()) {
       give_up_reason_ = "cannot open the next round in etcd: " + next.status().ToString();
       Log({{"action", "give_up"}, {"reason", give_up_reason_}});
@@ -1040,10 +1090,26 @@ RestartPlan Agent::PlanRollback(const Anomaly& reason, const std::vector<RankEnd
       ResumePoint point;
       point.step = d.point.step;
       point.location = d.point.location;
-      rollback_point_ = point;
+      if (rdzv_ != nullptr) {
+        // The nodes resume from the step their next round agrees on: the newest every node can
+        // load below the one after this checkpoint (the other nodes' memory tiers may hold later
+        // ones), and every node's ranks skip the same steps.
+        RoundRollback r;
+        r.before = d.point.step ? *d.point.step + 1 : 0;
+        r.anomaly_step = d.anomaly_step;
+        r.anomaly = reason.kind;
+        r.ranks = reason.ranks;
+        r.by = config_.rendezvous.node_name;
+        r.skip = supervisor_->AllSkipSteps();
+        pending_rollback_ = r;
+        line["round_resumes_before"] = r.before;
+      } else {
+        rollback_point_ = point;
+      }
       metrics_->RolledBack(d.skipped ? d.skipped->last - d.skipped->first + 1 : 0);
     }
   }
+  if (!d.node_out.empty()) metrics_->SdcNodeOut();
   Log(line);
   if (line["action"] == "rollback") {
     std::cerr << "lifeline-agent: rolling back to "

@@ -83,6 +83,9 @@ class Agent {
   // A rollback's part of Restart, the ranks stopped: the plan, the events-log line, and the steps
   // after the chosen checkpoint removed; sets rollback_point_ for the relaunch.
   RestartPlan PlanRollback(const Anomaly& reason, const std::vector<RankEnd>& ends);
+  // A multi-node job joined a rollback's round: clears the steps after the round's resume step
+  // (this node's memory tier; the shared directory by group rank 0) and logs the round's rollback.
+  void ClearAfterRollbackRound(const std::string& local_checkpoint_dir);
   // The checkpoint directory the ranks save into: --checkpoint-dir, else the one they reported.
   std::string CheckpointDir() const;
   // Carries out what a poll decided; the agent's exit code when it is done, nullopt to poll on.
@@ -132,6 +135,8 @@ class Agent {
   uint32_t rank_base_ = 0;         // global rank of local rank 0
   std::vector<uint64_t> ring_dropped_;  // per local rank: its ring's drop count when last seen
   std::optional<ResumePoint> rollback_point_;  // set by a rollback for the next launch: its resume step
+  // A multi-node job: the rollback this node decided, for the next round to carry (OpenNextRound).
+  std::optional<RoundRollback> pending_rollback_;
   std::optional<uint64_t> resume_step_;  // the step this launch resumes from (nullopt: a fresh start)
   std::string resume_dir_;               // ...in this directory
   bool mismatch_said_ = false;           // a rank starting fresh against it was reported

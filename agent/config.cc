@@ -40,8 +40,9 @@ const char* SkipDataName(RollbackConfig::SkipData s) {
 
 namespace {
 
-// The kinds whose policy may be rollback: faults of the training state, which older state cures.
-bool MayRollBack(const std::string& kind) { return kind == "non_finite" || kind == "spike"; }
+// The kinds whose policy may be rollback: faults of the training state, which older state cures
+// (an sdc_suspect's is the state a corrupting machine left in one replica).
+bool MayRollBack(const std::string& kind) { return kind == "non_finite" || kind == "spike" || kind == "sdc_suspect"; }
 
 // The anomaly kinds a policy may name, in the order messages list them.
 constexpr const char* kKinds[] = {"dead",      "hang",       "straggler", "slow_collective", "checkpoint",
@@ -333,6 +334,7 @@ Status ReadDocument(const YamlReader& r, const YAML::Node& root, AgentConfig* c)
       return r.Group(k, v, name, [&](const std::string& f, const Node& fk, const Node& fv) -> Status {
         const std::string key = name + "." + f;
         if (f == "max_per_checkpoint") return r.U32(fk, fv, key, &rb.max_per_checkpoint);
+        if (f == "sdc_per_node") return r.U32(fk, fv, key, &rb.sdc_per_node);
         if (f == "skip_data") {
           // true and false as YAML spells them, or the three words.
           const std::string t = fv.IsScalar() ? fv.Scalar() : "";
@@ -394,7 +396,7 @@ Status ReadDocument(const YamlReader& r, const YAML::Node& root, AgentConfig* c)
           return r.Error(fv.Mark(), key, "unknown action '" + fv.Scalar() + "' (expected log, dump, restart or rollback)");
         }
         if (a == Action::kRollback && !MayRollBack(kind)) {
-          return r.Error(fv.Mark(), key, "rollback is for non_finite and spike only: a " + kind +
+          return r.Error(fv.Mark(), key, "rollback is for non_finite, spike and sdc_suspect only: a " + kind +
                                              " anomaly is not cured by older training state (use restart)");
         }
         c->policy[kind] = a;
@@ -511,7 +513,7 @@ Status LoadAgentConfig(const std::string& path, AgentConfig* config) {
 //                              backoff_max >= backoff_initial, prestart_after >= 0
 //   rollback                   max_per_checkpoint >= 1
 //   policy                     an action for every known kind and no other kind; rollback for
-//                              non_finite and spike only
+//                              non_finite, spike and sdc_suspect only
 // Every duration is at most kMaxSeconds, so converting it to nanoseconds cannot overflow.
 // Comparisons are written so that NaN fails them (a value can come from the command line).
 
@@ -698,7 +700,7 @@ Status ValidateAgentConfig(const AgentConfig& c) {
       return Status::InvalidArgument("policy." + kind + ": not a known action");
     }
     if (action == Action::kRollback && !MayRollBack(kind)) {
-      return Status::InvalidArgument("policy." + kind + ": rollback is for non_finite and spike only (use restart)");
+      return Status::InvalidArgument("policy." + kind + ": rollback is for non_finite, spike and sdc_suspect only (use restart)");
     }
   }
   for (const char* kind : kKinds) {

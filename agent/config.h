@@ -13,8 +13,9 @@
 
 namespace lifeline::agent {
 
-// What the agent does about an anomaly of one kind. kRollback (non_finite and spike only): stop the
-// ranks and relaunch them from the newest checkpoint taken before the anomaly's step (RollbackConfig).
+// What the agent does about an anomaly of one kind. kRollback (non_finite, spike and sdc_suspect
+// only): stop the ranks and relaunch them from the newest checkpoint taken before the anomaly's
+// step (RollbackConfig).
 enum class Action { kLog, kDump, kRestart, kRollback };
 const char* ActionName(Action a);  // "log", "dump", "restart", "rollback"
 
@@ -95,7 +96,14 @@ struct RollbackConfig {
   // checkpoint on (the first replays the same data: a transient fault does not come back, and the
   // job's data stays whole); always.
   enum class SkipData { kNever, kOnRepeat, kAlways };
+  // (non_finite and spike only: an sdc_suspect's data is not at fault, it is never skipped.)
   SkipData skip_data = SkipData::kOnRepeat;
+  // sdc_suspects naming ranks of one node (by its name, across launches) that take the node out:
+  // at this many, a multi-node job leaves it out of the next rounds (the bad-node exclusion of
+  // RendezvousSettings, spares taking its place); a single-node job, which cannot, gives up
+  // naming the node and the ranks. 0: never. The default, 2, is the first repeat: one suspect
+  // may be a cosmic ray, a second on the same machine is a defect.
+  uint32_t sdc_per_node = 2;
 };
 const char* SkipDataName(RollbackConfig::SkipData s);  // "never", "on_repeat", "always"
 
@@ -202,12 +210,13 @@ struct AgentConfig {
   RendezvousSettings rendezvous;
   ReplicationConfig replication;
   // Per anomaly kind ("dead", "hang", "straggler", "slow_collective", "checkpoint", "node_lost",
-  // "non_finite", "spike", "disagreement"). rollback is allowed for non_finite and spike only: the
-  // others are faults of the machines or of one rank, which a rollback to older state cannot cure.
-  // non_finite and spike roll back by default: their damage is in the model already (a NaN spreads
-  // through the all-reduce and the update; a spike's update is applied), so training on, or
-  // restarting from the newest checkpoint that may hold it, keeps the damage; `log` keeps the
-  // detection without the action.
+  // "non_finite", "spike", "disagreement", "sdc_suspect"). rollback is allowed for non_finite, spike
+  // and sdc_suspect only: the others are faults of the machines or of one rank, which a rollback
+  // to older state cannot cure. These three roll back by default: their damage is in the model
+  // already (a NaN spreads through the all-reduce and the update; a spike's update is applied; a
+  // corrupted replica feeds its gradients into every other's), so training on, or restarting from
+  // the newest checkpoint that may hold it, keeps the damage; `log` keeps the detection without
+  // the action.
   std::map<std::string, Action> policy = {{"dead", Action::kRestart},
                                           {"hang", Action::kRestart},
                                           {"straggler", Action::kLog},
@@ -217,7 +226,7 @@ struct AgentConfig {
                                           {"non_finite", Action::kRollback},
                                           {"spike", Action::kRollback},
                                           {"disagreement", Action::kLog},
-                                          {"sdc_suspect", Action::kLog}};
+                                          {"sdc_suspect", Action::kRollback}};
 };
 
 // Reads the YAML file at `path` into `config` (fields absent from the file keep their values).

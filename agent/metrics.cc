@@ -142,8 +142,11 @@ const std::vector<MetricFamilyInfo>& MetricFamilies() {
       {"lifeline_restarts_by_cause_total", "counter", "cause, node",
        "Restarts this agent decided, by the anomaly's kind and the node of the culprit rank"},
       {"lifeline_rollbacks_total", "counter", "",
-       "Relaunches from the newest checkpoint before a non_finite or spike anomaly (policy rollback); each is a "
-       "restart too"},
+       "Relaunches from the newest checkpoint before a non_finite, spike or sdc_suspect anomaly (policy rollback); "
+       "each is a restart too"},
+      {"lifeline_sdc_nodes_out_total", "counter", "",
+       "Nodes this agent took out of the job for holding corrupted replicas again (rollback.sdc_per_node "
+       "sdc_suspects on one node): excluded from the next rounds of a multi-node job, or a single-node job stopped"},
       {"lifeline_rollback_skipped_steps_total", "counter", "",
        "Steps whose data relaunched ranks were told to skip after a rollback (rollback.skip_data)"},
       {"lifeline_nodes_excluded", "gauge", "", "Nodes the current round left out as bad (multi-node jobs)"},
@@ -238,6 +241,7 @@ AgentMetrics::AgentMetrics(const std::string& job, int world, const std::string&
     restarts_by_cause_->Add({{"cause", cause}, {"node", node.empty() ? "unknown" : node}});
   rollbacks_ = &counter("lifeline_rollbacks_total")->Add({});
   rollback_skipped_steps_ = &counter("lifeline_rollback_skipped_steps_total")->Add({});
+  sdc_nodes_out_ = &counter("lifeline_sdc_nodes_out_total")->Add({});
   nodes_excluded_ = &gauge("lifeline_nodes_excluded")->Add({});
   JoinedRound(HostName(), 0);  // one node
   // Every kind appears from the start, so a rate() over it is defined before the first anomaly.
@@ -353,6 +357,8 @@ void AgentMetrics::RolledBack(uint64_t skipped_steps) {
 }
 
 void AgentMetrics::NodesExcluded(int n) { nodes_excluded_->Set(n); }
+
+void AgentMetrics::SdcNodeOut() { sdc_nodes_out_->Increment(); }
 
 void AgentMetrics::RankExited(const Timeline& timeline) { alive_->Add({}).Set(timeline.alive_count()); }
 

@@ -84,6 +84,8 @@ class AgentMetrics {
   // relaunch skips the data of `skipped_steps` steps.
   void RolledBack(uint64_t skipped_steps);
   void NodesExcluded(int n);
+  // A node taken out for repeated sdc_suspects (RollbackDecision::node_out).
+  void SdcNodeOut();
   void Anomaly(const std::string& kind, const std::vector<int>& ranks);
   // The text exposition of everything, as a scrape would get it (for tests and `ctl metrics`).
   std::string Render() const;
@@ -110,6 +112,7 @@ class AgentMetrics {
   prometheus::Family<prometheus::Counter>* restarts_by_cause_;
   prometheus::Counter* rollbacks_;
   prometheus::Counter* rollback_skipped_steps_;
+  prometheus::Counter* sdc_nodes_out_;
   prometheus::Gauge* nodes_excluded_;
   prometheus::Gauge* replication_lag_;
   prometheus::Gauge* replicated_step_;

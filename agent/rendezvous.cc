@@ -39,6 +39,7 @@ std::optional<uint64_t> ParseDecimal(const std::string& v) {
 nlohmann::json OfferJson(const ResumeOffer& o) {
   return {{"directory", o.directory},
           {"disk_step", o.disk_step ? nlohmann::json(*o.disk_step) : nlohmann::json(nullptr)},
+          {"disk_steps", o.disk_steps},
           {"memory_steps", o.memory_steps},
           {"memory_incomplete_step",
            o.memory_incomplete_step ? nlohmann::json(*o.memory_incomplete_step) : nlohmann::json(nullptr)}};
@@ -75,6 +76,7 @@ Result<RoundNode> ParseNode(const nlohmann::json& j, const std::string& what) {
       const nlohmann::json& r = j.at("resume");
       n.resume.directory = r.value("directory", "");
       if (!r.at("disk_step").is_null()) n.resume.disk_step = r.at("disk_step").get<uint64_t>();
+      if (r.contains("disk_steps")) n.resume.disk_steps = r.at("disk_steps").get<std::vector<uint64_t>>();
       n.resume.memory_steps = r.at("memory_steps").get<std::vector<uint64_t>>();
       if (r.contains("memory_incomplete_step") && !r["memory_incomplete_step"].is_null())
         n.resume.memory_incomplete_step = r["memory_incomplete_step"].get<uint64_t>();
@@ -92,21 +94,38 @@ Result<RoundNode> ParseNode(const nlohmann::json& j, const std::string& what) {
 // no say), or a newer one that is in every node's memory tier, or in some node's. *note says why
 // a newer step some node holds only in part in memory (its own ranks, without a lost node's
 // replicas) is passed over; empty otherwise.
-void ChooseResume(const std::vector<RoundNode>& nodes, std::optional<uint64_t>* step, std::string* location,
-                  std::string* note) {
+// A rollback's round (`before`) looks only at steps below it: each node's newest step on disk below
+// it, and its memory steps below it.
+void ChooseResume(const std::vector<RoundNode>& nodes, std::optional<uint64_t> before, std::optional<uint64_t>* step,
+                  std::string* location, std::string* note) {
+  const auto below = [&](uint64_t s) { return !before || s < *before; };
   std::optional<uint64_t> disk;
   bool all_see_disk = true, any_sees = false;
   std::optional<std::set<uint64_t>> common;
   for (const RoundNode& n : nodes) {
     if (!n.resume.directory.empty()) {
-      any_sees = true;
-      if (!n.resume.disk_step) {
-        all_see_disk = false;
-      } else {
-        disk = disk ? std::min(*disk, *n.resume.disk_step) : *n.resume.disk_step;
+      // The newest of its steps below the bound: from the list, or (an entry without one) the newest.
+      std::optional<uint64_t> newest;
+      for (uint64_t d : n.resume.disk_steps)
+        if (below(d) && (!newest || d > *newest)) newest = d;
+      if (!newest && n.resume.disk_steps.empty() && n.resume.disk_step && below(*n.resume.disk_step))
+        newest = n.resume.disk_step;
+      // A node whose few newest steps are all at or past the bound cannot tell what lies below it
+      // (the list is cut short, resume.h): no say, as a node that does not know the directory. The
+      // directory is shared: the others' view is the same.
+      const bool no_say = !newest && before && n.resume.disk_steps.size() >= 2;
+      if (!no_say) {
+        any_sees = true;
+        if (!newest) {
+          all_see_disk = false;
+        } else {
+          disk = disk ? std::min(*disk, *newest) : *newest;
+        }
       }
     }
-    std::set<uint64_t> mine(n.resume.memory_steps.begin(), n.resume.memory_steps.end());
+    std::set<uint64_t> mine;
+    for (uint64_t m : n.resume.memory_steps)
+      if (below(m)) mine.insert(m);
     if (!common) {
       common = std::move(mine);
     } else {
@@ -124,7 +143,7 @@ void ChooseResume(const std::vector<RoundNode>& nodes, std::optional<uint64_t>* 
   std::optional<uint64_t> somewhere;
   for (const RoundNode& n : nodes)
     for (uint64_t m : n.resume.memory_steps)
-      if (!somewhere || m > *somewhere) somewhere = m;
+      if (below(m) && (!somewhere || m > *somewhere)) somewhere = m;
   step->reset();
   location->clear();
   // Memory wins a tie with the disk, as the library's Load prefers it: the same bytes, faster.
@@ -141,7 +160,8 @@ void ChooseResume(const std::vector<RoundNode>& nodes, std::optional<uint64_t>* 
   note->clear();
   std::optional<uint64_t> in_part;
   for (const RoundNode& n : nodes)
-    if (n.resume.memory_incomplete_step && (!in_part || *n.resume.memory_incomplete_step > *in_part))
+    if (n.resume.memory_incomplete_step && below(*n.resume.memory_incomplete_step) &&
+        (!in_part || *n.resume.memory_incomplete_step > *in_part))
       in_part = n.resume.memory_incomplete_step;
   if (in_part && (!*step || *in_part > **step)) {
     *note = "step " + std::to_string(*in_part) +
@@ -150,6 +170,42 @@ void ChooseResume(const std::vector<RoundNode>& nodes, std::optional<uint64_t>* 
             (*step ? "resuming from step " + std::to_string(**step) + " (" + *location + ")"
                    : std::string("no complete checkpoint anywhere: starting afresh"));
   }
+}
+
+nlohmann::json RangesJson(const std::vector<StepRange>& ranges) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const StepRange& r : ranges) out.push_back({r.first, r.last});
+  return out;
+}
+
+// [[first, last], ...]; what is not such a pair is left out.
+std::vector<StepRange> ParseRanges(const nlohmann::json& j) {
+  std::vector<StepRange> out;
+  if (!j.is_array()) return out;
+  for (const nlohmann::json& r : j)
+    if (r.is_array() && r.size() == 2 && r[0].is_number_unsigned() && r[1].is_number_unsigned() &&
+        r[0].get<uint64_t>() <= r[1].get<uint64_t>())
+      out.push_back({r[0].get<uint64_t>(), r[1].get<uint64_t>()});
+  return out;
+}
+
+nlohmann::json RollbackJson(const RoundRollback& r) {
+  return {{"before", r.before}, {"anomaly_step", r.anomaly_step}, {"anomaly", r.anomaly},
+          {"ranks", r.ranks},   {"by", r.by},                     {"skip", RangesJson(r.skip)}};
+}
+
+std::optional<RoundRollback> ParseRollback(const nlohmann::json& j) {
+  if (!j.is_object() || !j.contains("before") || !j["before"].is_number_unsigned()) return std::nullopt;
+  RoundRollback r;
+  r.before = j["before"].get<uint64_t>();
+  if (j.contains("anomaly_step") && j["anomaly_step"].is_number_unsigned()) r.anomaly_step = j["anomaly_step"].get<uint64_t>();
+  if (j.contains("anomaly") && j["anomaly"].is_string()) r.anomaly = j["anomaly"].get<std::string>();
+  if (j.contains("by") && j["by"].is_string()) r.by = j["by"].get<std::string>();
+  if (j.contains("ranks") && j["ranks"].is_array())
+    for (const nlohmann::json& k : j["ranks"])
+      if (k.is_number_integer()) r.ranks.push_back(k.get<int>());
+  if (j.contains("skip")) r.skip = ParseRanges(j["skip"]);
+  return r;
 }
 
 int64_t UnixMillis() {
@@ -323,9 +379,12 @@ Result<RoundPlan> Rendezvous::ClosedPlan(uint64_t round, const std::string& text
         x.failures = e.value("failures", 0u);
         x.last_cause = e.value("last_cause", "");
         x.kept = e.value("kept", false);
+        x.sdc = e.value("sdc", 0u);
         plan.excluded.push_back(std::move(x));
       }
     if (j.contains("spares") && j["spares"].is_array()) plan.spares = j["spares"].get<std::vector<std::string>>();
+    if (j.contains("rollback")) plan.rollback = ParseRollback(j["rollback"]);
+    if (j.contains("skip_steps")) plan.skip_steps = ParseRanges(j["skip_steps"]);
   } catch (const nlohmann::json::exception& e) {
     return Status::Corruption(what, std::string("not a round plan of lifeline-agent: ") + e.what());
   }
@@ -334,7 +393,7 @@ Result<RoundPlan> Rendezvous::ClosedPlan(uint64_t round, const std::string& text
 
 Result<std::vector<ExcludedNode>> Rendezvous::BadNodes() {
   std::vector<ExcludedNode> out;
-  if (config_.exclude_after == 0) return out;
+  if (config_.exclude_after == 0 && config_.exclude_after_sdc == 0) return out;
   LL_ASSIGN_OR_RETURN(std::vector<std::vector<EtcdKeyValue>> read,
                       client_->ReadMany({{Key("node_failures/"), false}, {Key("readmitted/"), false}}));
   std::map<std::string, int64_t> readmitted;
@@ -344,6 +403,7 @@ Result<std::vector<ExcludedNode>> Rendezvous::BadNodes() {
   const int64_t since = UnixMillis() - static_cast<int64_t>(config_.exclude_window_seconds * 1000);
   struct Count {
     uint32_t n = 0;
+    uint32_t sdc = 0;
     int64_t newest = 0;
     std::string cause;
   };
@@ -361,16 +421,22 @@ Result<std::vector<ExcludedNode>> Rendezvous::BadNodes() {
     if (at < since || (re != readmitted.end() && at <= re->second)) continue;
     Count& c = counts[name];
     ++c.n;
+    if (j.contains("kind") && j["kind"] == "sdc_suspect") ++c.sdc;
     if (at >= c.newest) c.newest = at, c.cause = j.value("cause", "");
   }
-  for (const auto& [name, c] : counts)
-    if (c.n >= config_.exclude_after) out.push_back({name, c.n, c.cause, false});
+  for (const auto& [name, c] : counts) {
+    const bool corrupts = config_.exclude_after_sdc > 0 && c.sdc >= config_.exclude_after_sdc;
+    if ((config_.exclude_after > 0 && c.n >= config_.exclude_after) || corrupts)
+      out.push_back({name, c.n, c.cause, false, corrupts ? c.sdc : 0});
+  }
   return out;
 }
 
-Status Rendezvous::RecordNodeFailure(uint64_t round, const std::string& node, const std::string& cause) {
+Status Rendezvous::RecordNodeFailure(uint64_t round, const std::string& node, const std::string& cause,
+                                     const std::string& kind) {
   if (node.empty() || node.find('/') != std::string::npos) return Status::OK();
-  const nlohmann::json j = {{"unix_ms", UnixMillis()}, {"cause", cause}, {"round", round}};
+  nlohmann::json j = {{"unix_ms", UnixMillis()}, {"cause", cause}, {"round", round}};
+  if (!kind.empty()) j["kind"] = kind;
   return client_->PutIfAbsent(Key("node_failures/" + node + "/" + std::to_string(round)), j.dump()).status();
 }
 
@@ -400,7 +466,7 @@ Status Rendezvous::TryClose(uint64_t round, const std::vector<EtcdKeyValue>& mem
   });
   // The bad nodes are left out while the others make MIN.
   std::vector<ExcludedNode> bad;
-  if (config_.exclude_after > 0) {
+  if (config_.exclude_after > 0 || config_.exclude_after_sdc > 0) {
     Result<std::vector<ExcludedNode>> found = BadNodes();
     if (!found.ok()) return found.status();
     bad = std::move(*found);
@@ -427,18 +493,50 @@ Status Rendezvous::TryClose(uint64_t round, const std::vector<EtcdKeyValue>& mem
   if (placed.size() < config_.min_nodes) {
     // Too few without the bad nodes: after the last call, they are kept rather than the job stopped.
     if (!last_call) return Status::OK();
+    // A node that corrupts data is never kept: the job would train on it knowingly.
+    const auto corrupts = [&](const RoundNode& n) {
+      return std::any_of(bad.begin(), bad.end(), [&](const ExcludedNode& x) { return x.name == n.Name() && x.sdc > 0; });
+    };
+    std::vector<std::string> left_out;
     for (RoundNode& n : excluded) {
       if (placed.size() >= config_.min_nodes) break;
+      if (corrupts(n)) {
+        left_out.push_back(n.Name());
+        continue;
+      }
       placed.push_back(std::move(n));
       kept_bad = true;
+    }
+    if (placed.size() < config_.min_nodes && !left_out.empty()) {
+      std::string names;
+      for (const std::string& n : left_out) names += (names.empty() ? "" : ", ") + n;
+      return GiveUp("node" + std::string(left_out.size() > 1 ? "s " : " ") + names +
+                    " held replicas unlike the others' (sdc_suspect) " + std::to_string(config_.exclude_after_sdc) +
+                    " times or more and " + (left_out.size() > 1 ? "are" : "is") + " left out, and without " +
+                    (left_out.size() > 1 ? "them" : "it") + " round " + std::to_string(round) + " has " +
+                    std::to_string(placed.size()) + " of the " + std::to_string(config_.min_nodes) +
+                    " nodes it needs (no spare took the place): take the node out of service and resubmit, or add a "
+                    "spare (--standby)");
     }
     if (placed.size() < config_.min_nodes) return Status::OK();
   } else if (!full && !last_call) {
     return Status::OK();
   }
+  // A rollback's round, and the job's skipped steps: read at the close, so that the plan carries
+  // them to every node.
+  LL_ASSIGN_OR_RETURN(std::vector<std::vector<EtcdKeyValue>> carried,
+                      client_->ReadMany({{Key("rounds/" + std::to_string(round) + "/rollback"), false},
+                                         {Key("skip_steps"), false}}));
+  std::optional<RoundRollback> rollback;
+  for (const EtcdKeyValue& kv : carried[0])
+    if (kv.key == Key("rounds/" + std::to_string(round) + "/rollback"))
+      rollback = ParseRollback(nlohmann::json::parse(kv.value, nullptr, /*allow_exceptions=*/false));
+  std::vector<StepRange> skip_steps;
+  for (const EtcdKeyValue& kv : carried[1])
+    if (kv.key == Key("skip_steps")) skip_steps = ParseRanges(nlohmann::json::parse(kv.value, nullptr, false));
   std::optional<uint64_t> step;
   std::string location, note;
-  ChooseResume(placed, &step, &location, &note);
+  ChooseResume(placed, rollback ? std::optional<uint64_t>(rollback->before) : std::nullopt, &step, &location, &note);
   // Every agent reads the plan once a round: each node as the others need it (about 200 bytes:
   // at 2,048 nodes 0.4 MB, where the entries with their offers came to 0.9 MB), whether it holds
   // the resume step in memory in place of its offer.
@@ -455,6 +553,7 @@ Status Rendezvous::TryClose(uint64_t round, const std::vector<EtcdKeyValue>& mem
   for (const ExcludedNode& x : bad) {
     const bool kept = kept_bad && std::any_of(placed.begin(), placed.end(), [&](const RoundNode& n) { return n.Name() == x.name; });
     out_bad.push_back({{"name", x.name}, {"failures", x.failures}, {"last_cause", x.last_cause}, {"kept", kept}});
+    if (x.sdc > 0) out_bad.back()["sdc"] = x.sdc;
   }
   if (!out_bad.empty()) plan["excluded"] = out_bad;
   nlohmann::json unplaced = nlohmann::json::array();
@@ -463,6 +562,8 @@ Status Rendezvous::TryClose(uint64_t round, const std::vector<EtcdKeyValue>& mem
   plan["resume_step"] = step ? nlohmann::json(*step) : nlohmann::json(nullptr);
   plan["resume_location"] = location;
   if (!note.empty()) plan["resume_note"] = note;
+  if (rollback) plan["rollback"] = RollbackJson(*rollback);
+  if (!skip_steps.empty()) plan["skip_steps"] = RangesJson(skip_steps);
   std::string directory;
   for (const RoundNode& n : placed)
     if (directory.empty()) directory = n.resume.directory;
@@ -721,12 +822,31 @@ Result<RoundPlan> Rendezvous::Join(const ResumeOffer& offer, const std::function
   return Status::Unavailable("rendezvous", why);
 }
 
-Result<uint64_t> Rendezvous::OpenNextRound(uint64_t round) {
+Result<uint64_t> Rendezvous::OpenNextRound(uint64_t round, const RoundRollback* rollback) {
   // etcd away (a restart, an election, a slow disk) must not end the job: the restart waits for it
   // as long as the round's join would. A swap that went through but whose answer was lost is seen
   // by the retry: the round has moved, the swap does not apply, and the round is read below.
   const Clock::time_point deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                                         std::chrono::duration<double>(config_.join_timeout_seconds));
+  if (rollback != nullptr) {
+    // Before the round moves, so that its closer finds them. Two nodes rolling back at once (a NaN
+    // reaches every rank through the all-reduce) write the same bound or near it: the first stays.
+    for (int attempt = 0;; ++attempt) {
+      // The job's list with this node's added (another node's rollback may have added its own).
+      std::vector<StepRange> skip = rollback->skip;
+      Result<std::optional<EtcdKeyValue>> had = client_->Get(Key("skip_steps"));
+      Status s = had.status();
+      if (s.ok() && had->has_value())
+        for (const StepRange& r : ParseRanges(nlohmann::json::parse((*had)->value, nullptr, false)))
+          if (std::find(skip.begin(), skip.end(), r) == skip.end()) skip.push_back(r);
+      if (s.ok()) s = client_->Put(Key("skip_steps"), RangesJson(skip).dump());
+      if (s.ok()) s = client_->PutIfAbsent(Key("rounds/" + std::to_string(round + 1) + "/rollback"),
+                                           RollbackJson(*rollback).dump()).status();
+      if (s.ok()) break;
+      if (!s.IsUnavailable() || Clock::now() >= deadline) return s;
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::min(200 << std::min(attempt, 3), 1000)));
+    }
+  }
   for (int attempt = 0;; ++attempt) {
     Status s = client_->CompareAndSwap(Key("round"), std::to_string(round), std::to_string(round + 1)).status();
     if (s.ok()) break;

@@ -12,14 +12,22 @@
 //   node_failures/<name>/R   a node (by its lasting name) whose ranks caused round R's restart:
 //                            when, the cause and the ranks (kept with the job, not leased)
 //   readmitted/<name>        an operator took the node back (unix ms): earlier failures do not count
+//   rounds/R/rollback        round R is a rollback (written before the round is opened): resume
+//                            before a step, decided by one agent (agent/rollback.h)
+//   skip_steps               the steps whose data the job skips (every rollback's, JSON [[a,b],...])
 // A round closes when MAX nodes joined, or (a restart's round) when every place of the previous
 // round is filled again, or when at least MIN did and no other joined for the last-call time.
 // One agent closes it: the round's closer (rounds/R/closer, leased: the first agent to join, or
 // the first after the closer's lease ran out), which alone follows the round's entries; the
 // others follow only the plan. Global ranks go node by node: nodes that asked for a --node-rank
 // first, in that order, then the others in the order they joined.
-// Bad nodes are left out: a node whose ranks caused `exclude_after` restarts within the window is
-// excluded while the other nodes make MIN; spares (--standby) are placed only to fill the places
+// Bad nodes are left out: a node whose ranks caused `exclude_after` restarts within the window, or
+// `exclude_after_sdc` of them by sdc_suspect (a machine that corrupts data), is excluded while the
+// other nodes make MIN; a node bad by the first rule is kept rather than the job stopped, one that
+// corrupts data never is: without it too few nodes remain and the closer ends the job (give_up).
+// A rollback's round (rounds/R/rollback) resumes from the newest step before its bound that every
+// node offers (complete on every node, never a suspect step); its plan carries the bound and the
+// job's skip_steps, the same for every node's ranks. spares (--standby) are placed only to fill the places
 // of the previous round (the first round: MIN) that the other nodes leave empty. The plan names
 // the excluded nodes and the unplaced spares. A node not placed waits for the next round, and
 // leaves when the job ends (its placed nodes all finished, or it gave up). A restart decided on any node moves `round` on (compare-and-swap, so two nodes
@@ -88,7 +96,19 @@ struct RendezvousConfig {
   std::string node_name;           // the node's lasting name (failures are remembered by it); "": host
   bool standby = false;            // a spare (--standby)
   uint32_t exclude_after = 2;      // failures within the window that leave a node out (0: never)
+  uint32_t exclude_after_sdc = 2;  // ...or sdc_suspects among them (RollbackConfig::sdc_per_node; 0: never)
   double exclude_window_seconds = 3600;
+};
+
+// A round that rolls the job back (Rendezvous::OpenNextRound): every node resumes from the newest
+// step before `before` that every node can load.
+struct RoundRollback {
+  uint64_t before = 0;             // the resume step is below this one (0: from scratch)
+  uint64_t anomaly_step = 0;       // where the fault was found, for the logs
+  std::string anomaly;             // its kind
+  std::vector<int> ranks;          // its ranks
+  std::string by;                  // the deciding node's name
+  std::vector<StepRange> skip;     // every step range the job skips, as the deciding node knows them
 };
 
 // A node the plan left out as bad.
@@ -97,6 +117,7 @@ struct ExcludedNode {
   uint32_t failures = 0;     // restarts its ranks caused within the window
   std::string last_cause;    // the newest one's kind and ranks
   bool kept = false;         // excluded, but placed anyway: the others did not make MIN
+  uint32_t sdc = 0;          // of `failures`, sdc_suspects: at exclude_after_sdc the node is never kept
 };
 
 struct RoundNode {
@@ -131,6 +152,8 @@ struct RoundPlan {
   std::string launch_id;         // the same on every node of the round
   std::vector<ExcludedNode> excluded;  // nodes left out as bad (or kept, short of MIN)
   std::vector<std::string> spares;     // spares joined and not placed
+  std::optional<RoundRollback> rollback;  // a rollback's round: what it resumes before, and who decided it
+  std::vector<StepRange> skip_steps;   // the job's skipped step ranges as of this round (every rollback's)
   bool finished = false;         // Join: the job ended without this node (it was not placed)
 
   // The global ranks of node `group` ("" when out of range).
@@ -196,7 +219,9 @@ class Rendezvous {
 
   // The restart of round `round` was caused by ranks of the node named `node` (`cause`: the
   // anomaly's kind and ranks): remembered with the job, once per node and round.
-  Status RecordNodeFailure(uint64_t round, const std::string& node, const std::string& cause);
+  // `kind`: the anomaly's kind (sdc_suspect ones are counted apart too).
+  Status RecordNodeFailure(uint64_t round, const std::string& node, const std::string& cause,
+                           const std::string& kind = "");
   // Takes back a node excluded as bad: its failures until now no longer count.
   Status Readmit(const std::string& node);
   // The nodes the next round would leave out as bad, with their failures, as of now.
@@ -205,8 +230,10 @@ class Rendezvous {
 
   // Moves the job past `round` (a restart decided here): the round the job is in afterwards,
   // opened by this call or by another node's at the same time. While etcd does not answer it
-  // waits, as long as a join would (join_timeout_seconds).
-  Result<uint64_t> OpenNextRound(uint64_t round);
+  // waits, as long as a join would (join_timeout_seconds). With `rollback`, the next round is a
+  // rollback: its key is written before the round moves (the first one written wins), and the
+  // job's skip_steps become `rollback->skip`.
+  Result<uint64_t> OpenNextRound(uint64_t round, const RoundRollback* rollback = nullptr);
   // Ends the job on every node with `reason` (kept in etcd until the last agent leaves).
   Status GiveUp(const std::string& reason);
   // Of `nodes` (of round `round`), those that reported no failure and did not finish: gone, or not

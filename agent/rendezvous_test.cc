@@ -7,7 +7,9 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
+#include <future>
 #include <memory>
 #include <string>
 #include <thread>
@@ -157,6 +159,166 @@ TEST_F(RendezvousTest, ARestartsRoundClosesAtOnceWhenAReplacementFillsTheLostPla
     EXPECT_LT(seconds, 60) << "--nnodes " << min_nodes << ":2: the restart's round waited for its last call";
     a->Leave(true);
     c->Leave(true);
+  }
+}
+
+// Joins every agent of `agents` at once, each with its own offer.
+std::vector<Result<RoundPlan>> JoinWith(const std::vector<Rendezvous*>& agents, const std::vector<ResumeOffer>& offers) {
+  std::vector<Result<RoundPlan>> plans(agents.size(), Status::Unavailable("not joined"));
+  std::vector<std::thread> joins;
+  for (size_t n = 0; n < agents.size(); ++n) joins.emplace_back([&, n] { plans[n] = agents[n]->Join(offers[n]); });
+  for (std::thread& t : joins) t.join();
+  return plans;
+}
+
+ResumeOffer Offer(std::vector<uint64_t> disk, std::vector<uint64_t> memory) {
+  ResumeOffer o;
+  o.directory = "/ckpt";
+  o.disk_steps = disk;
+  if (!disk.empty()) o.disk_step = disk[0];
+  o.memory_steps = memory;
+  return o;
+}
+
+// Issue 53, item 4: a rollback decided on node-b moves the job to a round that carries it. Every
+// node resumes from the newest step below the bound that every node can load: node-a's memory
+// holds newer steps (25, 30), which may hold the fault's damage, and the disk's newest is past the
+// bound too; both plans say step 20 and the same skipped steps.
+TEST_F(RendezvousTest, ARollbacksRoundResumesEveryNodeBelowItsBoundWithTheSameSkippedSteps) {
+  auto a = Agent(server_.endpoint(), "rollback", "node-a", 2, 2, 600);
+  auto b = Agent(server_.endpoint(), "rollback", "node-b", 2, 2, 600);
+  ASSERT_TRUE(a && b);
+  std::vector<Result<RoundPlan>> first = JoinWith({a.get(), b.get()}, {Offer({30, 20, 10}, {30, 25}), Offer({30, 20, 10}, {30, 25, 20})});
+  ASSERT_TRUE(first[0].ok() && first[1].ok());
+  EXPECT_EQ(*first[0]->resume_step, 30u);  // no rollback: the newest
+  EXPECT_FALSE(first[0]->rollback);
+  RoundRollback r;
+  r.before = 21;
+  r.anomaly_step = 25;
+  r.anomaly = "non_finite";
+  r.ranks = {3};
+  r.by = "node-b";
+  r.skip = {{21, 27}};
+  Result<uint64_t> next = b->OpenNextRound(first[1]->round, &r);
+  ASSERT_TRUE(next.ok()) << next.status().ToString();
+  Result<uint64_t> same = a->OpenNextRound(first[0]->round);  // node-a follows (or raced it): one round
+  ASSERT_TRUE(same.ok());
+  EXPECT_EQ(*same, *next);
+  // node-a's two newest steps on disk are both past the bound (a save that committed after node-b
+  // removed them): it has no say about the disk; node-b's view decides.
+  std::vector<Result<RoundPlan>> second =
+      JoinWith({a.get(), b.get()}, {Offer({30, 25}, {30, 25}), Offer({20, 10}, {25, 20})});
+  for (const auto& p : second) {
+    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    EXPECT_EQ(p->round, *next);
+    ASSERT_TRUE(p->resume_step);
+    EXPECT_EQ(*p->resume_step, 20u);
+    ASSERT_TRUE(p->rollback);
+    EXPECT_EQ(p->rollback->before, 21u);
+    EXPECT_EQ(p->rollback->by, "node-b");
+    EXPECT_EQ(p->rollback->ranks, std::vector<int>{3});
+    EXPECT_EQ(FormatStepRanges(p->skip_steps), "21-27");
+  }
+  // A later round (an ordinary restart) carries the job's skipped steps, not the rollback.
+  next = a->OpenNextRound(*next);
+  ASSERT_TRUE(next.ok());
+  std::vector<Result<RoundPlan>> third = JoinWith({a.get(), b.get()}, {Offer({20}, {}), Offer({20}, {})});
+  for (const auto& p : third) {
+    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    EXPECT_FALSE(p->rollback);
+    EXPECT_EQ(FormatStepRanges(p->skip_steps), "21-27");
+  }
+  a->Leave(true);
+  b->Leave(true);
+}
+
+// A node whose ranks held a corrupted replica twice (sdc_suspect, counted apart from the other
+// failures: exclude_after is 5 here) is left out, and the spare takes its place; without a spare
+// it is never kept, the job ends saying why.
+TEST_F(RendezvousTest, ANodeWithTwoSdcSuspectsIsExcludedForTheSpareAndWithoutOneTheJobEnds) {
+  const auto make = [&](const std::string& job, const std::string& name, bool standby, double last_call) {
+    RendezvousConfig c;
+    c.endpoint = server_.endpoint();
+    c.job = job;
+    c.min_nodes = c.max_nodes = 2;
+    c.nproc_per_node = 2;
+    c.host = "127.0.0.1";
+    c.node_name = name;
+    c.standby = standby;
+    c.exclude_after = 5;
+    c.exclude_after_sdc = 2;
+    c.last_call_seconds = last_call;
+    c.join_timeout_seconds = 60;
+    Result<std::unique_ptr<Rendezvous>> r = Rendezvous::Connect(c);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? std::move(*r) : nullptr;
+  };
+  for (const bool spare : {true, false}) {
+    const std::string job = spare ? "sdc-spare" : "sdc-alone";
+    // With the spare the round closes as soon as it joins: a long last call keeps the closer from
+    // ending the job before the spare came. Without it, the last call is what ends the job.
+    const double last_call = spare ? 60 : 0.5;
+    auto a = make(job, "node-a", false, last_call);
+    auto b = make(job, "node-b", false, last_call);
+    ASSERT_TRUE(a && b);
+    std::vector<Result<RoundPlan>> first = JoinWith({a.get(), b.get()}, {ResumeOffer{}, ResumeOffer{}});
+    ASSERT_TRUE(first[0].ok() && first[1].ok());
+    // Two rounds' sdc_suspects on node-b, and a death (not counted as one) on node-a.
+    ASSERT_TRUE(b->RecordNodeFailure(0, "node-b", "sdc_suspect (ranks 3)", "sdc_suspect").ok());
+    ASSERT_TRUE(b->RecordNodeFailure(1, "node-b", "sdc_suspect (ranks 2)", "sdc_suspect").ok());
+    ASSERT_TRUE(a->RecordNodeFailure(1, "node-a", "dead (ranks 0)", "dead").ok());
+    Result<std::vector<ExcludedNode>> bad = a->BadNodes();
+    ASSERT_TRUE(bad.ok());
+    ASSERT_EQ(bad->size(), 1u);
+    EXPECT_EQ((*bad)[0].name, "node-b");
+    EXPECT_EQ((*bad)[0].sdc, 2u);
+    ASSERT_TRUE(a->OpenNextRound(first[0]->round).ok());
+    if (spare) {
+      // node-b, not placed, waits for the job's end: it ends once the placed nodes finish.
+      std::atomic<bool> stop_b{false};
+      std::future<Result<RoundPlan>> left_out =
+          std::async(std::launch::async, [&] { return b->Join(ResumeOffer{}, [&] { return stop_b.load(); }); });
+      // Whatever fails below, node-b's join ends with the test.
+      struct StopOnExit {
+        std::atomic<bool>* stop;
+        std::future<Result<RoundPlan>>* joined;
+        ~StopOnExit() {
+          stop->store(true);
+          if (joined->valid()) joined->wait();
+        }
+      } stop_on_exit{&stop_b, &left_out};
+      auto c = make(job, "node-c", true, last_call);
+      ASSERT_TRUE(c);
+      std::vector<Result<RoundPlan>> second = JoinWith({a.get(), c.get()}, {ResumeOffer{}, ResumeOffer{}});
+      ASSERT_TRUE(second[0].ok()) << second[0].status().ToString();
+      const RoundPlan& p = *second[0];
+      ASSERT_EQ(p.nodes.size(), 2u);
+      EXPECT_EQ(p.nodes[0].Name(), "node-a");
+      EXPECT_EQ(p.nodes[1].Name(), "node-c");
+      ASSERT_EQ(p.excluded.size(), 1u);
+      EXPECT_EQ(p.excluded[0].name, "node-b");
+      EXPECT_FALSE(p.excluded[0].kept);
+      EXPECT_EQ(p.excluded[0].sdc, 2u);
+      ASSERT_TRUE(second[1].ok()) << second[1].status().ToString();
+      EXPECT_EQ(second[1]->group_rank, 1);
+      a->Leave(true);
+      c->Leave(true);
+      // A bound against a hang, not a timing: node-b learns of the end within its watcher's next look.
+      ASSERT_EQ(left_out.wait_for(std::chrono::seconds(120)), std::future_status::ready) << "node-b still waits";
+      const Result<RoundPlan> ended = left_out.get();
+      ASSERT_TRUE(ended.ok()) << ended.status().ToString();
+      EXPECT_TRUE(ended->finished);
+    } else {
+      std::vector<Result<RoundPlan>> second = JoinWith({a.get(), b.get()}, {ResumeOffer{}, ResumeOffer{}});
+      for (const auto& p : second) {
+        ASSERT_FALSE(p.ok());
+        EXPECT_EQ(p.status().code(), StatusCode::kAborted) << p.status().ToString();
+        EXPECT_NE(p.status().message().find("node node-b held replicas unlike the others' (sdc_suspect)"),
+                  std::string::npos) << p.status().ToString();
+      }
+      a->Leave(false);
+    }
+    b->Leave(false);
   }
 }
 

@@ -66,9 +66,9 @@ Result<std::vector<ResumableStep>> ListResumableSteps(Env* env, const std::strin
 }
 
 Result<std::vector<uint64_t>> RemoveStepsAfterRollback(Env* env, const std::string& checkpoint_dir,
-                                                       std::optional<uint64_t> step) {
+                                                       std::optional<uint64_t> step, bool disk) {
   std::vector<uint64_t> removed;
-  if (env->IsDirectory(checkpoint_dir)) {
+  if (disk && env->IsDirectory(checkpoint_dir)) {
     LL_ASSIGN_OR_RETURN(removed, RemoveStepsAfter(checkpoint_dir, step, env));
   }
   // The memory tier's copies too: a later restart prefers the tier, and the relaunch saves these
@@ -85,7 +85,14 @@ Result<std::vector<uint64_t>> RemoveStepsAfterRollback(Env* env, const std::stri
 Result<ResumeOffer> FindResumeOffer(Env* env, const std::string& checkpoint_dir) {
   ResumeOffer offer;
   offer.directory = checkpoint_dir;
-  LL_ASSIGN_OR_RETURN(offer.disk_step, NewestSound(env, checkpoint_dir));
+  {
+    LL_ASSIGN_OR_RETURN(std::vector<CheckpointInfo> all, ScanSteps(env, checkpoint_dir));
+    // The newest two: a rollback's round resumes below a bound, and the deciding node has removed
+    // the steps from the bound on before the others offer theirs; the second covers a save that
+    // committed in between. Each costs a check of its metadata (every rank's index), at every join.
+    offer.disk_steps = SoundSteps(env, all, 2);
+    if (!offer.disk_steps.empty()) offer.disk_step = offer.disk_steps[0];
+  }
   if (Result<std::vector<CheckpointInfo>> tier = ScanMemoryTierOf(checkpoint_dir, env); tier.ok()) {
     const std::vector<CheckpointInfo>& all = *tier;
     // A tier holds a few steps; more would only make the rendezvous entries longer.

@@ -31,16 +31,19 @@ Result<ResumePoint> FindResumePoint(Env* env, const std::string& checkpoint_dir)
 // (ChooseRollbackPoint). Empty for a directory that does not exist yet.
 Result<std::vector<ResumableStep>> ListResumableSteps(Env* env, const std::string& checkpoint_dir);
 
-// A rollback's clearing: removes the steps of `checkpoint_dir` and of this node's memory tier newer
-// than `step` (all with nullopt). Returns the steps removed, newest first, each once.
+// A rollback's clearing: removes the steps of `checkpoint_dir` (unless `disk` is false: another
+// node of the job clears the shared directory) and of this node's memory tier newer than `step`
+// (all with nullopt). Returns the steps removed, newest first, each once.
 Result<std::vector<uint64_t>> RemoveStepsAfterRollback(Env* env, const std::string& checkpoint_dir,
-                                                       std::optional<uint64_t> step);
+                                                       std::optional<uint64_t> step, bool disk = true);
 
 // Where one node could resume from: its view of the shared checkpoint directory and of its own
 // memory tier. The agents of a multi-node job resume from a step every node has (rendezvous.h).
 struct ResumeOffer {
   std::string directory;               // the checkpoint directory this node knows; "" when none
   std::optional<uint64_t> disk_step;   // newest sound step on (shared) storage
+  std::vector<uint64_t> disk_steps;    // the newest two sound steps there, newest first (a rollback
+                                       // resumes below a bound: rendezvous.cc, ChooseResume)
   std::vector<uint64_t> memory_steps;  // sound steps in this node's memory tier, newest first
   // The newest step this node's tier holds some ranks of but not all (newer than any sound one):
   // a step whose other ranks were on a node now lost, unreplicated. Only for saying why it is not

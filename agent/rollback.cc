@@ -73,6 +73,12 @@ nlohmann::json RollbackDecision::Record(const Anomaly& anomaly) const {
                          {"steps_rolled_back", steps_rolled_back()},
                          {"repeat", repeat},
                          {"message", anomaly.message}};
+  // The evidence with the decision (an sdc_suspect's tensors, byte ranges and digests; a spike's
+  // values), so that one line says what was seen and what was done.
+  if (!anomaly.evidence.is_null()) line["evidence"] = anomaly.evidence;
+  if (!nodes.empty()) line["nodes"] = nodes;
+  if (sdc_on_node > 0) line["sdc_on_node"] = sdc_on_node;
+  if (!node_out.empty()) line["node_out"] = node_out;
   line["skipped"] = skipped ? nlohmann::json(FormatStepRanges({*skipped})) : nlohmann::json(nullptr);
   line["skip_steps"] = FormatStepRanges(skip);
   if (!give_up.empty()) line["reason"] = give_up;
@@ -84,15 +90,31 @@ RollbackDecision RollbackLedger::Decide(const Anomaly& anomaly, uint64_t reached
   RollbackDecision d;
   d.anomaly_step = anomaly.step.value_or(0);
   d.reached_step = std::max(reached_step, AnomalyLastStep(anomaly).value_or(0));
+  const bool sdc = anomaly.kind == "sdc_suspect";
   d.point = ChooseRollbackPoint(listing, d.anomaly_step);
+  if (!sdc && d.point.step && d.anomaly_step <= *d.point.step + 1 &&
+      to_checkpoint_.count(static_cast<int64_t>(*d.point.step)) != 0) {
+    // The fault came back at the first step after a relaunch from this checkpoint: the checkpoint
+    // holds the damage (an update or optimizer state gone bad in the step it saved shows only in
+    // the next step's values), and replaying it, or skipping data after it, cannot help. The
+    // checkpoint before it is the rollback's, its data not skipped.
+    const uint64_t damaged = *d.point.step;
+    d.point = ChooseRollbackPoint(listing, damaged);
+    d.point.why += "; step " + std::to_string(damaged) + " is passed over too: the fault came back at the first step "
+                   "after resuming from it, so it holds the damage";
+  }
   const int64_t key = d.point.step ? static_cast<int64_t>(*d.point.step) : -1;
   d.repeat = to_checkpoint_[key];
   const std::string where = d.point.step ? "step " + std::to_string(*d.point.step) : std::string("scratch");
   if (d.repeat >= config_.max_per_checkpoint) {
     d.give_up = anomaly.kind + " at step " + std::to_string(d.anomaly_step) + " again after " +
                 std::to_string(d.repeat) + " rollback" + (d.repeat > 1 ? "s" : "") + " to " + where +
-                ": the data or the model is at fault deterministically, a relaunch cannot help";
-    if (config_.skip_data == RollbackConfig::SkipData::kNever) {
+                (sdc ? ": the replicas diverge again from the same state (nondeterminism in the script, or "
+                       "corruption on more than one machine), a relaunch cannot help"
+                     : ": the data or the model is at fault deterministically, a relaunch cannot help");
+    if (sdc) {
+      // Its data was never skipped: nothing to say about skipping.
+    } else if (config_.skip_data == RollbackConfig::SkipData::kNever) {
       d.give_up += " (rollback.skip_data: on_repeat would skip the steps' data)";
     } else {
       d.give_up += " (the relaunches were told to skip steps " + FormatStepRanges(SkipAfter(d.point.step)) +
@@ -101,8 +123,9 @@ RollbackDecision RollbackLedger::Decide(const Anomaly& anomaly, uint64_t reached
     d.skip = SkipAfter(d.point.step);
     return d;
   }
-  const bool skip = config_.skip_data == RollbackConfig::SkipData::kAlways ||
-                    (config_.skip_data == RollbackConfig::SkipData::kOnRepeat && d.repeat > 0);
+  // A corrupted replica is the machine's fault: the steps' data is sound, and trained again.
+  const bool skip = !sdc && (config_.skip_data == RollbackConfig::SkipData::kAlways ||
+                             (config_.skip_data == RollbackConfig::SkipData::kOnRepeat && d.repeat > 0));
   if (skip) {
     // Every step rolled back, from the one after the checkpoint to the newest the ranks reached:
     // the batch at fault is not always the one whose value shows it (a bad update from an
@@ -118,6 +141,13 @@ RollbackDecision RollbackLedger::Decide(const Anomaly& anomaly, uint64_t reached
   ++to_checkpoint_[key];
   ++rollbacks_;
   return d;
+}
+
+void RollbackLedger::Adopt(const std::vector<StepRange>& ranges) {
+  for (const StepRange& r : ranges) {
+    if (r.last < r.first) continue;
+    if (std::find(skip_.begin(), skip_.end(), r) == skip_.end()) skip_.push_back(r);
+  }
 }
 
 std::vector<StepRange> RollbackLedger::SkipAfter(std::optional<uint64_t> resume_step) const {

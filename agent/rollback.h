@@ -1,9 +1,17 @@
-// The rollback policy (config: policy.non_finite / policy.spike: rollback, and RollbackConfig): on a
-// non-finite value or a spike first seen at step S, the ranks are stopped and relaunched from the
-// newest complete checkpoint taken before S. A checkpoint saved at S or later may hold the damage
+// The rollback policy (config: policy.non_finite / policy.spike / policy.sdc_suspect: rollback, and
+// RollbackConfig): on a non-finite value or a spike first seen at step S, or replicas found to
+// differ at the snapshot of step S, the ranks are stopped and relaunched from the newest complete
+// checkpoint taken before S that is not suspect. A checkpoint saved at S or later may hold the damage
 // (the update of step S is applied before its save), so it is passed over, and removed before the
 // relaunch: the relaunched ranks save those step numbers again, and a later restart must never
 // resume from them.
+//
+// A checkpoint after which the fault comes back at once (the first step after a relaunch from it)
+// holds the damage itself: an update or optimizer state gone bad in the step it saved shows only
+// in the next step's values. The next rollback passes over it too, without skipping data.
+//
+// Replicas found to differ (sdc_suspect) are a fault of a machine, not of the data: their rollback
+// never skips data, and a repeat on one node takes the node out (RollbackConfig::sdc_per_node).
 //
 // Everything here is a pure function of what it is given (the checkpoint listing, the anomaly, the
 // rollbacks decided before): the Supervisor decides with it, its tests and lifeline-sim run the
@@ -71,6 +79,13 @@ struct RollbackDecision {
   // checkpoint to `reached_step`.
   std::optional<StepRange> skipped;
   std::vector<StepRange> skip;       // every range the relaunch skips: this one's and earlier ones' still ahead
+  // The nodes (by name) of the anomaly's ranks, when known: the evidence says where it happened.
+  std::vector<std::string> nodes;
+  // An sdc_suspect on a node that had rollback.sdc_per_node of them (this one counted): the node
+  // to leave out of the job ("" otherwise). A multi-node job excludes it (the rendezvous's
+  // bad-node rule); a single-node job gives up (`give_up` says so).
+  std::string node_out;
+  uint32_t sdc_on_node = 0;  // sdc_suspects counted on the anomaly's node, this one included (0: not one)
   // Steps trained again: from the one after the checkpoint to `reached_step`.
   uint64_t steps_rolled_back() const;
   // The events-log line ("action": "rollback" or "rollback_give_up") with the evidence.
@@ -93,6 +108,17 @@ class RollbackLedger {
   // far that end after it, clipped to start after it.
   std::vector<StepRange> SkipAfter(std::optional<uint64_t> resume_step) const;
 
+  // Ranges another agent of the job decided (a multi-node round carries them): skipped from now
+  // on as this ledger's own, so that every node tells its ranks the same LIFELINE_SKIP_STEPS.
+  void Adopt(const std::vector<StepRange>& ranges);
+  // Every range decided or adopted, in that order.
+  const std::vector<StepRange>& skips() const { return skip_; }
+
+  // One more sdc_suspect naming ranks of `node` (by name): how many there were on it so far, this
+  // one included. Kept for the ledger's life (every launch of the agent), with no window: a
+  // machine that corrupts once an hour is as bad as one that does it twice in a minute.
+  uint32_t CountSdc(const std::string& node) { return ++sdc_by_node_[node]; }
+
   uint64_t rollbacks() const { return rollbacks_; }
 
  private:
@@ -100,6 +126,7 @@ class RollbackLedger {
   // Rollbacks decided per checkpoint (-1: from scratch).
   std::map<int64_t, uint32_t> to_checkpoint_;
   std::vector<StepRange> skip_;  // in the order decided
+  std::map<std::string, uint32_t> sdc_by_node_;
   uint64_t rollbacks_ = 0;
 };
 

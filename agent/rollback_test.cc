@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <limits>
+#include <optional>
 
 #include <gtest/gtest.h>
 
@@ -105,6 +106,33 @@ TEST(RollbackLedgerTest, ReplaysFirstSkipsTheDataOnARepeatThenGivesUp) {
   EXPECT_NE(third.give_up.find("lifeline.skip_steps()"), std::string::npos) << third.give_up;
   EXPECT_EQ(ledger.rollbacks(), 2u);
   EXPECT_EQ(third.Record(SpikeOver(45, 47))["action"], "rollback_give_up");
+}
+
+// Adam's state flipped at step 40, which is saved: the loss is NaN at 41. The first rollback goes
+// to 40 (the newest before the fault); the NaN is back at 41, the first step after it, so 40 holds
+// the damage: the second goes to 30, replaying the data (it was not at fault), not giving up.
+TEST(RollbackLedgerTest, ACheckpointThatBringsTheFaultStraightBackIsPassedOver) {
+  RollbackConfig config;  // on_repeat, 2 per checkpoint
+  RollbackLedger ledger(config);
+  const auto listing = Disk({40, 30, 20});
+  RollbackDecision first = ledger.Decide(At("non_finite", 41), 41, listing);
+  ASSERT_EQ(*first.point.step, 40u);
+  RollbackDecision second = ledger.Decide(At("non_finite", 41), 41, listing);
+  EXPECT_EQ(second.give_up, "");
+  ASSERT_TRUE(second.point.step);
+  EXPECT_EQ(*second.point.step, 30u);
+  EXPECT_EQ(second.point.passed_over, (std::vector<uint64_t>{40}));
+  EXPECT_NE(second.point.why.find("step 40 is passed over too"), std::string::npos) << second.point.why;
+  EXPECT_EQ(second.repeat, 0u);
+  EXPECT_FALSE(second.skipped);
+  EXPECT_EQ(second.steps_rolled_back(), 11u);
+  // A fault that comes back later than the first step is the data's: the same checkpoint again,
+  // its steps skipped (on_repeat).
+  RollbackLedger data(config);
+  ASSERT_EQ(*data.Decide(At("spike", 45), 46, listing).point.step, 40u);
+  RollbackDecision again = data.Decide(At("spike", 45), 46, listing);
+  EXPECT_EQ(*again.point.step, 40u);
+  EXPECT_TRUE(again.skipped);
 }
 
 TEST(RollbackLedgerTest, AlwaysSkipsAtTheFirstRollbackAndNeverNeverDoes) {
@@ -258,6 +286,167 @@ TEST(SupervisorRollbackTest, WithNoCheckpointDirectoryKnownOrThePolicyLogTheRank
   Supervisor quiet(log, &known);
   now = 10 * kSec;
   EXPECT_FALSE(NanAt(quiet, 25, 40, &now).restart);
+}
+
+// Three replicas step to 6; at the snapshot of `step` rank `bad`'s copy of one tensor differs from
+// the others' (its digest): the poll that judges it.
+PollDecision SdcAt(Supervisor& s, uint64_t step, int bad, uint64_t* now, const std::optional<RoundPlan>& plan = {},
+                   int rank_base = 0) {
+  SupervisedLaunch l;
+  l.world = 3;
+  l.rank_base = rank_base;
+  l.now_ns = *now;
+  l.plan = plan;
+  s.Launched(l);
+  for (uint64_t k = 0; k <= 6; ++k) {
+    *now += 100 * kMs;
+    for (int r = 0; r < 3; ++r) {
+      s.Observe(r, Ev(EventType::kStepBegin, *now, k));
+      s.Observe(r, Ev(EventType::kStepEnd, *now + kMs, k));
+      if (k % 2 != 0) continue;
+      trace::Event e;  // one replicated tensor of 4 KiB, three replicas
+      e.time_ns = *now + 2 * kMs;
+      e.type = EventType::kReplicaDigest;
+      e.comm = 3;
+      e.step = k;
+      e.seq = 0x1234;
+      e.bytes = 4096;
+      e.duration_ns = 0;
+      e.aux = r == bad && k >= step ? 0xbad : 0x600d;
+      s.Observe(r, e);
+    }
+    PollInput in;
+    in.now_ns = *now + 3 * kMs;
+    PollDecision d = s.Poll(in);
+    if (d.restart || !d.raised.empty()) return d;
+  }
+  return {};
+}
+
+AgentConfig SdcConfig() {
+  AgentConfig config;
+  config.nproc = 3;
+  config.rendezvous.node_name = "host-a";
+  return config;
+}
+
+TEST(SupervisorRollbackTest, AnSdcSuspectRollsBackBeforeTheSuspectStepAndNeverSkipsItsData) {
+  AgentConfig config = SdcConfig();
+  config.rollback.skip_data = RollbackConfig::SkipData::kAlways;  // for non_finite and spike only
+  Around around;
+  Supervisor s(config, &around);
+  uint64_t now = 10 * kSec;
+  const PollDecision d = SdcAt(s, 4, 2, &now);
+  ASSERT_TRUE(d.restart);
+  EXPECT_TRUE(d.rollback);  // the default policy of sdc_suspect
+  EXPECT_EQ(d.restart->kind, "sdc_suspect");
+  EXPECT_EQ(d.restart->ranks, std::vector<int>{2});
+  ASSERT_EQ(d.raised.size(), 1u);
+  EXPECT_EQ(d.raised[0].record["policy"], "rollback");
+
+  // Step 4 is marked suspect by then, so the listing lacks it; step 6 (newer) is passed over.
+  const RollbackPlan plan = s.PlanRollback(*d.restart, now, {{0, ""}, {0, ""}, {0, ""}}, Disk({6, 2, 0}));
+  EXPECT_EQ(plan.restart.give_up, "");
+  ASSERT_TRUE(plan.decision.point.step);
+  EXPECT_EQ(*plan.decision.point.step, 2u);
+  EXPECT_EQ(plan.decision.point.passed_over, (std::vector<uint64_t>{6}));
+  EXPECT_FALSE(plan.decision.skipped);  // the data was sound: it is trained again
+  EXPECT_TRUE(s.SkipSteps(2).empty());
+  EXPECT_EQ(plan.decision.sdc_on_node, 1u);
+  EXPECT_EQ(plan.decision.node_out, "");
+  // One line with the decision and its evidence: the rank, its node, the tensors that differ.
+  const nlohmann::json line = plan.decision.Record(*d.restart);
+  EXPECT_EQ(line["action"], "rollback");
+  EXPECT_EQ(line["anomaly"], "sdc_suspect");
+  EXPECT_EQ(line["ranks"], nlohmann::json::array({2}));
+  EXPECT_EQ(line["nodes"], nlohmann::json::array({"host-a"}));
+  EXPECT_EQ(line["checkpoint"], 2);
+  ASSERT_TRUE(line["evidence"].contains("tensors")) << line.dump();
+  EXPECT_EQ(line["evidence"]["tensors"][0]["ranks"], nlohmann::json::array({2}));
+}
+
+TEST(SupervisorRollbackTest, ASecondSdcSuspectOnTheSameNodeEndsASingleNodeJobNamingTheNodeAndRank) {
+  AgentConfig config = SdcConfig();
+  Around around;
+  Supervisor s(config, &around);
+  uint64_t now = 10 * kSec;
+  PollDecision d = SdcAt(s, 4, 2, &now);
+  ASSERT_TRUE(d.restart && d.rollback);
+  RollbackPlan plan = s.PlanRollback(*d.restart, now, {{0, ""}, {0, ""}, {0, ""}}, Disk({2, 0}));
+  ASSERT_EQ(plan.restart.give_up, "");
+  // The relaunch: another rank of the same node this time (the node's machine, not one rank).
+  d = SdcAt(s, 6, 1, &now);
+  ASSERT_TRUE(d.restart && d.rollback);
+  plan = s.PlanRollback(*d.restart, now, {{0, ""}, {0, ""}, {0, ""}}, Disk({4, 2, 0}));
+  EXPECT_EQ(plan.decision.sdc_on_node, 2u);
+  EXPECT_EQ(plan.decision.node_out, "host-a");
+  const std::string& why = plan.restart.give_up;
+  EXPECT_NE(why.find("node host-a (rank 1)"), std::string::npos) << why;
+  EXPECT_NE(why.find("for the 2nd time"), std::string::npos) << why;
+  EXPECT_NE(why.find("a single-node job cannot leave it out"), std::string::npos) << why;
+  EXPECT_TRUE(plan.restart.job_wide);
+  EXPECT_TRUE(plan.restart.incurable);  // a requeue could land on the same machine
+  EXPECT_EQ(plan.decision.Record(*d.restart)["node_out"], "host-a");
+
+  // A node with no name (lifeline-sim, a test) is taken out all the same, as "this node".
+  AgentConfig unnamed = SdcConfig();
+  unnamed.rendezvous.node_name.clear();
+  Supervisor u(unnamed, &around);
+  for (int launch = 0; launch < 2; ++launch) {
+    d = SdcAt(u, 4, 2, &now);
+    ASSERT_TRUE(d.restart && d.rollback) << launch;
+    plan = u.PlanRollback(*d.restart, now, {{0, ""}, {0, ""}, {0, ""}}, Disk({2}));
+  }
+  EXPECT_NE(plan.restart.give_up.find("this node (rank 2) held a replica unlike the others' for the 2nd time"),
+            std::string::npos) << plan.restart.give_up;
+
+  // rollback.sdc_per_node: 0 never takes a node out; the rollbacks go on.
+  AgentConfig never = SdcConfig();
+  never.rollback.sdc_per_node = 0;
+  Supervisor t(never, &around);
+  for (int launch = 0; launch < 2; ++launch) {
+    d = SdcAt(t, 4, 2, &now);
+    ASSERT_TRUE(d.restart && d.rollback) << launch;
+    plan = t.PlanRollback(*d.restart, now, {{0, ""}, {0, ""}, {0, ""}}, Disk({2 + 2 * static_cast<uint64_t>(launch)}));
+    EXPECT_EQ(plan.restart.give_up, "") << launch;
+    EXPECT_EQ(plan.decision.node_out, "") << launch;
+  }
+}
+
+TEST(SupervisorRollbackTest, InAMultiNodeJobTheRepeatNamesTheNodeToExcludeAndTheRollbackGoesOn) {
+  AgentConfig config = SdcConfig();
+  Around around;
+  Supervisor s(config, &around, "id-b");
+  RoundPlan plan;
+  plan.round = 1;
+  plan.world_size = 6;
+  for (const char* name : {"host-a", "host-b"}) {
+    RoundNode n;
+    n.id = std::string("id-") + name[5];
+    n.name = name;
+    n.nproc = 3;
+    plan.nodes.push_back(n);
+  }
+  plan.group_rank = 1;
+  plan.rank_base = 3;
+  uint64_t now = 10 * kSec;
+  for (int launch = 0; launch < 2; ++launch) {
+    const PollDecision d = SdcAt(s, 4, 1, &now, plan, 3);
+    ASSERT_TRUE(d.restart && d.rollback) << launch;  // rolled back in a multi-node job too
+    EXPECT_EQ(d.restart->ranks, std::vector<int>{4});
+    const RollbackPlan p = s.PlanRollback(*d.restart, now, {{0, ""}, {0, ""}, {0, ""}}, Disk({2}));
+    EXPECT_EQ(p.restart.give_up, "") << launch;
+    EXPECT_EQ(p.decision.nodes, std::vector<std::string>{"host-b"});
+    EXPECT_EQ(p.decision.node_out, launch == 0 ? "" : "host-b") << launch;
+  }
+}
+
+TEST(RollbackLedgerTest, RangesAdoptedFromAnotherNodeAreSkippedAsOwnOnes) {
+  RollbackLedger ledger(RollbackConfig{});
+  ledger.Adopt({{21, 27}, {21, 27}, {40, 41}});
+  EXPECT_EQ(ledger.skips().size(), 2u);
+  EXPECT_EQ(FormatStepRanges(ledger.SkipAfter(20)), "21-27,40-41");
+  EXPECT_EQ(FormatStepRanges(ledger.SkipAfter(25)), "26-27,40-41");
 }
 
 }  // namespace

@@ -19,6 +19,12 @@ using detail::Seconds;
 
 uint64_t Nanos(double seconds) { return static_cast<uint64_t>(seconds * 1e9); }
 
+// The suffix of an ordinal number: 1st, 2nd, 3rd, 4th, 11th, 21st.
+const char* Ordinal(uint32_t n) {
+  if (n % 100 >= 11 && n % 100 <= 13) return "th";
+  return n % 10 == 1 ? "st" : n % 10 == 2 ? "nd" : n % 10 == 3 ? "rd" : "th";
+}
+
 }  // namespace
 
 Supervisor::Supervisor(const AgentConfig& config, Surroundings* around, std::string node_id, double publish_seconds)
@@ -92,7 +98,7 @@ void Supervisor::RecordFault(const Anomaly& reason, uint64_t now_ns) {
   const int sig = reason.evidence.contains("signal") && reason.evidence["signal"].is_number_integer()
                       ? reason.evidence["signal"].get<int>() : 0;
   const bool machine = reason.kind == "node_lost" || reason.kind == "hang" || reason.kind == "exit_hang" ||
-                       (reason.kind == "dead" && (sig == SIGKILL || sig == SIGBUS));
+                       reason.kind == "sdc_suspect" || (reason.kind == "dead" && (sig == SIGKILL || sig == SIGBUS));
   faults_.push_back({node, machine});
 }
 
@@ -443,14 +449,12 @@ void Supervisor::Name(std::vector<Anomaly>* anomalies, bool may_restart, PollDec
     raised.action = it != config_.policy.end() ? it->second : Action::kLog;
     line["policy"] = ActionName(raised.action);
     if (raised.action == Action::kRollback && may_restart && !out->restart) {
-      // Named and logged, and the ranks train on, where a rollback cannot be chosen: the nodes of a
-      // multi-node job resume from the step their round agrees on, which knows no rollback yet;
-      // with no checkpoint directory known, what a relaunch loads cannot be chosen, and starting
-      // over from scratch is not the agent's call.
+      // Named and logged, and the ranks train on, where a rollback cannot be chosen: with no
+      // checkpoint directory known, what a relaunch loads cannot be chosen, and starting over from
+      // scratch is not the agent's call. (A multi-node job rolls back through its next round,
+      // which carries the bound: rendezvous.h, RoundRollback.)
       std::string why;
-      if (MultiNode()) {
-        why = "a rollback is not available in a multi-node job yet";
-      } else if (!a.step) {
+      if (!a.step) {
         why = "the anomaly names no step to roll back before";
       } else if (!around_->CheckpointDirKnown()) {
         why = "no checkpoint directory is known (--checkpoint-dir, or a Checkpointer the ranks opened)";
@@ -561,7 +565,44 @@ RollbackPlan Supervisor::PlanRollback(const Anomaly& reason, uint64_t now_ns, co
   for (const RankTimeline& v : timeline_.ranks())
     if (v.step != trace::kNoStep) reached = std::max(reached, v.step);
   plan.decision = rollbacks_.Decide(reason, reached, listing);
-  if (!plan.decision.give_up.empty()) {
+  RollbackDecision& d = plan.decision;
+  std::vector<std::string> nodes;
+  for (int global : reason.ranks) {
+    const std::string node = NodeOfRank(global);
+    if (std::find(nodes.begin(), nodes.end(), node) == nodes.end()) nodes.push_back(node);
+  }
+  for (const std::string& node : nodes)
+    if (!node.empty()) d.nodes.push_back(node);
+  if (reason.kind == "sdc_suspect" && d.give_up.empty() && config_.rollback.sdc_per_node > 0) {
+    // Counted per node, once per anomaly (without a majority it names every replica compared,
+    // often ranks of one node).
+    bool out = false;
+    for (const std::string& node : nodes) {
+      const uint32_t n = rollbacks_.CountSdc(node);
+      d.sdc_on_node = std::max(d.sdc_on_node, n);
+      if (n >= config_.rollback.sdc_per_node && !out) {
+        out = true;
+        d.node_out = node;
+      }
+    }
+    if (out && !plan_) {
+      // One node is the whole job: it cannot be left out and the job go on elsewhere. Relaunching on
+      // it would train on a machine known to corrupt; the operator drains it and resubmits. (A job
+      // with a rendezvous, even of one node, leaves that to its next round: a spare may take the
+      // place, and without one the round's closer ends the job, rendezvous.h.)
+      std::vector<int> on_node;
+      for (int global : reason.ranks)
+        if (NodeOfRank(global) == d.node_out) on_node.push_back(global);
+      const std::string name = d.node_out.empty() ? std::string("this node") : "node " + d.node_out;
+      d.give_up = "sdc_suspect at step " + std::to_string(d.anomaly_step) + ": " + name + " (rank" +
+                  (on_node.size() > 1 ? "s " : " ") + detail::RankList(on_node) + ") held a replica unlike the others' for the " +
+                  std::to_string(d.sdc_on_node) + Ordinal(d.sdc_on_node) +
+                  " time (rollback.sdc_per_node: " + std::to_string(config_.rollback.sdc_per_node) +
+                  "): its machine corrupts data; a single-node job cannot leave it out, so the job stops here: take " +
+                  name + " out of service (e.g. drain it in the scheduler) and resubmit";
+    }
+  }
+  if (!d.give_up.empty()) {
     plan.restart.give_up = plan.decision.give_up;
     plan.restart.job_wide = true;
     plan.restart.incurable = true;  // a requeue resumes from the same checkpoint and meets it again

@@ -202,10 +202,19 @@ class Supervisor {
   // the job can resume from (`listing`, any order): the newest checkpoint before the anomaly's
   // step, the data to skip, or a give-up (RollbackLedger::Decide: the same checkpoint rolled back to
   // rollback.max_per_checkpoint times already), then the restart budget and back-off as PlanRestart.
+  // An sdc_suspect is counted against its ranks' node: at rollback.sdc_per_node the decision names
+  // the node to take out (RollbackDecision::node_out), and a single-node job gives up naming it and
+  // the ranks. In a multi-node job the nodes resume from the step their next round agrees on, below
+  // the checkpoint chosen here (agent.cc passes it as the round's RoundRollback).
   RollbackPlan PlanRollback(const Anomaly& reason, uint64_t now_ns, const std::vector<RankEnd>& ends,
                             const std::vector<ResumableStep>& listing);
   // The steps whose data a launch resuming from `resume_step` skips (LIFELINE_SKIP_STEPS).
   std::vector<StepRange> SkipSteps(std::optional<uint64_t> resume_step) const { return rollbacks_.SkipAfter(resume_step); }
+  // Ranges other agents of the job decided (a multi-node round's plan carries the job's): skipped
+  // from now on as this agent's own, so that every node tells its ranks the same.
+  void AdoptSkipSteps(const std::vector<StepRange>& ranges) { rollbacks_.Adopt(ranges); }
+  // Every range decided or adopted: what a rollback's round carries to the other nodes.
+  const std::vector<StepRange>& AllSkipSteps() const { return rollbacks_.skips(); }
   // Whether the current launch ran: every rank began a step, or it lived a minute.
   bool LaunchRan(uint64_t now_ns) const;
   // The ranks were stopped at `now_ns` because another node moved the job to a new round (no

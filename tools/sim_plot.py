@@ -6,6 +6,8 @@ Usage: tools/sim_plot.py REPORT.json OUT.png
 Left: the share of drills of each kind whose culprits were named with the right kind, and nothing
 else named (the issue's goal, 0.99, drawn as a line). Right: detection latency per fault kind,
 p50 as a bar, p90/p99 as marks and max as a cross (seconds), with the hang goal (timeout + 2 s) as a line.
+A report of `--signals` drills (the cross-rank checks) shows their four kinds, with the job's layout
+and the replica digests' hold in the title instead.
 Uses Debian's python3-matplotlib (Agg, no display).
 """
 import json
@@ -16,7 +18,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-KINDS = ["hang", "crash", "node_loss", "straggler", "slow_link", "two_at_once"]
+KINDS = ["hang", "crash", "node_loss", "straggler", "slow_link", "two_at_once",
+         "norm_differs", "digest_differs", "nan_loss", "loss_spike"]
 
 
 def main(argv):
@@ -53,18 +56,25 @@ def main(argv):
     for x, k in zip(xs, lat_kinds):
         lat_ax.text(x, p50[x] + 0.1, f"{p50[x]:.2f} s\nn={by_kind[k]['latency_seconds']['count']}", ha="center",
                     va="bottom", fontsize=7)
-    goal = report.get("goals", {}).get("hang_latency_at_most_seconds")
-    top = max([by_kind[k]["latency_seconds"]["max"] for k in lat_kinds] + [goal or 0])
+    cfg = report.get("config", {})
+    signals = cfg.get("signals")
+    goal = None if signals else report.get("goals", {}).get("hang_latency_at_most_seconds")
+    top = max([by_kind[k]["latency_seconds"]["max"] for k in lat_kinds] + [goal or 0, 0.1])
     lat_ax.set_ylim(0, top * 1.25)
     if goal:
         lat_ax.axhline(goal, color="grey", linestyle="--", linewidth=1, label=f"hang goal {goal:g} s")
     lat_ax.set_xticks(xs)
     lat_ax.set_xticklabels(lat_kinds, rotation=20, fontsize=8)
     lat_ax.set_ylabel("detection latency (s) from the fault's onset")
-    cfg = report.get("config", {})
     lease = cfg.get("rendezvous", {}).get("lease_seconds")
     timeout = cfg.get("hang", {}).get("floor_seconds")
-    lat_ax.set_title(f"latency by fault kind (hang timeout {timeout:g} s, lease {lease:g} s)", fontsize=9)
+    if signals:
+        layout = signals["layout"]
+        lat_ax.set_title(f"latency by kind (TP {layout['tp']} x PP {layout['pp']} x DP {layout['dp']}, "
+                         f"{signals['ranks_per_node']} ranks a node, digest hold {signals['digest_hold_seconds']:g} s)",
+                         fontsize=9)
+    else:
+        lat_ax.set_title(f"latency by fault kind (hang timeout {timeout:g} s, lease {lease:g} s)", fontsize=9)
     lat_ax.legend(loc="upper left", fontsize=7, ncol=5)
 
     fig.suptitle(f"lifeline-sim: {report['ranks']} ranks on {report['nodes']} nodes, seed {report['seed']}",

@@ -20,13 +20,52 @@ void CheckpointDetector::Reset(int world) {
   reported_ns_.assign(static_cast<size_t>(world_), 0);
   failures_.clear();
   fallbacks_.clear();
+  superseded_.clear();
+  behind_.assign(static_cast<size_t>(world_), false);
 }
 
 void CheckpointDetector::Observe(const Timeline&, const TimelineChange& c) {
   if (c.rank < 0 || c.rank >= world_) return;
   const trace::Event& e = *c.event;
   if (e.type == EventType::kCheckpointFallback) fallbacks_.push_back({c.rank, e.step, e.bytes, e.aux == 1});
-  if (e.type == EventType::kCheckpointFailed) failures_.push_back({c.rank, e.step, e.aux});
+  if (e.type == EventType::kCheckpointPersisted) behind_[c.rank] = false;
+  if (e.type != EventType::kCheckpointFailed) return;
+  if (e.aux != static_cast<uint64_t>(StatusCode::kAborted)) {
+    failures_.push_back({c.rank, e.step, e.aux});
+  } else if (!behind_[c.rank]) {
+    behind_[c.rank] = true;
+    superseded_.push_back({c.rank, e.step, e.aux});
+  }
+}
+
+void CheckpointDetector::ReportBehind(const Timeline& t, uint64_t now, std::vector<Anomaly>* out) {
+  if (superseded_.empty()) return;
+  std::vector<int> ranks;
+  std::vector<uint64_t> steps;
+  for (const Failure& f : superseded_) {
+    ranks.push_back(f.rank);
+    if (f.step != kNoStep) steps.push_back(f.step);
+  }
+  superseded_.clear();
+  ranks = GlobalRanks(t, ranks);
+  std::sort(ranks.begin(), ranks.end());
+  ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+  std::sort(steps.begin(), steps.end());
+  steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
+  Anomaly a;
+  a.kind = "checkpoint";
+  a.ranks = ranks;
+  a.step = steps.empty() ? std::nullopt : KnownStep(steps.back());
+  a.detected_ns = now;
+  a.evidence["superseded_steps"] = steps;
+  a.evidence["status"] = StatusCodeName(StatusCode::kAborted);
+  a.evidence["status_code"] = static_cast<uint64_t>(StatusCode::kAborted);
+  std::string list;
+  for (uint64_t step : steps) list += (list.empty() ? "" : ", ") + std::to_string(step);
+  a.message = "the durable copy is behind on " + Ranks(ranks) + ": the save" + (steps.size() == 1 ? " of step " : "s of steps ") +
+              list + " gave way to newer snapshots before the store took " + (steps.size() == 1 ? "it" : "them") +
+              " (it is slow or unreachable); training goes on, and the memory tier holds the newer steps";
+  out->push_back(std::move(a));
 }
 
 void CheckpointDetector::ReportFailures(const Timeline& t, uint64_t now, std::vector<Anomaly>* out) {
@@ -150,6 +189,7 @@ void CheckpointDetector::CheckLag(const Timeline& t, uint64_t now, std::vector<A
 
 void CheckpointDetector::Poll(const Timeline& timeline, uint64_t now_ns, std::vector<Anomaly>* out) {
   ReportFailures(timeline, now_ns, out);
+  ReportBehind(timeline, now_ns, out);
   CheckLag(timeline, now_ns, out);
 }
 

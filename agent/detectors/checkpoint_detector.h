@@ -6,6 +6,10 @@
 // so persistence cannot keep up with the checkpoint cadence (saves milliseconds behind a cadence of
 // milliseconds are queued, not at risk). A save still not persisted that long after it began counts
 // as lagging too.
+// A save that failed Aborted was superseded: with the memory tier, a newer snapshot took the staging
+// slot of one still waiting for the store, because the store was slow or unreachable. That is the
+// durable copy falling behind the memory tier, said once per rank and episode (ranks and steps of
+// one poll share the anomaly): a rank is reported again only after one of its saves was persisted.
 // The saves are the timeline's (a streamed save, persisted without a recorded begin, is placed at
 // its Persisted time minus its duration). Lag reports have a per-rank cooldown.
 //
@@ -40,6 +44,7 @@ class CheckpointDetector : public Detector {
     bool memory;
   };
   void ReportFailures(const Timeline& t, uint64_t now, std::vector<Anomaly>* out);
+  void ReportBehind(const Timeline& t, uint64_t now, std::vector<Anomaly>* out);
   void CheckLag(const Timeline& t, uint64_t now, std::vector<Anomaly>* out);
 
   CheckpointConfig config_;
@@ -48,6 +53,8 @@ class CheckpointDetector : public Detector {
   std::vector<uint64_t> reported_ns_;
   std::vector<Failure> failures_;    // not yet reported
   std::vector<Fallback> fallbacks_;  // not yet reported
+  std::vector<Failure> superseded_;  // not yet reported: the first of each rank's episode
+  std::vector<bool> behind_;         // per rank: a save superseded, none persisted since
 };
 
 }  // namespace lifeline::agent

@@ -121,6 +121,48 @@ TEST(CheckpointDetectorTest, SavesThatNeverPersistCountInPoll) {
   EXPECT_EQ(named, (std::vector<int>{0, 1, 2, 3})) << Describe(driver.all());
 }
 
+// Saves superseded before the store took them (Aborted, the memory tier's answer to a store that is
+// away): one anomaly per rank and episode saying the durable copy is behind, not one per save; a
+// persisted save ends the episode. Other failures are reported as before.
+TEST(CheckpointDetectorTest, SupersededSavesSayOncePerEpisodeThatTheDurableCopyIsBehind) {
+  CheckpointDetector checkpoint(CheckpointConfig{});
+  Driver driver({&checkpoint}, 2);
+  Stream stream(2);
+  auto save = [&](int r, uint64_t step, double at, EventType end, StatusCode code = StatusCode::kOk) {
+    stream[r].push_back(Ev(EventType::kCheckpointBegin, static_cast<uint64_t>(at * kSec), step));
+    Event e = Ev(end, static_cast<uint64_t>((at + 0.2) * kSec), step);
+    e.aux = static_cast<uint64_t>(code);
+    e.duration_ns = static_cast<uint64_t>(0.2 * kSec);
+    stream[r].push_back(e);
+  };
+  for (int r : {0, 1}) {
+    save(r, 10, 1.0, EventType::kCheckpointPersisted);
+    save(r, 11, 2.0, EventType::kCheckpointFailed, StatusCode::kAborted);
+    save(r, 12, 3.0, EventType::kCheckpointFailed, StatusCode::kAborted);
+  }
+  save(1, 13, 4.0, EventType::kCheckpointFailed, StatusCode::kIOError);
+  save(0, 13, 4.0, EventType::kCheckpointPersisted);
+  save(0, 14, 5.0, EventType::kCheckpointFailed, StatusCode::kAborted);
+  driver.Load(stream);
+  driver.RunUntil(7 * kSec);
+  std::vector<const Anomaly*> behind, failed;
+  for (const Anomaly& a : driver.all()) {
+    if (a.evidence.contains("superseded_steps")) behind.push_back(&a);
+    else if (a.evidence.contains("status_codes")) failed.push_back(&a);
+  }
+  ASSERT_EQ(behind.size(), 2u) << Describe(driver.all());
+  EXPECT_EQ(behind[0]->kind, "checkpoint");
+  EXPECT_EQ(behind[0]->ranks, (std::vector<int>{0, 1}));
+  EXPECT_EQ(behind[0]->step, 11u);
+  EXPECT_EQ(behind[0]->message.rfind("the durable copy is behind on ranks 0,1: the save of step 11 ", 0), 0u)
+      << behind[0]->message;
+  EXPECT_EQ(behind[1]->ranks, std::vector<int>{0});  // rank 0 caught up at step 13, then fell behind again
+  EXPECT_EQ(behind[1]->step, 14u);
+  ASSERT_EQ(failed.size(), 1u) << Describe(driver.all());
+  EXPECT_EQ(failed[0]->ranks, std::vector<int>{1});
+  EXPECT_EQ(failed[0]->step, 13u);
+}
+
 // On a node whose ranks are the job's 4..7, failures, fallbacks and lag name global ranks.
 TEST(CheckpointDetectorTest, NamesGlobalRanksOnANodeOfALargerJob) {
   Sim sim;

@@ -49,6 +49,10 @@ void ReplicaDigestDetector::Reset(int world) {
   // Names are the shards' (a key hashes the name): they stay true across launches.
   comparisons_.clear();
   verdicts_.clear();
+  waiting_.clear();
+  unseen_.clear();
+  complete_.clear();
+  deadlines_.clear();
 }
 
 void ReplicaDigestDetector::Observe(const Timeline& t, const TimelineChange& c) {
@@ -74,16 +78,28 @@ void ReplicaDigestDetector::Observe(const Timeline& t, const TimelineChange& c) 
   }
   if (e.type != EventType::kReplicaDigest || e.step == trace::kNoStep || e.comm < 2) return;
   ++digests_;
-  if (comparisons_.size() >= kMaxPending && !comparisons_.count({e.step, e.seq})) {
-    auto oldest = comparisons_.begin();
-    Judge(t, oldest->first.first, oldest->first.second, std::move(oldest->second));
-    comparisons_.erase(oldest);
+  if (comparisons_.size() >= kMaxPending && !comparisons_.count({e.step, e.seq}))
+    JudgeAndErase(t, comparisons_.begin());
+  const auto [it, created] = comparisons_.try_emplace(StepKey{e.step, e.seq});
+  Comparison& cmp = it->second;
+  if (created) {
+    cmp.id = ++next_id_;
+    unseen_.push_back(it->first);
+    ++waiting_[e.step];
   }
-  Comparison& cmp = comparisons_[{e.step, e.seq}];
   cmp.replica_count = e.comm;
   cmp.bytes = e.bytes;
   cmp.tensor_offset = e.duration_ns;
+  const size_t before = cmp.digests.size();
   cmp.digests[c.rank] = e.aux;
+  if (cmp.digests.size() != before && cmp.digests.size() >= cmp.replica_count) complete_.push_back(it->first);
+}
+
+void ReplicaDigestDetector::JudgeAndErase(const Timeline& t, std::map<StepKey, Comparison>::iterator it) {
+  const auto w = waiting_.find(it->first.first);
+  if (w != waiting_.end() && --w->second == 0) waiting_.erase(w);
+  Judge(t, it->first.first, it->first.second, std::move(it->second));
+  comparisons_.erase(it);
 }
 
 void ReplicaDigestDetector::Judge(const Timeline& t, uint64_t step, uint64_t key, Comparison c) {
@@ -98,21 +114,34 @@ void ReplicaDigestDetector::Judge(const Timeline& t, uint64_t step, uint64_t key
 
 void ReplicaDigestDetector::Poll(const Timeline& t, uint64_t now_ns, std::vector<Anomaly>* out) {
   if (comparisons_.empty() && verdicts_.empty()) return;
-  std::set<uint64_t> open_steps;  // steps with a shard still waiting
-  for (auto it = comparisons_.begin(); it != comparisons_.end();) {
-    Comparison& c = it->second;
-    if (c.seen_ns == 0) c.seen_ns = now_ns;
+  for (const StepKey& key : unseen_) {
+    const auto it = comparisons_.find(key);
+    if (it == comparisons_.end() || it->second.seen_ns != 0) continue;
+    it->second.seen_ns = now_ns;
+    deadlines_.push_back({now_ns + Nanos(hold_seconds_), key, it->second.id});
+  }
+  unseen_.clear();
+  // What may be judged now: every replica in, or the hold over; in (step, key) order.
+  std::vector<StepKey> due = std::move(complete_);
+  complete_.clear();
+  while (!deadlines_.empty() && deadlines_.front().at_ns <= now_ns) {
+    const Deadline& d = deadlines_.front();
+    const auto it = comparisons_.find(d.key);
+    if (it != comparisons_.end() && it->second.id == d.id) due.push_back(d.key);
+    deadlines_.pop_front();
+  }
+  std::sort(due.begin(), due.end());
+  due.erase(std::unique(due.begin(), due.end()), due.end());
+  for (const StepKey& key : due) {
+    const auto it = comparisons_.find(key);
+    if (it == comparisons_.end()) continue;
+    const Comparison& c = it->second;
     const bool all_in = c.digests.size() >= c.replica_count;
-    if (!all_in && now_ns < c.seen_ns + Nanos(hold_seconds_)) {
-      open_steps.insert(it->first.first);
-      ++it;
-      continue;
-    }
-    Judge(t, it->first.first, it->first.second, std::move(c));
-    it = comparisons_.erase(it);
+    if (!all_in && (c.seen_ns == 0 || now_ns < c.seen_ns + Nanos(hold_seconds_))) continue;
+    JudgeAndErase(t, it);
   }
   for (auto it = verdicts_.begin(); it != verdicts_.end();) {
-    if (open_steps.count(it->first)) {
+    if (waiting_.count(it->first)) {  // a shard of the step still waiting
       ++it;
       continue;
     }

@@ -12,13 +12,16 @@
 // kReplicaName events, else by key), each with its byte range (in the tensor when the shard is a
 // flat range of it, else in the shard), the digests by rank and the majority's. The cost is linear:
 // one map entry per (step, shard) and one per digest; a step whose replicas all agree leaves
-// nothing behind.
+// nothing behind. A poll looks only at the shards whose replicas all came since the last one and
+// at those whose hold ran out, not at every shard still waiting: on a node of a multi-node job
+// most shards' other replicas report elsewhere, and a hold's worth of snapshots waits at once.
 //
 // Thread safety: none (see agent/detector.h).
 #ifndef LIFELINE_AGENT_DETECTORS_REPLICA_DIGEST_DETECTOR_H_
 #define LIFELINE_AGENT_DETECTORS_REPLICA_DIGEST_DETECTOR_H_
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <string>
 #include <utility>
@@ -41,7 +44,9 @@ class ReplicaDigestDetector : public Detector {
   uint64_t shards_compared() const { return compared_; }   // (step, shard) comparisons judged
 
  private:
+  using StepKey = std::pair<uint64_t, uint64_t>;  // (step, shard key)
   struct Comparison {
+    uint64_t id = 0;                  // tells it from a later one of the same (step, key)
     uint32_t replica_count = 0;
     uint64_t bytes = 0;
     uint64_t tensor_offset = 0;
@@ -58,7 +63,16 @@ class ReplicaDigestDetector : public Detector {
     uint64_t shards = 0;  // compared at this step
   };
 
+  // A shard's hold runs out at `at_ns`.
+  struct Deadline {
+    uint64_t at_ns = 0;
+    StepKey key;
+    uint64_t id = 0;
+  };
+
   void Judge(const Timeline& timeline, uint64_t step, uint64_t key, Comparison c);
+  // Judges the comparison at `it` and forgets it.
+  void JudgeAndErase(const Timeline& timeline, std::map<StepKey, Comparison>::iterator it);
   void Raise(const Timeline& timeline, uint64_t step, const StepVerdict& v, uint64_t now_ns, std::vector<Anomaly>* out);
   std::string NameOf(uint64_t key) const;
 
@@ -67,8 +81,13 @@ class ReplicaDigestDetector : public Detector {
   // Names being assembled, per local rank: key -> parts; and the names complete, by key.
   std::vector<std::map<uint64_t, std::vector<std::string>>> parts_;
   std::map<uint64_t, std::string> names_;
-  std::map<std::pair<uint64_t, uint64_t>, Comparison> comparisons_;  // (step, key)
-  std::map<uint64_t, StepVerdict> verdicts_;                           // by step
+  std::map<StepKey, Comparison> comparisons_;
+  std::map<uint64_t, StepVerdict> verdicts_;  // by step
+  std::map<uint64_t, size_t> waiting_;        // by step: its comparisons not judged yet
+  std::vector<StepKey> unseen_;               // comparisons begun since the last poll
+  std::vector<StepKey> complete_;             // ...and those whose replicas all came since
+  std::deque<Deadline> deadlines_;            // by time: the polls' clock only goes forward
+  uint64_t next_id_ = 0;
   uint64_t digests_ = 0;
   uint64_t compared_ = 0;
 };

@@ -141,6 +141,35 @@ TEST(ReplicaDigestDetector, WaitsForMissingReplicasThenJudgesWhatCame) {
   EXPECT_EQ(job.anomalies()[0].ranks, std::vector<int>({10}));  // global ranks
 }
 
+// A node of a multi-node job: every snapshot's shards wait for replicas that report elsewhere. A
+// step whose replicas all came in the meantime is judged at once, each waiting one at its own hold,
+// and a step's anomaly waits for its last shard (lifeline-sim's 16,384-rank layouts hold thousands).
+TEST(ReplicaDigestDetector, ShardsWaitingForReplicasElsewhereAreJudgedEachAtItsHold) {
+  DigestJob job(3, /*rank_base=*/0, /*hold_seconds=*/5);
+  job.Digest(0, 10, kWeight, 6, 7);  // six replicas, three here; rank 2's copy differs
+  job.Digest(1, 10, kWeight, 6, 7);
+  job.Digest(2, 10, kWeight, 6, 9);
+  job.Advance(1 * kSec);
+  job.Digest(0, 10, kBias, 6, 5);    // the step's second shard comes a second later
+  job.Digest(1, 10, kBias, 6, 5);
+  job.Digest(2, 10, kBias, 6, 5);
+  job.Digest(0, 20, kWeight, 3, 1);  // a later step whose replicas are all here
+  job.Digest(1, 20, kWeight, 3, 2);
+  job.Digest(2, 20, kWeight, 3, 1);
+  job.Advance(1 * kSec);
+  ASSERT_EQ(job.anomalies().size(), 1u);  // step 20 at once; step 10 still waits
+  EXPECT_EQ(job.anomalies()[0].step, 20u);
+  EXPECT_EQ(job.anomalies()[0].ranks, std::vector<int>({1}));
+  job.Advance(4 * kSec);  // the weight's hold is over, the bias's not yet: the step's verdict waits
+  EXPECT_EQ(job.anomalies().size(), 1u);
+  job.Advance(1 * kSec);
+  ASSERT_EQ(job.anomalies().size(), 2u);
+  EXPECT_EQ(job.anomalies()[1].step, 10u);
+  EXPECT_EQ(job.anomalies()[1].ranks, std::vector<int>({2}));
+  EXPECT_EQ(job.anomalies()[1].evidence["shards_compared"], 2);
+  EXPECT_EQ(job.detector().shards_compared(), 3u);
+}
+
 TEST(ReplicaDigestDetector, OneAnomalyPerStepListsEveryTensorThatDiffers) {
   DigestJob job(3);
   for (int r = 0; r < 3; ++r) {

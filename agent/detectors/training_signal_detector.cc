@@ -66,9 +66,11 @@ TrainingSignalDetector::TrainingSignalDetector(const TrainingSignalConfig& confi
       replicated_(config.replicated.begin(), config.replicated.end()) {}
 
 void TrainingSignalDetector::Reset(int world) {
+  // The series outlive a launch of the same world (their steps going back rewinds them); another
+  // world's ranks hold other shards, batches and values.
+  if (std::max(world, 0) != world_) series_.assign(static_cast<size_t>(std::max(world, 0)), {});
   world_ = std::max(world, 0);
   names_.assign(static_cast<size_t>(world_), {});
-  series_.assign(static_cast<size_t>(world_), {});
   max_step_.assign(static_cast<size_t>(world_), kNoStep);
   findings_.clear();
   comparisons_.clear();
@@ -122,7 +124,8 @@ void TrainingSignalDetector::ObserveValue(const Timeline& t, int rank, const std
   if (watched_.count(scalar) == 0) return;
 
   Series& s = series_[rank][scalar];
-  if (s.last_step != kNoStep && step < s.last_step) s = Series{};  // a rollback: warm up again
+  if (s.last_step != kNoStep && step <= s.last_step) Rewind(&s, step);  // a relaunch, a rollback
+  if (s.first_step == kNoStep) s.first_step = step;
   s.last_step = step;
   auto add = [this](Finding f) {
     if (findings_.size() >= kMaxFindings) findings_.erase(findings_.begin());
@@ -178,7 +181,24 @@ void TrainingSignalDetector::ObserveValue(const Timeline& t, int rank, const std
     }
   }
   PushToWindow(&s.window, value, std::max<uint32_t>(c.window, 3));
+  PushToWindow(&s.window_steps, step, std::max<uint32_t>(c.window, 3));
   ++s.seen;
+}
+
+void TrainingSignalDetector::Rewind(Series* s, uint64_t step) {
+  while (!s->window_steps.empty() && s->window_steps.back() >= step) {
+    s->window_steps.pop_back();
+    s->window.pop_back();
+  }
+  // Values seen of the steps before `step`: at most one a step since the first.
+  const uint64_t before = s->first_step == kNoStep || step <= s->first_step ? 0 : step - s->first_step;
+  s->seen = std::min(s->seen, before);
+  if (s->seen == 0) s->first_step = kNoStep;
+  s->non_finite_run = 0;
+  s->in_episode = false;
+  s->run_steps.clear();
+  s->run_values.clear();
+  s->run_z.clear();
 }
 
 bool TrainingSignalDetector::Settled(const Timeline& t, uint64_t step, uint64_t seen_ns, uint64_t now_ns) const {

@@ -15,9 +15,13 @@
 //   is spike_confirm high values in a row, or one with z >= spike_single_threshold. The median of
 //   a window follows a learning-rate schedule's trends (a linear trend scores about 1.3 whatever
 //   its slope) and a value that falls is never a spike; a level the schedule raises for good is
-//   absorbed within half a window. No verdict before warmup_steps values of the series, counted
-//   afresh at a launch (a restart, a rollback) and when its step goes back. One report per
-//   episode: the series is judged again once a value scores below spike_threshold.
+//   absorbed within half a window. No verdict before warmup_steps values of the series. A
+//   series outlives a launch (a restart, a rollback: the same world's ranks): when its step goes
+//   back to s, the values of steps s and later are forgotten and those before s kept, warm-up
+//   included, so a relaunch from a checkpoint judges the steps it replays against the run that
+//   led to the checkpoint (a poisoned batch replayed right after a rollback is a spike again,
+//   and skip_data: on_repeat can act on it). One report per episode: the series is judged again
+//   once a value scores below spike_threshold.
 // - disagreement: scalars identical by construction (config.replicated: the global gradient norm
 //   after its all-reduce; the loss where it is all-reduced) are compared bit for bit across the
 //   ranks of each replica group (config.replica_group_size) for every step; the ranks whose value
@@ -63,7 +67,9 @@ class TrainingSignalDetector : public Detector {
   // One rank's values of one watched scalar.
   struct Series {
     std::deque<double> window;
-    uint64_t seen = 0;              // finite values since the series (re)started
+    std::deque<uint64_t> window_steps;  // the step of each value in `window`
+    uint64_t first_step = trace::kNoStep;  // of the series' first value
+    uint64_t seen = 0;              // finite values of the series' steps so far
     uint64_t last_step = trace::kNoStep;
     uint32_t non_finite_run = 0;    // non-finite values in a row
     bool in_episode = false;        // a spike was reported; until a value scores low again
@@ -90,6 +96,8 @@ class TrainingSignalDetector : public Detector {
   using ComparisonKey = std::tuple<std::string, int, uint64_t>;  // scalar, group, step
 
   void ObserveValue(const Timeline& timeline, int rank, const std::string& scalar, uint64_t step, double value);
+  // The series' step went back to `step`: what it saw of `step` and later is forgotten.
+  static void Rewind(Series* s, uint64_t step);
   // Whether every live rank reporting signals has reported a step after `step`, or `seen_ns` is
   // hold_seconds old.
   bool Settled(const Timeline& timeline, uint64_t step, uint64_t seen_ns, uint64_t now_ns) const;

@@ -1,6 +1,8 @@
 // lifeline-sim: the agent's detectors on a simulated job of --ranks ranks on --nodes nodes, with
 // --drills random faults and clean runs; prints what they named, how fast and at what CPU cost
 // (agent/sim/sim.h), and with --plot draws accuracy and latency by fault kind (tools/sim_plot.py).
+// --signals: drills of the cross-rank checks instead; --cross-rank-cost: what those checks cost a
+// node's agent and one process holding every rank.
 #include <unistd.h>
 
 #include <algorithm>
@@ -107,6 +109,34 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(1, 256));
   app.add_flag("-v,--verbose", verbose, "One line per drill on stderr");
+  app.add_flag("--signals", config.signals.enabled,
+               "Drills of the cross-rank checks instead (issue 53): the ranks report their loss and gradient norm "
+               "every step and replica digests at every snapshot; faults: a rank's norm differs, a replica's digest "
+               "differs, a NaN loss, a loss spike");
+  app.add_option("--tp", config.signals.tp, "--signals: tensor-parallel ranks (fastest in the rank order)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--pp", config.signals.pp, "--signals: pipeline stages (slowest); DP is ranks / (TP PP)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--shards-per-rank", config.signals.shards_per_rank,
+                 "--signals: replicated shards a rank digests at each snapshot")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 16));
+  app.add_option("--snapshot-every", config.signals.snapshot_every, "--signals: steps between snapshots")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  bool cost = false;
+  int cost_steps = 400, cost_job_steps = 300;
+  app.add_flag("--cross-rank-cost", cost,
+               "Measure what the cross-rank checks cost one node's agent (its ranks' events through a Timeline and "
+               "the two detectors) and a single process holding every rank of the job, before the drills");
+  app.add_option("--cost-steps", cost_steps, "--cross-rank-cost: steps of the node's view (past the digests' hold)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--cost-job-steps", cost_job_steps, "--cross-rank-cost: steps of the job-wide view (0: skip it)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 20));
   std::vector<size_t> only;
   app.add_option("--only", only,
                  "Run only these drills of the seed's list, by the numbers the report's misses give (to reproduce "
@@ -117,10 +147,28 @@ int main(int argc, char** argv) {
               << std::endl;
     return 2;
   }
+  if ((config.signals.enabled || cost) && config.ranks % (config.signals.tp * config.signals.pp) != 0) {
+    std::cerr << "lifeline-sim: --ranks " << config.ranks << " is not a multiple of --tp x --pp" << std::endl;
+    return 2;
+  }
   if (clean < 0) clean = std::max(5, drills / 10);
   if (!seed_given) seed = std::random_device{}() | (static_cast<uint64_t>(std::random_device{}()) << 32);
   std::cerr << "lifeline-sim: " << config.ranks << " ranks on " << config.nodes << " nodes, " << drills
             << " drills and " << clean << " clean runs, seed " << seed << ", " << threads << " thread(s)" << std::endl;
+
+  // Alone on the process (the heap it measures is every thread's).
+  nlohmann::json cost_report;
+  if (cost) {
+    const int per_node = config.ranks / config.nodes;
+    std::cerr << "lifeline-sim: the cross-rank checks' cost: one node's view (" << per_node << " ranks, " << cost_steps
+              << " steps)" << std::endl;
+    cost_report["node"] = lifeline::agent::sim::MeasureCrossRankCost(config, 0, per_node, cost_steps);
+    if (cost_job_steps > 0) {
+      std::cerr << "lifeline-sim: ...and one view of the whole job (" << config.ranks << " ranks, " << cost_job_steps
+                << " steps)" << std::endl;
+      cost_report["job"] = lifeline::agent::sim::MeasureCrossRankCost(config, 0, config.ranks, cost_job_steps);
+    }
+  }
 
   std::vector<Drill> list = lifeline::agent::sim::MakeDrills(config, drills, clean, seed);
   if (!only.empty()) {
@@ -157,6 +205,7 @@ int main(int argc, char** argv) {
   std::string command;
   for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
   report["command"] = command;
+  if (cost) report["cross_rank_cost"] = cost_report;
   if (!seed_given) report["command"] = command + " --seed " + std::to_string(seed);
   const std::string text = report.dump(2);
   if (json) {
@@ -165,6 +214,9 @@ int main(int argc, char** argv) {
     std::printf("accuracy %.4f (%d of %d drills), false alarms %d, wrong kind %d, unattributed %d\n",
                 report["accuracy"].get<double>(), report["correct"].get<int>(), report["drills"].get<int>(),
                 report["false_alarms"].get<int>(), report["wrong_kind"].get<int>(), report["unattributed"].get<int>());
+    if (config.signals.enabled)
+      std::printf("non_finite raised on the NaN's spread (the all-reduced norm; 'the rank at fault is not told'): %d\n",
+                  report["spread_anomalies"].get<int>());
     for (const auto& [kind, k] : report["by_kind"].items()) {
       std::printf("  %-12s %3d drills, accuracy %s", kind.c_str(), k["drills"].get<int>(),
                   k["accuracy"].is_null() ? "-" : std::to_string(k["accuracy"].get<double>()).c_str());
@@ -185,6 +237,16 @@ int main(int argc, char** argv) {
     std::printf("); a job failing every %.0f s keeps ETTR %.4f\n", lost["mtbf_seconds"].get<double>(),
                 lost["ettr_at_mtbf"].get<double>());
     std::printf("cpu: %s\n", report["cpu"].dump().c_str());
+    for (const auto& [view, c] : cost_report.items())
+      std::printf("cross-rank checks, %s view of %d ranks (%d replicas of a shard of %d in it): per step %.0f ns "
+                  "(%.1f ns a rank), per snapshot %.0f ns (%.1f ns a rank, %.1f ns a digest), %.6f cores, "
+                  "at most %zu bytes held (%.0f a rank), %zu raised\n",
+                  view.c_str(), c["view_ranks"].get<int>(), c["replicas_of_a_shard_in_view"].get<int>(),
+                  c["replicas_of_a_shard_in_job"].get<int>(), c["per_step"]["cpu_ns"].get<double>(),
+                  c["per_step"]["ns_per_rank"].get<double>(), c["per_snapshot"]["cpu_ns"].get<double>(),
+                  c["per_snapshot"]["ns_per_rank"].get<double>(), c["per_snapshot"]["ns_per_digest"].get<double>(),
+                  c["cores"].get<double>(), c["memory"]["snapshot_peak_bytes"].get<size_t>(),
+                  c["memory"]["snapshot_peak_bytes_per_rank"].get<double>(), c["raised"].get<size_t>());
   }
   std::string json_path = json_out;
   if (!json_out.empty() || !plot.empty()) {

@@ -1,11 +1,13 @@
 #include "agent/sim/sim.h"
 
+#include <malloc.h>
 #include <time.h>
 
 #include <algorithm>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <limits>
@@ -16,16 +18,22 @@
 #include <utility>
 
 #include "agent/detectors/evidence.h"
+#include "agent/detectors/replica_digest_detector.h"
+#include "agent/detectors/training_signal_detector.h"
 #include "agent/progress.h"
 #include "agent/rendezvous.h"
 #include "agent/summary_stream.h"
 #include "agent/supervisor.h"
+#include "agent/timeline.h"
 #include "lifeline/trace.h"
 
 namespace lifeline::agent::sim {
 namespace {
 
 constexpr double kNever = std::numeric_limits<double>::infinity();
+// ReplicaDigestDetector's hold as MakeDetectors builds it (its default): how long a node's
+// comparison waits for the replicas that report elsewhere.
+constexpr double kDigestHoldSeconds = 30;
 constexpr int64_t kEpochMs = 1'760'000'000'000;  // the simulated wall clock starts here
 
 uint64_t Ns(double seconds) { return static_cast<uint64_t>(std::llround(seconds * 1e9)); }
@@ -42,6 +50,62 @@ uint64_t SplitMix(uint64_t x) {
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   return x ^ (x >> 31);
 }
+
+// A standard normal drawn from a hash of its coordinates: the signals' values, the same whoever
+// asks (the simulated ranks, the cost measure) and never drawn from the ranks' own generator, so a
+// drill without signals runs as before.
+double HashNormal(uint64_t seed, uint64_t a, uint64_t b) {
+  const uint64_t x = SplitMix(SplitMix(seed ^ (a * 0x9e3779b97f4a7c15ull)) ^ b);
+  const double u1 = (static_cast<double>(x >> 11) + 0.5) * 0x1.0p-53;
+  const double u2 = (static_cast<double>(SplitMix(x) >> 11) + 0.5) * 0x1.0p-53;
+  return std::sqrt(-2 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+}
+
+// The signals of a SignalModel job, fault-free.
+struct SignalValues {
+  const SignalModel& m;
+  int ranks;
+  uint64_t seed;
+  int dp() const { return ranks / (m.tp * m.pp); }
+  int Tp(int rank) const { return rank % m.tp; }
+  int Pp(int rank) const { return rank / (m.tp * dp()); }
+  // A rank's loss at `step`: its own batch's, around a level decaying by 40% over the first steps.
+  double Loss(int rank, uint64_t step) const {
+    const double level = m.loss * (0.6 + 0.4 * std::exp(-static_cast<double>(step) / 300));
+    return level * (1 + m.loss_noise * HashNormal(seed, 2 + static_cast<uint64_t>(rank), step));
+  }
+  // The global gradient norm after its all-reduce: one value per step for the whole job.
+  double GradNorm(uint64_t step) const { return m.grad_norm * std::exp(m.grad_norm_sigma * HashNormal(seed, 1, step)); }
+  bool Snapshot(uint64_t step) const { return step > 0 && step % static_cast<uint64_t>(m.snapshot_every) == 0; }
+  // Shard `j` of the (tp, pp) piece of the model a rank holds: the same key on its DP replicas.
+  static uint64_t Key(int tp, int pp, int j) {
+    return SplitMix(0x5a4d5ull ^ (static_cast<uint64_t>(tp) << 40) ^ (static_cast<uint64_t>(pp) << 20) ^
+                    static_cast<uint64_t>(j));
+  }
+  static uint64_t Digest(uint64_t key, uint64_t step) { return SplitMix(key ^ (step * 0xd1b54a32d192ed03ull)); }
+  // The digest event of shard `j` of `rank`'s snapshot of `step`.
+  trace::Event DigestEvent(int rank, uint64_t step, int j, double t) const {
+    trace::Event e;
+    e.type = trace::EventType::kReplicaDigest;
+    e.time_ns = Ns(t);
+    e.step = step;
+    e.seq = Key(Tp(rank), Pp(rank), j);
+    e.comm = static_cast<uint32_t>(dp());
+    e.bytes = 88'000'000;  // not judged; about a shard of 405 B bf16 parameters over TP 8 x PP 16 in 72
+    e.duration_ns = trace::kNoOffset;
+    e.aux = Digest(e.seq, step);
+    return e;
+  }
+  static trace::Event ScalarEvent(uint32_t id, uint64_t step, double value, double t) {
+    trace::Event e;
+    e.type = trace::EventType::kScalar;
+    e.time_ns = Ns(t);
+    e.step = step;
+    e.comm = id;
+    std::memcpy(&e.aux, &value, sizeof(value));
+    return e;
+  }
+};
 
 std::string NodeId(int group) {
   char buf[16];
@@ -64,7 +128,7 @@ class SimulatedRanks {
   SimulatedRanks(const SimConfig& c, const Drill& d)
       : c_(c), d_(d), per_node_(c.ranks / c.nodes), rng_(SplitMix(d.seed)), events_(c.ranks), t_(c.ranks),
         stopped_(c.ranks, false), exit_at_(c.ranks, kNever), wait_status_(c.ranks, 0), lost_at_(c.nodes, kNever),
-        onset_(d.faults.size(), kNever) {
+        onset_(d.faults.size(), kNever), values_{c.signals, c.ranks, d.seed} {
     std::uniform_real_distribution<double> u(0, 0.001);
     for (double& t : t_) t = 1.0 + u(rng_);
   }
@@ -109,6 +173,58 @@ class SimulatedRanks {
     }
     events_[rank].push_back(e);
     last_event_ = std::max(last_event_, t);
+  }
+
+  void EmitEvent(int rank, const trace::Event& e, double t) {
+    if (t >= lost_at_[NodeOf(rank)]) return;
+    events_[rank].push_back(e);
+    last_event_ = std::max(last_event_, t);
+  }
+
+  // Rank `r`'s training signals of step k, reported as its step ends, with the drill's faults.
+  void EmitSignals(int r, int k, double t) {
+    const uint64_t step = static_cast<uint64_t>(k);
+    double loss = values_.Loss(r, step);
+    double norm = values_.GradNorm(step);
+    uint64_t norm_flip = 0;
+    for (size_t i = 0; i < d_.faults.size(); ++i) {
+      const Fault& f = d_.faults[i];
+      if (f.kind == FaultKind::kNanLoss && k >= f.step) {
+        // The rank's NaN reaches every rank's norm through the all-reduce, and every loss after
+        // the update.
+        norm = std::numeric_limits<double>::quiet_NaN();
+        if (k > f.step || f.rank == r) loss = std::numeric_limits<double>::quiet_NaN();
+        if (k == f.step && f.rank == r) onset_[i] = std::min(onset_[i], t);
+      } else if (f.kind == FaultKind::kLossSpike && f.rank == r && k >= f.step && k < f.step + f.spike_steps) {
+        loss *= f.factor;
+        if (k == f.step) onset_[i] = std::min(onset_[i], t);
+      } else if (f.kind == FaultKind::kNormDiffers && f.rank == r && k == f.step) {
+        norm_flip = 1;
+        onset_[i] = std::min(onset_[i], t);
+      }
+    }
+    trace::Event l = SignalValues::ScalarEvent(trace::kLossScalar, step, loss, t);
+    trace::Event g = SignalValues::ScalarEvent(trace::kGradNormScalar, step, norm, t);
+    g.aux ^= norm_flip;
+    EmitEvent(r, l, t);
+    EmitEvent(r, g, t);
+  }
+
+  // Rank `r`'s digests of the snapshot of step `s`, reported at `t` (its copy done, before the
+  // next optimizer update), with the drill's faults.
+  void EmitDigests(int r, int s, double t) {
+    const uint64_t step = static_cast<uint64_t>(s);
+    for (int j = 0; j < c_.signals.shards_per_rank; ++j) {
+      trace::Event e = values_.DigestEvent(r, step, j, t);
+      for (size_t i = 0; i < d_.faults.size(); ++i) {
+        const Fault& f = d_.faults[i];
+        if (f.kind != FaultKind::kDigestDiffers || f.rank != r || s < f.step || onset_[i] != kNever) continue;
+        if (j != f.step % c_.signals.shards_per_rank) continue;
+        e.aux ^= 0x0000100000000000ull;  // any flipped bit of the copy changes its digest
+        onset_[i] = t;
+      }
+      EmitEvent(r, e, t);
+    }
   }
 
   void Step() {
@@ -203,8 +319,10 @@ class SimulatedRanks {
       // Ring-like: the result reaches the ranks in ring order from the last to post.
       const double end = done + c_.ring_spread_seconds * static_cast<double>((r - last + n) % n) / n;
       Emit(r, trace::EventType::kCollectiveEnd, end, seq);
+      if (c_.signals.enabled && k > 0 && values_.Snapshot(static_cast<uint64_t>(k - 1))) EmitDigests(r, k - 1, end);
       const double step_end = end + c_.update_seconds * std::exp(0.1 * Normal());
       Emit(r, trace::EventType::kStepEnd, step_end);
+      if (c_.signals.enabled) EmitSignals(r, k, step_end);
       t_[r] = step_end + 0.0001;
     }
     ++step_;
@@ -228,6 +346,7 @@ class SimulatedRanks {
   bool blocked_ = false;
   double blocked_at_ = kNever;
   double last_event_ = 0;
+  const SignalValues values_;
 };
 
 // One node's agent: its Supervisor (the agent's own decisions: timeline, detectors, job-wide view,
@@ -338,7 +457,9 @@ class JobSimulation {
         any = any || !n.moved;
       }
       if (!any) break;  // every agent left the round
-      if (ranks_.done() && ranks_.blocked_at() == kNever && now > ranks_.last_event() + 3 * c_.progress_seconds) break;
+      if (ranks_.done() && ranks_.blocked_at() == kNever &&
+          now > ranks_.last_event() + std::max(3 * c_.progress_seconds, d_.tail_seconds))
+        break;
       if (now > ranks_.blocked_at() + c_.give_up_seconds) break;
     }
     out.simulated_seconds = now - 1.0;
@@ -671,8 +792,15 @@ void JobSimulation::Score(DrillResult* out) const {
   }
   std::vector<std::set<int>> covered(d_.faults.size());
   std::string extra;
+  const bool nan_drill = std::any_of(d_.faults.begin(), d_.faults.end(),
+                                     [](const Fault& f) { return f.kind == FaultKind::kNanLoss; });
   for (const Raised& r : out->raised) {
     const Anomaly& a = r.anomaly;
+    if (nan_drill && a.kind == "non_finite" && a.evidence.is_object() && a.evidence.contains("rank_own_value") &&
+        a.evidence["rank_own_value"] == false) {
+      ++out->spread_anomalies;  // the NaN's spread, said as such: not a culprit named
+      continue;
+    }
     bool stray = false;
     for (int rank : a.ranks) stray = stray || !all.count(rank);
     bool kind_fits = false;
@@ -783,6 +911,7 @@ Fault RandomFault(FaultKind kind, int rank, int step, std::mt19937_64& rng) {
   f.at_fraction = 0.1 + 0.8 * u(rng);
   if (kind == FaultKind::kStraggler) f.factor = 1.5 + 1.5 * u(rng);
   if (kind == FaultKind::kSlowLink) f.factor = 2.5 + 2.5 * u(rng);
+  if (kind == FaultKind::kLossSpike) f.factor = 1.6 + 2.4 * u(rng);  // named at 3 in a row, or at once
   if (kind == FaultKind::kCrash) {
     // As waitpid reports them: SIGKILL (the OOM killer), SIGSEGV with a core, exit 1 (a Python
     // exception), SIGABRT (a failed assertion, NCCL's abort).
@@ -790,6 +919,38 @@ Fault RandomFault(FaultKind kind, int rank, int step, std::mt19937_64& rng) {
     f.wait_status = statuses[rng() % 4];
   }
   return f;
+}
+
+// The signal faults' drills: one fault each on a random rank, after the spike detector's warm-up
+// (50 values); the job runs on past the next snapshot, and the agents are polled until a node's
+// digest comparison waiting for replicas elsewhere has judged (its hold).
+std::vector<Drill> MakeSignalDrills(const SimConfig& config, int count, int clean, uint64_t seed,
+                                    std::mt19937_64& rng) {
+  const int every = std::max(1, config.signals.snapshot_every);
+  const double tail = kDigestHoldSeconds + 2;
+  std::vector<Drill> out;
+  for (int i = 0; i < count; ++i) {
+    Drill d;
+    d.seed = SplitMix(seed + 1000003ull * static_cast<uint64_t>(i + 1));
+    const int step = 60 + static_cast<int>(rng() % 20);
+    const FaultKind kind =
+        static_cast<FaultKind>(static_cast<int>(FaultKind::kNormDiffers) + static_cast<int>(rng() % 4));
+    const int rank = static_cast<int>(rng() % config.ranks);
+    d.name = FaultName(kind);
+    d.faults.push_back(RandomFault(kind, rank, step, rng));
+    d.steps = step + every + 10;
+    if (kind == FaultKind::kDigestDiffers) d.tail_seconds = tail;
+    out.push_back(std::move(d));
+  }
+  for (int i = 0; i < clean; ++i) {
+    Drill d;
+    d.name = "clean";
+    d.seed = SplitMix(seed + 7777777ull * static_cast<uint64_t>(i + 1));
+    d.steps = 60 + static_cast<int>(rng() % 20) + every + 10;
+    d.tail_seconds = tail;
+    out.push_back(std::move(d));
+  }
+  return out;
 }
 
 }  // namespace
@@ -801,8 +962,17 @@ const char* FaultName(FaultKind kind) {
     case FaultKind::kNodeLoss: return "node_loss";
     case FaultKind::kStraggler: return "straggler";
     case FaultKind::kSlowLink: return "slow_link";
+    case FaultKind::kNormDiffers: return "norm_differs";
+    case FaultKind::kDigestDiffers: return "digest_differs";
+    case FaultKind::kNanLoss: return "nan_loss";
+    case FaultKind::kLossSpike: return "loss_spike";
   }
   return "?";
+}
+
+bool IsSignalFault(FaultKind kind) {
+  return kind == FaultKind::kNormDiffers || kind == FaultKind::kDigestDiffers || kind == FaultKind::kNanLoss ||
+         kind == FaultKind::kLossSpike;
 }
 
 const char* ExpectedKind(FaultKind kind) {
@@ -812,6 +982,10 @@ const char* ExpectedKind(FaultKind kind) {
     case FaultKind::kNodeLoss: return "node_lost";
     case FaultKind::kStraggler: return "straggler";
     case FaultKind::kSlowLink: return "slow_collective";
+    case FaultKind::kNormDiffers: return "disagreement";
+    case FaultKind::kDigestDiffers: return "sdc_suspect";
+    case FaultKind::kNanLoss: return "non_finite";
+    case FaultKind::kLossSpike: return "spike";
   }
   return "?";
 }
@@ -834,6 +1008,7 @@ std::vector<Drill> MakeDrills(const SimConfig& config, int count, int clean, uin
   constexpr int kLater = 25;
   constexpr int kAfter = 60;  // steps run after a fault that only slows the job
   std::vector<Drill> out;
+  if (config.signals.enabled) return MakeSignalDrills(config, count, clean, seed, rng);
   for (int i = 0; i < count; ++i) {
     Drill d;
     d.seed = SplitMix(seed + 1000003ull * static_cast<uint64_t>(i + 1));
@@ -910,6 +1085,7 @@ nlohmann::json TimeLostReport(const SimConfig& config, double wall, double produ
 nlohmann::json Report(const SimConfig& config, const std::vector<DrillResult>& results, uint64_t seed,
                       double wall_seconds) {
   int drills = 0, correct = 0, clean = 0, false_alarms = 0, wrong_kind = 0, unattributed = 0, preempted = 0;
+  int spread = 0;
   std::vector<double> latency;
   std::map<std::string, std::vector<double>> latency_by_fault;
   struct Tally {
@@ -945,6 +1121,7 @@ nlohmann::json Report(const SimConfig& config, const std::vector<DrillResult>& r
     summary_bytes += r.summary_bytes;
     simulated += r.simulated_seconds;
     false_alarms += r.false_alarms;
+    spread += r.spread_anomalies;
     wrong_kind += r.wrong_kind;
     unattributed += r.unattributed;
     if (r.drill.faults.empty()) {
@@ -968,7 +1145,9 @@ nlohmann::json Report(const SimConfig& config, const std::vector<DrillResult>& r
       misses.push_back({{"drill", i}, {"name", r.drill.name}, {"seed", r.drill.seed}, {"what", r.verdict}});
   }
   nlohmann::json by_kind = nlohmann::json::object();
-  for (const char* name : {"hang", "crash", "node_loss", "straggler", "slow_link", "two_at_once"}) {
+  std::vector<const char*> kinds = {"hang", "crash", "node_loss", "straggler", "slow_link", "two_at_once"};
+  if (config.signals.enabled) kinds = {"norm_differs", "digest_differs", "nan_loss", "loss_spike"};
+  for (const char* name : kinds) {
     const Tally t = by_drill.count(name) ? by_drill.at(name) : Tally{};
     nlohmann::json k = {{"drills", t.drills},
                         {"correct", t.correct},
@@ -993,6 +1172,7 @@ nlohmann::json Report(const SimConfig& config, const std::vector<DrillResult>& r
       {"false_alarms", false_alarms},
       {"wrong_kind", wrong_kind},
       {"unattributed", unattributed},
+      {"spread_anomalies", spread},
       // Faults that began after their node's agent had left the round for another fault's restart
       // (its ranks being stopped): not scored (FaultOutcome::preempted).
       {"preempted_faults", preempted},
@@ -1053,7 +1233,159 @@ nlohmann::json Report(const SimConfig& config, const std::vector<DrillResult>& r
           {"ring_spread_seconds", config.ring_spread_seconds}, {"update_seconds", config.update_seconds},
           {"clock_skew_ms", config.clock_skew_ms}, {"straggler_factor", {1.5, 3.0}},
           {"slow_link_factor", {2.5, 5.0}}, {"give_up_seconds", config.give_up_seconds}}}}}};
+  if (config.signals.enabled) {
+    const SignalModel& m = config.signals;
+    const TrainingSignalConfig& ts = a.training_signals;
+    out["config"]["signals"] = {
+        {"layout", {{"tp", m.tp}, {"pp", m.pp}, {"dp", config.ranks / (m.tp * m.pp)}, {"order", "tp, dp, pp (Megatron-LM)"}}},
+        {"ranks_per_node", config.ranks / config.nodes},
+        {"shards_per_rank", m.shards_per_rank},
+        {"snapshot_every_steps", m.snapshot_every},
+        {"loss", m.loss}, {"loss_noise", m.loss_noise},
+        {"grad_norm", m.grad_norm}, {"grad_norm_sigma", m.grad_norm_sigma},
+        {"loss_spike_factor", {1.6, 4.0}},
+        {"training_signals", {{"replicated", ts.replicated}, {"replica_group_size", ts.replica_group_size},
+                              {"hold_seconds", ts.hold_seconds}, {"warmup_steps", ts.warmup_steps},
+                              {"spike_threshold", ts.spike_threshold}, {"spike_confirm", ts.spike_confirm}}},
+        {"digest_hold_seconds", kDigestHoldSeconds}};
+  }
   return out;
+}
+
+namespace {
+
+// One pair of this thread's CPU clock reads (system calls), taken off every timed batch below:
+// the median of many, since a batch of one node's few events costs about as much.
+double ClockPairSeconds() {
+  std::vector<double> pairs(2001);
+  for (double& p : pairs) {
+    const double a = ThreadCpuSeconds();
+    p = ThreadCpuSeconds() - a;
+  }
+  std::nth_element(pairs.begin(), pairs.begin() + 1000, pairs.end());
+  return pairs[1000];
+}
+
+// The heap in use, every arena (glibc).
+size_t HeapInUse() {
+  const struct mallinfo2 m = mallinfo2();
+  return m.uordblks + m.hblkhd;
+}
+
+}  // namespace
+
+nlohmann::json MeasureCrossRankCost(const SimConfig& config, int first_rank, int view_ranks, int steps) {
+  const SignalModel& m = config.signals;
+  const SignalValues values{m, config.ranks, /*seed=*/1};
+  const double step_seconds = config.compute_seconds + config.op_seconds + config.update_seconds;
+  const int polls_per_step = std::max(1, static_cast<int>(std::lround(step_seconds / config.poll_seconds)));
+  const double overhead = ClockPairSeconds();
+  // The events of one step and of one snapshot, made before anything is measured.
+  std::vector<trace::Event> scalars(2 * static_cast<size_t>(view_ranks));
+  std::vector<trace::Event> digests(static_cast<size_t>(view_ranks) * static_cast<size_t>(m.shards_per_rank));
+  std::vector<Anomaly> raised;
+  raised.reserve(64);
+
+  const size_t heap_before = HeapInUse();
+  Timeline timeline;
+  timeline.Reset(view_ranks, first_rank);
+  TrainingSignalDetector signal_detector(config.agent.training_signals);
+  ReplicaDigestDetector digest_detector;
+  signal_detector.Reset(view_ranks);
+  digest_detector.Reset(view_ranks);
+  Detector* const both[] = {&signal_detector, &digest_detector};
+  const size_t heap_base = HeapInUse();
+
+  // As Supervisor::Observe: the timeline, then every detector (the other five ignore these events).
+  auto feed = [&](const std::vector<trace::Event>& events, size_t per_rank) {
+    const double t0 = ThreadCpuSeconds();
+    for (size_t i = 0; i < events.size(); ++i) {
+      const TimelineChange change = timeline.Apply(static_cast<int>(i / per_rank), events[i]);
+      if (change.rank < 0) continue;
+      for (Detector* d : both) d->Observe(timeline, change);
+    }
+    return std::max(0.0, ThreadCpuSeconds() - t0 - overhead);
+  };
+  auto poll = [&](Detector* d, uint64_t now) {
+    const double t0 = ThreadCpuSeconds();
+    d->Poll(timeline, now, &raised);
+    return std::max(0.0, ThreadCpuSeconds() - t0 - overhead);
+  };
+
+  double signal_observe = 0, signal_poll = 0, digest_observe = 0, digest_poll = 0;
+  size_t step_peak = 0, snapshot_peak = 0;
+  uint64_t polls = 0, snapshots = 0;
+  for (int k = 0; k < steps; ++k) {
+    const uint64_t step = static_cast<uint64_t>(k);
+    const double t = 1.0 + k * step_seconds;
+    const double end = t + 0.95 * step_seconds;
+    for (int local = 0; local < view_ranks; ++local) {
+      const int r = first_rank + local;
+      scalars[2 * local] = SignalValues::ScalarEvent(trace::kLossScalar, step, values.Loss(r, step), end);
+      scalars[2 * local + 1] = SignalValues::ScalarEvent(trace::kGradNormScalar, step, values.GradNorm(step), end);
+    }
+    signal_observe += feed(scalars, 2);
+    step_peak = std::max(step_peak, HeapInUse() - heap_base);
+    if (k > 0 && values.Snapshot(step - 1)) {
+      for (int local = 0; local < view_ranks; ++local)
+        for (int j = 0; j < m.shards_per_rank; ++j)
+          digests[static_cast<size_t>(local) * m.shards_per_rank + j] =
+              values.DigestEvent(first_rank + local, step - 1, j, end - 0.01);
+      digest_observe += feed(digests, static_cast<size_t>(m.shards_per_rank));
+      snapshot_peak = std::max(snapshot_peak, HeapInUse() - heap_base);
+      ++snapshots;
+    }
+    for (int p = 0; p < polls_per_step; ++p) {
+      const uint64_t now = Ns(end + p * config.poll_seconds + 0.001);
+      signal_poll += poll(&signal_detector, now);
+      digest_poll += poll(&digest_detector, now);
+      ++polls;
+    }
+  }
+  const size_t heap_after = HeapInUse();
+  // Replicas of a shard inside the view, and in the job.
+  int replicas_in_view = 0;
+  for (int local = 0; local < view_ranks; ++local)
+    if (values.Tp(first_rank + local) == values.Tp(first_rank) &&
+        values.Pp(first_rank + local) == values.Pp(first_rank))
+      ++replicas_in_view;
+  const double n = view_ranks;
+  const double job_seconds = steps * step_seconds;
+  auto ns = [](double seconds) { return std::round(seconds * 1e9 * 10) / 10; };
+  const double per_step = (signal_observe + signal_poll) / std::max(1, steps);
+  const double per_snapshot = snapshots ? (digest_observe + digest_poll) / static_cast<double>(snapshots) : 0.0;
+  return {
+      {"view_ranks", view_ranks},
+      {"first_rank", first_rank},
+      {"replicas_of_a_shard_in_view", replicas_in_view},
+      {"replicas_of_a_shard_in_job", values.dp()},
+      {"steps", steps},
+      {"snapshots", snapshots},
+      {"polls", polls},
+      {"clock_pair_ns_subtracted", ns(overhead)},
+      {"per_step",
+       {{"cpu_ns", ns(per_step)},
+        {"ns_per_rank", ns(per_step / n)},
+        {"observe_ns_per_value", ns(signal_observe / (2.0 * n * std::max(1, steps)))},
+        {"poll_ns", ns(signal_poll / static_cast<double>(std::max<uint64_t>(1, polls)))}}},
+      {"per_snapshot",
+       {{"digests", view_ranks * m.shards_per_rank},
+        {"cpu_ns", ns(per_snapshot)},
+        {"ns_per_rank", ns(per_snapshot / n)},
+        {"ns_per_digest", ns(per_snapshot / (n * m.shards_per_rank))},
+        {"observe_ns_per_digest",
+         ns(snapshots ? digest_observe / (static_cast<double>(snapshots) * n * m.shards_per_rank) : 0.0)},
+        {"poll_ns", ns(digest_poll / static_cast<double>(std::max<uint64_t>(1, polls)))},
+        {"shards_compared", digest_detector.shards_compared()}}},
+      {"cores", std::round((signal_observe + signal_poll + digest_observe + digest_poll) / job_seconds * 1e6) / 1e6},
+      {"memory",
+       {{"detectors_at_reset_bytes", heap_base - heap_before},
+        {"step_peak_bytes", step_peak},
+        {"snapshot_peak_bytes", snapshot_peak},
+        {"snapshot_peak_bytes_per_rank", std::round(static_cast<double>(snapshot_peak) / n)},
+        {"left_at_end_bytes", heap_after > heap_base ? heap_after - heap_base : 0}}},
+      {"raised", raised.size()},
+  };
 }
 
 }  // namespace lifeline::agent::sim

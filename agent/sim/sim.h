@@ -14,7 +14,9 @@
 // to the leader once a second, the leader's election and its look for lost nodes: a lease gone, or
 // a node silent for two summaries' time that a probe does not reach in 0.5 s) and etcd as the
 // Supervisor asks it (the failure reports of rounds/R/failures/), and hosts whose CPUs are never
-// saturated. A drill ends at the first
+// saturated. With SignalModel on, the ranks also report their training signals and snapshot
+// digests, which each node's Supervisor judges with its own detectors (issue 53's cross-rank
+// checks: within the node's ranks; nothing of them goes to the leader). A drill ends at the first
 // restart; nothing is relaunched.
 //
 // Thread safety: RunDrill is safe to call concurrently for different drills (nothing shared).
@@ -40,10 +42,20 @@ enum class FaultKind {
   kNodeLoss,   // the node's agent and ranks vanish at once; its etcd lease runs out
   kStraggler,  // the rank computes `factor` times slower from `step` on
   kSlowLink,   // the rank's part of every collective takes `factor` times the op's time from `step` on
+  // Faults that stop nothing (SignalModel on; issue 53): what the cross-rank checks must name.
+  kNormDiffers,    // the rank's gradient norm at `step` differs from the job's in its lowest bit
+  kDigestDiffers,  // the rank's copy of one replicated shard differs at the first snapshot at or after `step`
+  kNanLoss,        // the rank's loss is NaN at `step`; the all-reduce spreads it into every rank's norm,
+                   // the update into every rank's later losses
+  kLossSpike,      // the rank's loss is `factor` times its level for `spike_steps` steps from `step`
 };
-const char* FaultName(FaultKind kind);  // "hang", "crash", "node_loss", "straggler", "slow_link"
-// The anomaly kind that names the fault: "hang", "dead", "node_lost", "straggler", "slow_collective".
+// "hang", "crash", "node_loss", "straggler", "slow_link", "norm_differs", "digest_differs",
+// "nan_loss", "loss_spike"
+const char* FaultName(FaultKind kind);
+// The anomaly kind that names the fault: "hang", "dead", "node_lost", "straggler", "slow_collective",
+// "disagreement", "sdc_suspect", "non_finite", "spike".
 const char* ExpectedKind(FaultKind kind);
+bool IsSignalFault(FaultKind kind);  // one of the four that stop nothing
 
 struct Fault {
   FaultKind kind = FaultKind::kHang;
@@ -58,6 +70,25 @@ struct Fault {
   // naming one is a false alarm. Random drills have none; tests set them.
   std::vector<int> echo_ranks;
   double echo_after_seconds = 0.05;
+  int spike_steps = 3;      // kLossSpike
+};
+
+// The training signals and snapshot digests the simulated ranks report (issue 53), off unless
+// `enabled`. The job's layout is TP x PP x DP in Megatron-LM's rank order (tensor-parallel rank
+// fastest, then data-parallel, then pipeline stage): global rank = tp + TP (dp + DP pp), DP =
+// ranks / (TP PP). Every step each rank reports its loss (its own batch's: a rank's value, noisy
+// around a slowly decaying level) and the global gradient norm after its all-reduce (one value per
+// step, bit-identical on every rank of the job: replica_group_size 0). Every `snapshot_every` steps
+// each rank digests its copy of `shards_per_rank` replicated shards (the parameters of its (tp, pp)
+// piece of the model; their DP replicas hold the same bytes), reported as trace::kReplicaDigest
+// events once the snapshot's copy is done, before the next step's optimizer update.
+struct SignalModel {
+  bool enabled = false;
+  int tp = 1, pp = 1;
+  int shards_per_rank = 72;  // Llama 3 405B on PP 16: about 8 layers of 9 tensors per stage
+  int snapshot_every = 10;   // steps
+  double loss = 2.5, loss_noise = 0.05;     // the loss's level at step 0 and its relative noise per rank
+  double grad_norm = 1.0, grad_norm_sigma = 0.2;  // the norm's median and log-normal sigma per step
 };
 
 struct Drill {
@@ -65,6 +96,9 @@ struct Drill {
   std::vector<Fault> faults;  // none: a clean run
   int steps = 200;            // steps the ranks run unless a fault stops them
   uint64_t seed = 1;
+  // After the ranks' last step, how long the agents are still polled (at least 3 summaries' time):
+  // a digest comparison waits for replicas elsewhere (ReplicaDigestDetector's hold) this long.
+  double tail_seconds = 0;
 };
 
 struct SimConfig {
@@ -100,6 +134,7 @@ struct SimConfig {
   // A job of the simulated size fails once in this long on average (the largest published runs:
   // under two hours): the ETTR such a job keeps, given the time a restart costs in the drills.
   double mtbf_seconds = 7200;
+  SignalModel signals;
 };
 
 // One anomaly as some agent raised it.
@@ -126,6 +161,10 @@ struct DrillResult {
   std::vector<FaultOutcome> faults;
   std::vector<Raised> raised;      // every anomaly raised, in order
   int false_alarms = 0;            // anomalies naming a rank no fault touched (any in a clean run)
+  // non_finite anomalies of a drill with a NaN loss that name the ranks holding only its spread (the
+  // all-reduced norm every rank shares, the losses after the update), saying the rank at fault is
+  // not told (their evidence's rank_own_value false): the nodes without the faulty rank raise them.
+  int spread_anomalies = 0;
   int wrong_kind = 0;              // anomalies naming a faulty rank with another fault's kind
   int unattributed = 0;            // anomalies naming no rank
   std::vector<int> echoes;         // ranks whose failure was held and logged as an echo
@@ -153,8 +192,19 @@ struct DrillResult {
 DrillResult RunDrill(const SimConfig& config, const Drill& drill);
 
 // `count` random drills (each kind, and two at once, equally likely) and `clean` clean runs, all
-// from `seed`.
+// from `seed`. With config.signals.enabled, the drills are of the four signal faults instead
+// (equally likely); the digest drills and the clean runs are polled until a node's digest
+// comparison waiting for replicas elsewhere has been judged (tail_seconds).
 std::vector<Drill> MakeDrills(const SimConfig& config, int count, int clean, uint64_t seed);
+
+// What the cross-rank checks (TrainingSignalDetector, ReplicaDigestDetector) cost an agent whose
+// view holds `view_ranks` ranks of the job from rank `first_rank` on (8: one node's agent; the whole
+// job: a single process comparing every rank, which the agent does not do), fed the events the
+// simulated ranks of config.signals send for `steps` steps (a snapshot every snapshot_every), through
+// a Timeline and the two real detectors, polled every config.poll_seconds. CPU is this thread's;
+// memory is the heap the two detectors hold at their fullest (glibc's mallinfo2), once a step's
+// and a snapshot's events are in and not yet judged. Clean: nothing is raised (counted).
+nlohmann::json MeasureCrossRankCost(const SimConfig& config, int first_rank, int view_ranks, int steps);
 
 // The report: accuracy, false alarms, latency percentiles overall and per kind, CPU per event,
 // the configuration.

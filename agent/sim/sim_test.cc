@@ -207,5 +207,109 @@ TEST(SimTest, ARestartsTimeLostIsAccountedByPhase) {
               1 - lost["mean_seconds_per_restart"].get<double>() / config.mtbf_seconds, 1e-3);
 }
 
+// Issue 53, item 5: the cross-rank checks on a small job. 64 ranks on 8 nodes as TP 2 x PP 2 x DP 16
+// (Megatron-LM's order: a node holds 4 data-parallel replicas of each of two tensor-parallel
+// pieces), so each node's agent compares 4 replicas of every shard it sees. Each fault is named on
+// its rank with its kind; the NaN's spread (the norm all-reduced into every rank, the losses after
+// the update) is said by the other nodes as such and names no culprit.
+SimConfig SignalJob(int tp, int pp) {
+  SimConfig c = SmallJob();
+  c.signals.enabled = true;
+  c.signals.tp = tp;
+  c.signals.pp = pp;
+  c.signals.shards_per_rank = 4;
+  return c;
+}
+
+Drill SignalDrill(FaultKind kind, int rank, uint64_t seed) {
+  Drill d;
+  d.name = FaultName(kind);
+  d.seed = seed;
+  Fault f;
+  f.kind = kind;
+  f.rank = rank;
+  f.step = 63;  // past the spike detector's 50 values of warm-up
+  f.factor = 3;
+  d.faults.push_back(f);
+  d.steps = 85;  // past the snapshot of step 70
+  d.tail_seconds = 32;  // a node's digest comparison waits 30 s for the replicas elsewhere
+  return d;
+}
+
+TEST(SimTest, CrossRankChecksNameEachSignalFault) {
+  const SimConfig config = SignalJob(2, 2);
+  for (FaultKind kind :
+       {FaultKind::kNormDiffers, FaultKind::kDigestDiffers, FaultKind::kNanLoss, FaultKind::kLossSpike}) {
+    const DrillResult r = RunDrill(config, SignalDrill(kind, 37, 3));
+    ASSERT_EQ(r.faults.size(), 1u);
+    EXPECT_TRUE(r.faults[0].named) << Describe(r);
+    EXPECT_EQ(r.faults[0].expected_kind, ExpectedKind(kind));
+    EXPECT_TRUE(r.correct) << Describe(r);
+    EXPECT_EQ(r.false_alarms, 0) << Describe(r);
+    EXPECT_EQ(r.wrong_kind, 0) << Describe(r);
+    // Every anomaly scored names rank 37 alone, with the fault's kind.
+    int scored = 0;
+    for (const Raised& a : r.raised) {
+      if (a.anomaly.kind == "non_finite" && a.anomaly.evidence.value("rank_own_value", true) == false) continue;
+      ++scored;
+      EXPECT_EQ(a.anomaly.kind, ExpectedKind(kind)) << a.anomaly.message;
+      EXPECT_EQ(a.anomaly.ranks, std::vector<int>{37}) << a.anomaly.message;
+    }
+    EXPECT_GE(scored, 1) << Describe(r);
+    if (kind != FaultKind::kNanLoss) EXPECT_EQ(r.spread_anomalies, 0) << Describe(r);
+  }
+}
+
+TEST(SimTest, CrossRankChecksAreSilentOnCleanRuns) {
+  const SimConfig config = SignalJob(2, 2);
+  const std::vector<Drill> drills = MakeDrills(config, 8, 3, /*seed=*/5);
+  std::set<std::string> kinds;
+  for (const Drill& d : drills) {
+    const DrillResult r = RunDrill(config, d);
+    if (d.faults.empty()) {
+      EXPECT_TRUE(r.raised.empty()) << Describe(r);
+      continue;
+    }
+    kinds.insert(d.name);
+    EXPECT_TRUE(IsSignalFault(d.faults[0].kind)) << d.name;
+    EXPECT_TRUE(r.correct) << Describe(r);
+    EXPECT_EQ(r.false_alarms, 0) << Describe(r);
+  }
+  EXPECT_GE(kinds.size(), 3u);
+}
+
+// The limit of a node's view: with TP 8 every node holds one replica of its shards, the others
+// being on other nodes; a node's agent compares nothing, so a differing replica goes unnamed (and
+// nothing else is named). A gradient norm that differs is still named: the node's 8 ranks share it.
+TEST(SimTest, ADigestWhoseReplicasAreAllOnOtherNodesIsNotCompared) {
+  const SimConfig config = SignalJob(8, 1);
+  const DrillResult sdc = RunDrill(config, SignalDrill(FaultKind::kDigestDiffers, 37, 4));
+  ASSERT_EQ(sdc.faults.size(), 1u);
+  EXPECT_FALSE(sdc.faults[0].named) << Describe(sdc);
+  EXPECT_TRUE(sdc.raised.empty()) << Describe(sdc);
+  const DrillResult norm = RunDrill(config, SignalDrill(FaultKind::kNormDiffers, 37, 4));
+  EXPECT_TRUE(norm.correct) << Describe(norm);
+
+  const nlohmann::json node = MeasureCrossRankCost(config, 32, 8, 60);
+  EXPECT_EQ(node["replicas_of_a_shard_in_view"], 1);
+  EXPECT_EQ(node["per_snapshot"]["shards_compared"], 0);
+  EXPECT_EQ(node["raised"], 0);
+}
+
+// The cost measure feeds the real detectors a clean job: nothing is raised; a node's view of TP 2
+// compares 4 replicas of each of its shards, the job's view all 16 (no timing is asserted).
+TEST(SimTest, CrossRankCostMeasureComparesTheReplicasInItsView) {
+  const SimConfig config = SignalJob(2, 2);
+  const nlohmann::json node = MeasureCrossRankCost(config, 0, 8, 400);
+  EXPECT_EQ(node["replicas_of_a_shard_in_view"], 4);
+  EXPECT_EQ(node["raised"], 0);
+  EXPECT_GT(node["per_snapshot"]["shards_compared"].get<int>(), 0);
+  const nlohmann::json job = MeasureCrossRankCost(config, 0, 64, 60);
+  EXPECT_EQ(job["replicas_of_a_shard_in_view"], 16);
+  EXPECT_EQ(job["raised"], 0);
+  // 5 snapshots (steps 10..50) of 2 x 2 pieces x 4 shards, each judged once its 16 replicas are in.
+  EXPECT_EQ(job["per_snapshot"]["shards_compared"], 5 * 2 * 2 * 4);
+}
+
 }  // namespace sim_test
 }  // namespace lifeline::agent::sim

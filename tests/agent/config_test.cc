@@ -52,22 +52,26 @@ TEST(ActionNameTest, NamesEveryAction) {
   EXPECT_STREQ(ActionName(Action::kRollback), "rollback");
 }
 
-TEST_F(ConfigTest, NonFiniteAndSpikeRollBackByDefaultAndRollbackIsForThemOnly) {
+TEST_F(ConfigTest, NonFiniteSpikeAndSdcRollBackByDefaultAndRollbackIsForThemOnly) {
   AgentConfig c;
   EXPECT_EQ(c.policy.at("non_finite"), Action::kRollback);
   EXPECT_EQ(c.policy.at("spike"), Action::kRollback);
+  EXPECT_EQ(c.policy.at("sdc_suspect"), Action::kRollback);
+  EXPECT_EQ(c.rollback.sdc_per_node, 2u);
   EXPECT_EQ(c.policy.at("disagreement"), Action::kLog);
   EXPECT_EQ(c.rollback.skip_data, RollbackConfig::SkipData::kOnRepeat);
   ASSERT_TRUE(Load("rollback:\n  max_per_checkpoint: 3\n  skip_data: true\npolicy:\n  spike: log\n", &c).ok());
   EXPECT_EQ(c.rollback.max_per_checkpoint, 3u);
   EXPECT_EQ(c.rollback.skip_data, RollbackConfig::SkipData::kAlways);
   EXPECT_EQ(c.policy.at("spike"), Action::kLog);
-  ASSERT_TRUE(Load("rollback: {skip_data: never}\n", &c).ok());
+  ASSERT_TRUE(Load("rollback: {skip_data: never, sdc_per_node: 0}\npolicy: {sdc_suspect: log}\n", &c).ok());
   EXPECT_EQ(c.rollback.skip_data, RollbackConfig::SkipData::kNever);
+  EXPECT_EQ(c.rollback.sdc_per_node, 0u);
+  EXPECT_EQ(c.policy.at("sdc_suspect"), Action::kLog);
 
   Status s = Load("policy:\n  hang: rollback\n", &c);
   ASSERT_EQ(s.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("agent.yaml:2: policy.hang: rollback is for non_finite and spike only"), std::string::npos)
+  EXPECT_NE(s.message().find("agent.yaml:2: policy.hang: rollback is for non_finite, spike and sdc_suspect only"), std::string::npos)
       << s.message();
   s = Load("rollback:\n  skip_data: sometimes\n", &c);
   ASSERT_EQ(s.code(), StatusCode::kInvalidArgument);
@@ -78,7 +82,7 @@ TEST_F(ConfigTest, NonFiniteAndSpikeRollBackByDefaultAndRollbackIsForThemOnly) {
   EXPECT_NE(ValidateAgentConfig(v).message().find("rollback.max_per_checkpoint"), std::string::npos);
   v = ValidConfig();
   v.policy["dead"] = Action::kRollback;
-  EXPECT_NE(ValidateAgentConfig(v).message().find("policy.dead: rollback is for non_finite and spike only"),
+  EXPECT_NE(ValidateAgentConfig(v).message().find("policy.dead: rollback is for non_finite, spike and sdc_suspect only"),
             std::string::npos);
 }
 

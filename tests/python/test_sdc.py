@@ -1,12 +1,18 @@
-"""Replicas that must be bit-identical, checked at every snapshot (issue 53, item 3).
+"""Replicas that must be bit-identical, checked at every snapshot (issue 53, items 3 and 4).
 
-A 3-rank gloo DDP job under lifeline-agent saves every 2 steps. On its first launch, right after
-step 4's update, one bit of rank 2's copy of one parameter is flipped in place (silent data
-corruption of one replica). The agent must name rank 2 at the step-4 snapshot (sdc_suspect, with
-the tensor and its byte range), mark step 4 suspect in the checkpoint (and the later steps, whose
-replicas still differ), and never resume from it: rank 1 is then killed, and the relaunch resumes
-from step 2. `lifeline ls` shows the suspect steps and `lifeline verify` fails on them. A clean run
-raises nothing, marks nothing, and its ranks did send their digests.
+A 3-rank gloo DDP job under lifeline-agent saves every 2 steps. Right after step 4's update, one
+bit of rank 2's copy of one parameter is flipped in place (silent data corruption of one replica).
+
+- With `policy.sdc_suspect: log`, the agent must name rank 2 at the step-4 snapshot (sdc_suspect,
+  with the tensor and its byte range), mark step 4 suspect in the checkpoint (and the later steps,
+  whose replicas still differ), and never resume from it: rank 1 is then killed, and the relaunch
+  resumes from step 2. `lifeline ls` shows the suspect steps and `lifeline verify` fails on them.
+- With the default policy (rollback), the same flip rolls the job back at once: the ranks are
+  stopped, relaunched from step 2 (the newest checkpoint before the suspect step), the job
+  finishes, and the rollback's record carries the evidence (rank, node, tensors).
+- The flip on two launches in a row (the same machine corrupting again): the second sdc_suspect
+  on the node ends this single-node job, naming the node and the rank.
+- A clean run raises nothing, marks nothing, and its ranks did send their digests.
 """
 
 import json
@@ -24,7 +30,7 @@ SCRIPT = textwrap.dedent("""
     import torch, torch.distributed as dist
     import lifeline, lifeline.torch
     torch.set_num_threads(1)
-    out, flip = sys.argv[1], sys.argv[2] == "flip"
+    out, mode = sys.argv[1], sys.argv[2]
     ckdir = os.path.join(out, "ckpt")
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -38,9 +44,13 @@ SCRIPT = textwrap.dedent("""
     with open(os.path.join(out, f"loaded.{restart}.{rank}"), "w") as f:
         f.write(str(start))
     lifeline.guard_optimizer(opt, ckpt)
-    last = 8 if restart == 0 else start + 1
+    # flip_log: the flip on the first launch, then rank 1 dies once the agent marked the suspect
+    # steps; its relaunch does one step. flip: the flip on the first launch; flip_twice: on the
+    # first two.
+    flips = {"flip_log": 1, "flip": 1, "flip_twice": 2}.get(mode, 0)
+    last = 8 if restart == 0 or mode != "flip_log" else start + 1
     for step in range(start + 1, last + 1):
-        if flip and restart == 0 and rank == 1 and step == 7:
+        if mode == "flip_log" and restart == 0 and rank == 1 and step == 7:
             # Once the agent has marked the corrupted snapshots, a crash: the relaunch must not
             # resume from them.
             deadline = time.time() + 60
@@ -55,7 +65,7 @@ SCRIPT = textwrap.dedent("""
             opt.zero_grad()
             loss.backward()
             opt.step()
-        if flip and restart == 0 and rank == 2 and step == 4:
+        if restart < flips and rank == 2 and step == 4:
             p = model.module[0].weight
             with torch.no_grad():
                 p.data.view(torch.int32).view(-1)[37] ^= 1 << 9  # a mantissa bit: training goes on, silently
@@ -83,23 +93,29 @@ class ReplicaDigestsUnderTheAgent(unittest.TestCase):
         self.addCleanup(shutil.rmtree, self.dir, True)
         self.ckpt = os.path.join(self.dir, "ckpt")
 
-    def run_job(self, mode):
+    def run_job(self, mode, config=None, returncode=0, max_restarts=1):
         script = os.path.join(self.dir, "rank.py")
         with open(script, "w") as f:
             f.write(SCRIPT)
         events = os.path.join(self.dir, "events.jsonl")
+        extra = []
+        if config:
+            path = os.path.join(self.dir, "agent.yaml")
+            with open(path, "w") as f:
+                f.write(config)
+            extra = ["--config", path]
         r = subprocess.run([_bin("lifeline-agent"), "run", "--nproc", "3", "--master-port", "0", "--events-log", events,
-                            "--checkpoint-dir", self.ckpt, "--max-restarts", "1",
-                            "--", sys.executable, script, self.dir, mode],
+                            "--checkpoint-dir", self.ckpt, "--max-restarts", str(max_restarts), "--node-name", "node-x",
+                            *extra, "--", sys.executable, script, self.dir, mode],
                            capture_output=True, text=True, timeout=300)
-        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertEqual(r.returncode, returncode, r.stdout + r.stderr)
         return _lines(events), r
 
     def cli(self, *args):
         return subprocess.run([_bin("lifeline"), *args], capture_output=True, text=True, timeout=60)
 
     def test_a_flipped_bit_names_its_rank_and_the_step_is_never_resumed_from(self):
-        log, r = self.run_job("flip")
+        log, r = self.run_job("flip_log", config="policy:\n  sdc_suspect: log\n")
         sdc = [e for e in log if e.get("kind") == "sdc_suspect"]
         self.assertTrue(sdc, r.stderr)
         first = sdc[0]
@@ -145,6 +161,60 @@ class ReplicaDigestsUnderTheAgent(unittest.TestCase):
         self.assertEqual(verify.returncode, 1, verify.stdout + verify.stderr)
         self.assertIn("marked suspect", verify.stderr)
         self.assertEqual(self.cli("verify", self.ckpt, "--step", "2").returncode, 0)
+
+    def test_a_flipped_bit_rolls_the_job_back_before_the_suspect_step_and_it_finishes(self):
+        log, r = self.run_job("flip")
+        sdc = [e for e in log if e.get("kind") == "sdc_suspect"]
+        self.assertTrue(sdc, r.stderr)
+        self.assertEqual((sdc[0]["step"], sdc[0]["ranks"], sdc[0]["policy"]), (4, [2], "rollback"), sdc[0])
+        rollbacks = [e for e in log if e.get("action") == "rollback"]
+        self.assertEqual(len(rollbacks), 1, log)
+        rb = rollbacks[0]
+        # The decision with its evidence: the rank, its node, the tensor and byte range that differ.
+        self.assertEqual((rb["anomaly"], rb["anomaly_step"], rb["checkpoint"]), ("sdc_suspect", 4, 2), rb)
+        self.assertEqual(rb["ranks"], [2])
+        self.assertEqual(rb["nodes"], ["node-x"])
+        self.assertEqual(rb["sdc_on_node"], 1)
+        self.assertIn("0.weight", rb["evidence"]["tensors"][0]["tensor"])
+        self.assertEqual(rb["evidence"]["tensors"][0]["byte_range"], [0, 32 * 16 * 4])
+        self.assertIsNone(rb["skipped"])  # the data was sound: trained again
+        # The suspect step (and any later one) went with the rollback: the relaunch saves them again.
+        self.assertIn(4, rb["removed"])
+        launches = [e for e in log if e.get("action") == "launch"]
+        self.assertEqual(len(launches), 2, log)
+        self.assertEqual(launches[1]["resume"]["step"], 2, launches[1])
+        self.assertTrue(launches[1]["resume"]["rollback"])
+        self.assertNotIn("skip_steps", launches[1]["resume"])
+        for rank in range(3):
+            with open(os.path.join(self.dir, f"loaded.1.{rank}")) as f:
+                self.assertEqual(f.read(), "2")
+        self.assertTrue([e for e in log if e.get("action") == "finished"], r.stderr)
+        # The relaunch, with no flip, saved sound replicas: nothing is suspect now.
+        for step in (2, 4, 6, 8):
+            self.assertTrue(os.path.isdir(os.path.join(self.ckpt, "step-%020d" % step)), step)
+            self.assertFalse(os.path.exists(os.path.join(self.ckpt, "step-%020d" % step, "suspect.json")), step)
+        # Only the first launch's replicas differed: step 4, and step 6 when its snapshot was judged
+        # before the ranks were stopped.
+        self.assertEqual({e["restart"] for e in sdc}, {0}, sdc)
+        self.assertTrue({e["step"] for e in sdc} <= {4, 6}, sdc)
+
+    def test_a_second_flip_on_the_same_node_ends_a_single_node_job_naming_the_node_and_rank(self):
+        log, r = self.run_job("flip_twice", returncode=1, max_restarts=3)
+        sdc = [e for e in log if e.get("kind") == "sdc_suspect"]
+        # Each launch's first one is step 4 (step 6's snapshot may be judged too before the stop).
+        self.assertEqual([e["step"] for e in sdc if e["restart"] == 0][0], 4, sdc)
+        self.assertEqual([e["step"] for e in sdc if e["restart"] == 1][0], 4, sdc)
+        self.assertTrue(all(e["ranks"] == [2] for e in sdc), sdc)
+        self.assertEqual([e["action"] for e in log if e.get("anomaly") == "sdc_suspect"], ["rollback", "rollback_give_up"])
+        last = [e for e in log if e.get("action") == "rollback_give_up"][0]
+        self.assertEqual((last["node_out"], last["sdc_on_node"], last["ranks"]), ("node-x", 2, [2]), last)
+        self.assertIn("node node-x (rank 2)", last["reason"])
+        self.assertIn("a single-node job cannot leave it out", last["reason"])
+        give_up = [e for e in log if e.get("action") == "give_up"]
+        self.assertTrue(give_up and "node node-x (rank 2)" in give_up[-1]["reason"], log)
+        self.assertFalse(give_up[-1]["requeue_may_help"])
+        self.assertIn("node node-x (rank 2)", r.stderr)
+        self.assertEqual(len([e for e in log if e.get("action") == "launch"]), 2, log)
 
     def test_a_clean_run_raises_nothing_and_marks_nothing(self):
         log, r = self.run_job("clean")

@@ -46,6 +46,8 @@ import unittest
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import s3_cluster  # noqa: E402
 BIN = os.environ.get("LIFELINE_BIN", os.path.join(HERE, "..", "..", "build", "bin"))
 
 
@@ -96,11 +98,17 @@ def make_assets(root):
     return tok_dir, data_dir
 
 
-def run_under_agent(root, tok_dir, data_dir, config, extra_args=(), nproc=2, env=None, steps=STEPS):
+def run_under_agent(root, tok_dir, data_dir, config, extra_args=(), nproc=2, env=None, steps=STEPS,
+                    ckpt_dir=None):
     """torchtitan's debug model trained for `steps` steps under lifeline-agent, with checkpoints in
-    the agent's checkpoint directory; returns (exit status, output, agent events, that directory)."""
+    the agent's checkpoint directory (torchtitan's default folder under its dump folder, or
+    `ckpt_dir`, which torchtitan's checkpoint.folder then names); returns (exit status, output,
+    agent events, that directory)."""
     dump = os.path.join(root, "outputs")
-    ckpt_dir = os.path.join(dump, "checkpoint")
+    if ckpt_dir is None:
+        ckpt_dir = os.path.join(dump, "checkpoint")
+    else:
+        extra_args = ["--checkpoint.folder", ckpt_dir] + list(extra_args)
     events = os.path.join(root, "events.jsonl")
     titan_args = [
         "--module", config[0], "--config", config[1],
@@ -131,6 +139,67 @@ def steps_printed(out):
     return runs
 
 
+def killed_and_resumed(test, root, ckpt_dir=None, env=None):
+    """2 FSDP ranks, async saves every 2 steps into `ckpt_dir` (None: torchtitan's folder under its
+    dump folder), rank 1 killed at step 6 once step 4 is durable: the relaunch resumes from step 4
+    and redoes step 5 bit for bit; the folder holds Lifeline's checkpoint and nothing of DCP's."""
+    tok_dir, data_dir = make_assets(root)
+    rc, out, log, ckpt_dir = run_under_agent(
+        root, tok_dir, data_dir, ("llama3", "llama3_debugmodel"),
+        ["--checkpoint.enable", "--checkpoint.interval", str(INTERVAL), "--checkpoint.async_mode", "async",
+         "--checkpoint.keep_latest_k", "3",
+         "--override.imports", "lifeline.torchtitan.checkpoint_with_lifeline",
+         "titan_cpu_attention.eager_cpu_attention"],
+        env=dict(env or {}, TITAN_KILL_AT=str(KILL_AT), TITAN_KILL_RANK="1", TITAN_KILL_AFTER_SAVE="1"),
+        ckpt_dir=ckpt_dir)
+    test.assertEqual(rc, 0, out)
+    # torchtitan's config picked Lifeline's manager.
+    test.assertRegex(out, r"\[Override\] lifeline\.torchtitan\.checkpoint_with_lifeline: checkpoint "
+                          r"CheckpointManager\.Config -> LifelineCheckpointManager\.Config")
+    test.assertIn(f"TITAN rank 1 killed at step {KILL_AT}", out)
+
+    dead = [e for e in log if e.get("kind") == "dead"]
+    test.assertEqual(len(dead), 1, out)
+    test.assertEqual(dead[0]["ranks"], [1], out)
+    launches = [e for e in log if e.get("action") == "launch"]
+    test.assertEqual(len(launches), 2, out)
+    resume = KILL_AT - INTERVAL  # the newest checkpoint, made durable before the kill
+    test.assertEqual(launches[1]["resume"]["step"], resume, out)
+    test.assertEqual(len(re.findall(rf"Loaded step {resume} of Lifeline checkpoint", out)), 2, out)
+    test.assertEqual(len(re.findall(rf"Training starts at step {resume + 1}", out)), 2, out)
+    # The agent saw the relaunch resume from that step, stepping on at the next (torchtitan's
+    # first save and its load make DCP step the optimizer once with lr 0: not a step).
+    resumed = [e for e in log if e.get("action") == "resumed"]
+    test.assertEqual(len(resumed), 1, out)
+    test.assertEqual((resumed[0]["resumed_from_checkpoint"], resumed[0]["step"]), (resume, resume + 1), out)
+
+    # Every step's loss and parameters, per rank, in the order printed: steps after the
+    # checkpoint and before the kill ran twice, and must not differ by a bit.
+    runs = steps_printed(out)
+    for rank in (0, 1):
+        test.assertEqual(sorted(s for r, s in runs if r == rank), list(range(1, STEPS + 1)), out)
+        for step in range(1, STEPS + 1):
+            seen = runs[(rank, step)]
+            test.assertEqual(len(seen), 2 if resume < step < KILL_AT else 1, (rank, step, seen))
+            test.assertNotEqual(seen[0][0], "None", out)
+            test.assertEqual(len(set(seen)), 1, f"rank {rank} step {step} differs after the resume: {seen}")
+    # Not a trivial equality: training moved the parameters and the loss.
+    test.assertNotEqual(runs[(0, 1)][0][1], runs[(0, STEPS)][0][1])
+    test.assertLess(float.fromhex(runs[(0, STEPS)][0][0]), float.fromhex(runs[(0, 1)][0][0]))
+
+    # The folder is a Lifeline checkpoint directory (no DCP files), readable by the CLI (in a
+    # bucket, the listing below is what there is to see).
+    for _dirpath, _dirs, files in os.walk(ckpt_dir):
+        test.assertNotIn(".metadata", files)
+    ls = subprocess.run([os.path.join(BIN, "lifeline"), "ls", ckpt_dir], capture_output=True, text=True)
+    test.assertEqual(ls.returncode, 0, ls.stdout + ls.stderr)
+    for step in (4, 6, 8):  # keep_latest_k 3
+        test.assertRegex(ls.stdout, rf"(?m)^\s*{step}\b", ls.stdout)
+    test.assertNotRegex(ls.stdout, r"(?m)^\s*2\b", ls.stdout)
+    verify = subprocess.run([os.path.join(BIN, "lifeline"), "verify", ckpt_dir], capture_output=True, text=True)
+    test.assertEqual(verify.returncode, 0, verify.stdout + verify.stderr)
+
+
 class TorchtitanUnderAgent(unittest.TestCase):
     def setUp(self):
         if NO_TORCHTITAN:
@@ -145,59 +214,7 @@ class TorchtitanUnderAgent(unittest.TestCase):
             shutil.rmtree(self.tmp, ignore_errors=True)
 
     def test_killed_rank_resumes_from_lifeline_checkpoint_with_equal_state(self):
-        tok_dir, data_dir = make_assets(self.tmp)
-        rc, out, log, ckpt_dir = run_under_agent(
-            self.tmp, tok_dir, data_dir, ("llama3", "llama3_debugmodel"),
-            ["--checkpoint.enable", "--checkpoint.interval", str(INTERVAL), "--checkpoint.async_mode", "async",
-             "--checkpoint.keep_latest_k", "3",
-             "--override.imports", "lifeline.torchtitan.checkpoint_with_lifeline",
-             "titan_cpu_attention.eager_cpu_attention"],
-            env={"TITAN_KILL_AT": str(KILL_AT), "TITAN_KILL_RANK": "1", "TITAN_KILL_AFTER_SAVE": "1"})
-        self.assertEqual(rc, 0, out)
-        # torchtitan's config picked Lifeline's manager.
-        self.assertRegex(out, r"\[Override\] lifeline\.torchtitan\.checkpoint_with_lifeline: checkpoint "
-                              r"CheckpointManager\.Config -> LifelineCheckpointManager\.Config")
-        self.assertIn(f"TITAN rank 1 killed at step {KILL_AT}", out)
-
-        dead = [e for e in log if e.get("kind") == "dead"]
-        self.assertEqual(len(dead), 1, out)
-        self.assertEqual(dead[0]["ranks"], [1], out)
-        launches = [e for e in log if e.get("action") == "launch"]
-        self.assertEqual(len(launches), 2, out)
-        resume = KILL_AT - INTERVAL  # the newest checkpoint, made durable before the kill
-        self.assertEqual(launches[1]["resume"]["step"], resume, out)
-        self.assertEqual(len(re.findall(rf"Loaded step {resume} of Lifeline checkpoint", out)), 2, out)
-        self.assertEqual(len(re.findall(rf"Training starts at step {resume + 1}", out)), 2, out)
-        # The agent saw the relaunch resume from that step, stepping on at the next (torchtitan's
-        # first save and its load make DCP step the optimizer once with lr 0: not a step).
-        resumed = [e for e in log if e.get("action") == "resumed"]
-        self.assertEqual(len(resumed), 1, out)
-        self.assertEqual((resumed[0]["resumed_from_checkpoint"], resumed[0]["step"]), (resume, resume + 1), out)
-
-        # Every step's loss and parameters, per rank, in the order printed: steps after the
-        # checkpoint and before the kill ran twice, and must not differ by a bit.
-        runs = steps_printed(out)
-        for rank in (0, 1):
-            self.assertEqual(sorted(s for r, s in runs if r == rank), list(range(1, STEPS + 1)), out)
-            for step in range(1, STEPS + 1):
-                seen = runs[(rank, step)]
-                self.assertEqual(len(seen), 2 if resume < step < KILL_AT else 1, (rank, step, seen))
-                self.assertNotEqual(seen[0][0], "None", out)
-                self.assertEqual(len(set(seen)), 1, f"rank {rank} step {step} differs after the resume: {seen}")
-        # Not a trivial equality: training moved the parameters and the loss.
-        self.assertNotEqual(runs[(0, 1)][0][1], runs[(0, STEPS)][0][1])
-        self.assertLess(float.fromhex(runs[(0, STEPS)][0][0]), float.fromhex(runs[(0, 1)][0][0]))
-
-        # The folder is a Lifeline checkpoint directory (no DCP files), readable by the CLI.
-        for _dirpath, _dirs, files in os.walk(ckpt_dir):
-            self.assertNotIn(".metadata", files)
-        ls = subprocess.run([os.path.join(BIN, "lifeline"), "ls", ckpt_dir], capture_output=True, text=True)
-        self.assertEqual(ls.returncode, 0, ls.stdout + ls.stderr)
-        for step in (4, 6, 8):  # keep_latest_k 3
-            self.assertRegex(ls.stdout, rf"(?m)^\s*{step}\b", ls.stdout)
-        self.assertNotRegex(ls.stdout, r"(?m)^\s*2\b", ls.stdout)
-        verify = subprocess.run([os.path.join(BIN, "lifeline"), "verify", ckpt_dir], capture_output=True, text=True)
-        self.assertEqual(verify.returncode, 0, verify.stdout + verify.stderr)
+        killed_and_resumed(self, self.tmp)
 
     def test_pipeline_stages_killed_and_resumed_with_equal_state(self):
         """torchtitan's pipeline parallelism on 4 ranks: 2 stages (1F1B, 2 microbatches), each
@@ -274,6 +291,30 @@ class TorchtitanUnderAgent(unittest.TestCase):
         self.assertEqual(len(printed), 1, out)
         self.assertEqual(printed[0][1], digest.hexdigest()[:32], "the checkpoint's model state is not the trainer's")
         reader.close()
+
+
+class TorchtitanInABucket(unittest.TestCase):
+    """torchtitan's checkpoint.folder and the agent's --checkpoint-dir an s3:// prefix of the
+    project's SeaweedFS cluster (docs/object-storage.md): the same kill and bit-exact resume as on a
+    disk, the relaunch loading from the bucket (or this node's memory tier, whichever the agent
+    fixed), and `lifeline ls`/`verify` reading the bucket."""
+
+    @classmethod
+    def setUpClass(cls):
+        if NO_TORCHTITAN and not TORCHTITAN_REQUIRED:
+            raise unittest.SkipTest(f"{NO_TORCHTITAN} for {sys.executable}: torchtitan 0.3 is tested in .venv")
+        _scratch, cls.store = s3_cluster.start(cls)
+        os.environ.update(cls.store)  # for the lifeline tool run by the checks
+
+    def setUp(self):
+        if NO_TORCHTITAN:
+            self.fail(f"{NO_TORCHTITAN} in {sys.prefix}: tools/requirements.txt pins it (tools/setup installs it)")
+        self.tmp = tempfile.mkdtemp(prefix="lifeline-titan-", dir=os.environ.get("LIFELINE_TEST_TMPDIR", "/var/tmp"))
+        self.addCleanup(shutil.rmtree, self.tmp, ignore_errors=True)
+
+    def test_killed_rank_resumes_from_a_bucket_with_equal_state(self):
+        folder = f"s3://{self.store['LIFELINE_S3_BUCKET']}/titan/run1"
+        killed_and_resumed(self, self.tmp, ckpt_dir=folder, env=self.store)
 
 
 def _numel(shape):

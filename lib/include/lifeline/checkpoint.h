@@ -239,7 +239,13 @@ LIFELINE_EXPORT uint64_t DefaultChunkBytes(SaveCodec codec);
 
 // What Save does when every staging slot still holds a checkpoint that is being persisted.
 enum class BusyPolicy {
-  kWait,  // block inside Save until the oldest one is persisted (counted as stall)
+  // Block inside Save until the oldest one is persisted (counted as stall). With the memory tier
+  // on, Save first takes the slot of the oldest snapshot whose persist has not begun: that save's
+  // ticket fails Aborted ("superseded by step N"), its step is never published and leaves the
+  // tier, and training does not wait for a slow or unreachable store; the tier holds the newest
+  // steps while the durable copy falls behind. It waits only when every busy slot is still being
+  // copied or persisted.
+  kWait,
   kSkip,  // return at once with a ticket whose status is Unavailable, naming the busy step
 };
 

@@ -474,7 +474,34 @@ SaveTicket Checkpointer::Save(uint64_t step, const SaveRequest& request) {
 
   std::optional<unsigned> slot;
   if (padded <= m.arena->slot_limit()) {
-    slot = m.arena->Acquire(o.busy_policy == BusyPolicy::kWait);
+    slot = m.arena->Acquire(/*wait=*/false);
+    if (!slot && m.tier != nullptr && o.busy_policy == BusyPolicy::kWait) {
+      // With the memory tier, training does not wait for a slow or unreachable store: the oldest
+      // snapshot still queued for persisting gives its slot to this one (it leaves the tier below),
+      // so the tier holds the newest steps while the durable copy falls behind.
+      std::vector<std::shared_ptr<internal::SaveJob>> queued;
+      for (const std::shared_ptr<internal::SaveJob>& j : m.slot_job)
+        if (j != nullptr && j->slot && !j->finished()) queued.push_back(j);
+      std::sort(queued.begin(), queued.end(), [](const auto& a, const auto& b) { return a->started < b->started; });
+      const std::optional<uint64_t> busy = m.arena->OldestBusyStep();
+      for (const std::shared_ptr<internal::SaveJob>& j : queued) {
+        const std::string superseded = "saving step " + std::to_string(j->step) + " on rank " + std::to_string(o.rank);
+        j->WaitCopyStopped();  // a snapshot still being copied is waited for: memory speed, not the store's
+        if (!j->Supersede(Status::Aborted(
+                superseded, "superseded by step " + std::to_string(step) + " before it was persisted: step " +
+                                (busy ? std::to_string(*busy) : std::string("?")) + " was still being persisted to " +
+                                o.directory + " (the store is slow or unreachable), and with the memory tier a save "
+                                "takes the slot of a snapshot still waiting to be persisted rather than block "
+                                "training; this step was never published")))
+          continue;
+        Log(LogLevel::kWarning, superseded + ": superseded by step " + std::to_string(step) +
+                                    " before it was persisted to " + o.directory + " (the durable copy is behind)");
+        m.arena->Release(*j->slot);
+        slot = m.arena->Acquire(/*wait=*/false);
+        break;
+      }
+    }
+    if (!slot) slot = m.arena->Acquire(o.busy_policy == BusyPolicy::kWait);
     lap(Part::kSlot);
     if (!slot) {
       const std::optional<uint64_t> busy = m.arena->OldestBusyStep();

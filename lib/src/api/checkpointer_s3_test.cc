@@ -6,8 +6,10 @@
 // volume server killed during a save loses nothing.
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -358,6 +360,243 @@ TEST_F(CheckpointerS3Test, AVolumeServerKilledDuringASaveLosesNothing) {
     EXPECT_TRUE(verified->status.ok()) << verified->status.ToString();
   }
   ranks.clear();
+}
+
+// The faults of a store under load, met by Checkpointers end to end. Each test saves and loads
+// through its own S3 client (reaching the gateway straight or through tools/s3-fault-proxy), with
+// the quick retries of SeaweedCluster::Options, so that the client's retries can be counted.
+class CheckpointerS3FaultTest : public CheckpointerS3Test {
+ protected:
+  struct Store {
+    std::shared_ptr<S3Client> client;
+    std::unique_ptr<S3Env> env;
+  };
+
+  // A client and an Env on root_ reaching `cluster` through a fault proxy with `plan` (and the
+  // proxy's `args`), or straight when `plan` is empty. Stalls are abandoned after 2 s.
+  Store Open(const SeaweedCluster& cluster, const std::string& plan, const std::string& args = "",
+             int max_attempts = 100) {
+    S3ClientOptions o = cluster.Options();
+    o.low_speed_seconds = 2;
+    o.max_attempts = max_attempts;
+    if (!plan.empty()) {
+      std::string why;
+      proxies_.push_back(s3_test::FaultProxy::Start(cluster, plan, args, &why));
+      EXPECT_NE(nullptr, proxies_.back()) << why;
+      if (proxies_.back() == nullptr) return {};
+      o.aws.endpoint = proxies_.back()->endpoint();
+    }
+    Store s;
+    s.client = std::move(S3Client::Create(o)).value();
+    S3EnvOptions eo;
+    eo.root = root_;
+    Result<std::unique_ptr<S3Env>> env = S3Env::Open(s.client, eo);
+    EXPECT_TRUE(env.ok()) << env.status().ToString();
+    if (env.ok()) s.env = std::move(*env);
+    return s;
+  }
+
+  // Step `step` as one process loads it through `env`: the whole tensor, or the load's error.
+  Result<std::vector<float>> LoadWhole(Env* env, uint64_t step) {
+    CheckpointerOptions o = Options(0, 1);
+    o.run_id = "reader";
+    o.env = env;
+    LL_ASSIGN_OR_RETURN(std::unique_ptr<Checkpointer> reader, Checkpointer::Open(o));
+    std::vector<float> whole(kRows * kCols, -1.0f);
+    LoadRequest load;
+    load.tensors.push_back(TensorShard::Whole("w", DType::kF32, {kRows, kCols}, whole.data()));
+    LL_ASSIGN_OR_RETURN(LoadResult loaded, reader->Load(step, load));
+    if (loaded.step != step) return Status::Corruption("loaded step " + std::to_string(loaded.step));
+    return whole;
+  }
+
+  // The steps of root_ that are complete, newest first, as the tools list them, and each of them
+  // verified chunk by chunk.
+  std::vector<uint64_t> CompleteAndVerifiedSteps(Env* env) {
+    Result<CheckpointListing> listing = ListCheckpoints(root_, env);
+    EXPECT_TRUE(listing.ok()) << listing.status().ToString();
+    std::vector<uint64_t> steps;
+    if (!listing.ok()) return steps;
+    for (const ListedCheckpoint& c : listing->checkpoints) {
+      if (CheckpointStateOf(c.info) != CheckpointState::kComplete) continue;
+      steps.push_back(c.info.step);
+      Result<VerifyResult> verified = VerifyCheckpoint(root_, c.info.step, env);
+      EXPECT_TRUE(verified.ok() && verified->status.ok())
+          << "step " << c.info.step << ": " << (verified.ok() ? verified->status : verified.status()).ToString();
+    }
+    return steps;
+  }
+
+  std::string Prefix() const { return root_.substr(root_.find('/', 5) + 1); }
+
+  std::vector<std::unique_ptr<s3_test::FaultProxy>> proxies_;
+};
+
+TEST_F(CheckpointerS3FaultTest, ThrottlingAndAStalledAnswerDuringASaveAreRetried) {
+  Store direct = Open(*cluster_, "");
+  {
+    std::vector<std::unique_ptr<Checkpointer>> ranks = OpenTwoRanks([&](CheckpointerOptions& o) { o.env = direct.env.get(); });
+    ASSERT_EQ(2u, ranks.size());
+    SaveByTwoRanks(ranks, 1);
+  }
+  // Step 2 through a proxy that answers the first connections with 503 SlowDown and stops the
+  // answer on another one 20 bytes in (the request was carried out; its answer is lost).
+  Store faulty = Open(*cluster_, "slowdown,slowdown,stall,slowdown,slowdown", "--stall-after 20 --stall-seconds 60");
+  ASSERT_NE(nullptr, faulty.env);
+  {
+    std::vector<std::unique_ptr<Checkpointer>> ranks = OpenTwoRanks([&](CheckpointerOptions& o) { o.env = faulty.env.get(); });
+    ASSERT_EQ(2u, ranks.size());
+    SaveByTwoRanks(ranks, 2);
+  }
+  EXPECT_GE(faulty.client->stats().retries, 5u) << "the faults were not met: the test proves nothing";
+  Result<std::vector<float>> two = LoadWhole(direct.env.get(), 2);
+  ASSERT_TRUE(two.ok()) << two.status().ToString();
+  EXPECT_TRUE(*two == Values(2));
+  EXPECT_EQ((std::vector<uint64_t>{2, 1}), CompleteAndVerifiedSteps(direct.env.get()));
+  EXPECT_EQ(0u, UploadsUnder(Prefix() + "/"));
+}
+
+// The store goes away between two saves (tools/s3-fault-proxy --down-file: open connections cut,
+// new ones reset at once): the save of step 2 fails on both ranks after its bounded retries,
+// naming the endpoint and the step's objects, and publishes nothing; step 1 is whole; once the
+// store is back the same Checkpointers save step 3.
+TEST_F(CheckpointerS3FaultTest, ASaveWhileTheStoreIsAwayFailsNamingItAndTheNextOneProceeds) {
+  char scratch[] = "/tmp/lifeline-s3-down-XXXXXX";
+  ASSERT_NE(nullptr, mkdtemp(scratch));
+  const std::string down = std::string(scratch) + "/down";
+  Store store = Open(*cluster_, "", "", /*max_attempts=*/2);  // for checks, straight
+  Store away = Open(*cluster_, "ok*", "--down-file " + down, /*max_attempts=*/3);
+  ASSERT_NE(nullptr, away.env);
+  std::vector<std::unique_ptr<Checkpointer>> ranks = OpenTwoRanks([&](CheckpointerOptions& o) { o.env = away.env.get(); });
+  ASSERT_EQ(2u, ranks.size());
+  SaveByTwoRanks(ranks, 1);
+
+  ASSERT_TRUE(std::ofstream(down).good());
+  // Until the proxy has cut the connections it had, a request may still get through: wait for one
+  // that does not.
+  S3ClientOptions probe_options = cluster_->Options();
+  probe_options.aws.endpoint = proxies_.back()->endpoint();
+  probe_options.max_attempts = 1;
+  probe_options.low_speed_seconds = 1;
+  std::unique_ptr<S3Client> probe = std::move(S3Client::Create(probe_options)).value();
+  bool through = true;
+  for (int i = 0; i < 100 && through; ++i) through = probe->HeadObject(cluster_->bucket(), Prefix() + "/lifeline.lock").ok();
+  ASSERT_FALSE(through) << "the store never went away";
+  std::vector<float> full = Values(2);
+  SaveTicket t0 = ranks[0]->Save(2, RankRequest(full, 0));
+  SaveTicket t1 = ranks[1]->Save(2, RankRequest(full, 1));
+  for (SaveTicket* t : {&t0, &t1}) {
+    const Status failed = t->WaitPersisted();
+    const std::string text = failed.ToString();
+    EXPECT_EQ(StatusCode::kUnavailable, failed.code()) << text;
+    EXPECT_NE(std::string::npos, text.find("s3://" + cluster_->bucket() + "/" + Prefix() + "/step-00000000000000000002/"))
+        << text;
+    EXPECT_NE(std::string::npos, text.find("at " + proxies_.back()->endpoint())) << text;
+    EXPECT_NE(std::string::npos, text.find("gave up after 3 attempts")) << text;
+    EXPECT_EQ(std::string::npos, text.find(cluster_->Get("AWS_SECRET_ACCESS_KEY"))) << text;
+  }
+  // Nothing of step 2 is visible; step 1 is whole.
+  EXPECT_EQ((std::vector<uint64_t>{1}), CompleteAndVerifiedSteps(store.env.get()));
+  for (const std::string& key : Keys(Prefix() + "/step-00000000000000000002/"))
+    EXPECT_EQ(std::string::npos, key.find(".index")) << key << " published by a failed save";
+  EXPECT_EQ(0u, UploadsUnder(Prefix() + "/"));
+
+  std::filesystem::remove_all(scratch);  // the store is back
+  SaveByTwoRanks(ranks, 3);
+  ranks.clear();
+  EXPECT_EQ((std::vector<uint64_t>{3, 1}), CompleteAndVerifiedSteps(store.env.get()));
+  Result<std::vector<float>> three = LoadWhole(store.env.get(), 3);
+  ASSERT_TRUE(three.ok()) << three.status().ToString();
+  EXPECT_TRUE(*three == Values(3));
+}
+
+TEST_F(CheckpointerS3FaultTest, ThrottlingAStallAndResetsMidBodyDuringALoadAreRetriedAndTheBytesAreExact) {
+  Store direct = Open(*cluster_, "");
+  {
+    std::vector<std::unique_ptr<Checkpointer>> ranks = OpenTwoRanks([&](CheckpointerOptions& o) { o.env = direct.env.get(); });
+    ASSERT_EQ(2u, ranks.size());
+    SaveByTwoRanks(ranks, 1);
+  }
+  // Connections cut (RST) or stalled once 100 kB of answers went through them: mid-body of the
+  // ranged GETs of the data.
+  Store faulty = Open(*cluster_, "slowdown,reset,stall,reset,slowdown,reset",
+                      "--reset-after 100000 --stall-after 100000 --stall-seconds 60");
+  ASSERT_NE(nullptr, faulty.env);
+  Result<std::vector<float>> one = LoadWhole(faulty.env.get(), 1);
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  EXPECT_TRUE(*one == Values(1));
+  EXPECT_GE(faulty.client->stats().retries, 4u) << "the faults were not met: the test proves nothing";
+  EXPECT_EQ((std::vector<uint64_t>{1}), CompleteAndVerifiedSteps(direct.env.get()));
+}
+
+TEST_F(CheckpointerS3FaultTest, ALoadFromAStoreThatResetsEveryConnectionFailsNamingIt) {
+  Store direct = Open(*cluster_, "");
+  {
+    std::vector<std::unique_ptr<Checkpointer>> ranks = OpenTwoRanks([&](CheckpointerOptions& o) { o.env = direct.env.get(); });
+    ASSERT_EQ(2u, ranks.size());
+    SaveByTwoRanks(ranks, 1);
+  }
+  Store faulty = Open(*cluster_, "reset*", "--reset-after 100000", /*max_attempts=*/3);
+  ASSERT_NE(nullptr, faulty.env);
+  Result<std::vector<float>> one = LoadWhole(faulty.env.get(), 1);
+  ASSERT_FALSE(one.ok());
+  const std::string text = one.status().ToString();
+  EXPECT_NE(std::string::npos, text.find("at " + proxies_.back()->endpoint())) << text;
+  EXPECT_NE(std::string::npos, text.find("s3://" + cluster_->bucket() + "/" + Prefix() + "/step-00000000000000000001/"))
+      << text;
+  EXPECT_NE(std::string::npos, text.find("gave up after 3 attempts")) << text;
+  EXPECT_EQ(std::string::npos, text.find(cluster_->Get("AWS_SECRET_ACCESS_KEY"))) << text;
+  EXPECT_EQ((std::vector<uint64_t>{1}), CompleteAndVerifiedSteps(direct.env.get()));
+}
+
+// The S3 gateway killed and started again while two ranks save step after step, then while a
+// process loads: every save commits and every load gets the exact bytes, by retrying.
+TEST_F(CheckpointerS3FaultTest, TheGatewayRestartedMidSaveAndMidLoadLosesNothing) {
+  std::string why;
+  std::unique_ptr<SeaweedCluster> own = SeaweedCluster::StartPrivateOrFail(&why);
+  if (own == nullptr) GTEST_SKIP() << why;
+  root_ = "s3://" + own->bucket() + "/gateway-restarted";
+  Store store = Open(*own, "");
+  ASSERT_NE(nullptr, store.env);
+  std::vector<std::unique_ptr<Checkpointer>> ranks = OpenTwoRanks([&](CheckpointerOptions& o) { o.env = store.env.get(); });
+  ASSERT_EQ(2u, ranks.size());
+  SaveByTwoRanks(ranks, 1);
+
+  std::atomic<bool> restarted{false};
+  uint64_t saved = 1;
+  std::thread saver([&] {
+    // Two more saves after the restart, so that one certainly ran across it or after it.
+    for (int after = 0; after < 2 && saved < 200; after += restarted.load() ? 1 : 0) {
+      SaveByTwoRanks(ranks, ++saved);
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+  });
+  const uint64_t retries_before = store.client->stats().retries;
+  EXPECT_EQ(0, own->Tool("restart-s3", ">/dev/null"));
+  restarted = true;
+  saver.join();
+  const uint64_t save_retries = store.client->stats().retries - retries_before;
+
+  std::atomic<bool> loads_restarted{false};
+  std::atomic<int> loads{0};
+  std::thread loader([&] {
+    for (int after = 0; after < 2 && loads.load() < 200; after += loads_restarted.load() ? 1 : 0) {
+      Result<std::vector<float>> got = LoadWhole(store.env.get(), saved);
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      ASSERT_TRUE(*got == Values(saved)) << "bytes differ";
+      ++loads;
+    }
+  });
+  const uint64_t load_retries_before = store.client->stats().retries;
+  EXPECT_EQ(0, own->Tool("restart-s3", ">/dev/null"));
+  loads_restarted = true;
+  loader.join();
+  ranks.clear();
+  EXPECT_GT(save_retries, 0u) << "no save met the restart: the test proves nothing";
+  EXPECT_GT(store.client->stats().retries - load_retries_before, 0u) << "no load met the restart";
+  std::vector<uint64_t> expected;
+  for (uint64_t step = saved; step >= 1; --step) expected.push_back(step);
+  EXPECT_EQ(expected, CompleteAndVerifiedSteps(store.env.get()));
 }
 
 }  // namespace checkpointer_s3_test

@@ -1,12 +1,15 @@
 // Checkpointer, in memory (MemEnv): options refused with the reason, a committed step never
 // overwritten, a busy arena skipping a save rather than stalling when asked, a damaged newest
-// checkpoint skipped with the reason reported, and retention. The multi-rank, real-file and
-// failure behaviour is covered by tests/integration and commit_test.cc.
+// checkpoint skipped with the reason reported, and retention; with the memory tier, a save that
+// supersedes one still waiting for a store that is away rather than block. The multi-rank,
+// real-file and failure behaviour is covered by tests/integration and commit_test.cc.
 #include <limits.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -14,6 +17,7 @@
 #include "lib/src/store/checkpoint_layout.h"
 #include "lifeline/checkpoint.h"
 #include "lifeline/env.h"
+#include "tests/integration/whole_state.h"
 #include "tests/kit/test_kit.h"
 
 namespace lifeline {
@@ -209,6 +213,65 @@ TEST_F(CheckpointerTest, NoCheckpointYetIsNotFound) {
   auto latest = (*c)->LatestStep();
   ASSERT_TRUE(latest.ok());
   EXPECT_FALSE(latest->has_value());
+}
+
+// With the memory tier, training does not wait for a store that is away (a gate holding every data
+// write): step 1's write is held, step 2 waits behind it, and step 3 takes step 2's slot at once.
+// Step 2's ticket says it was superseded and nothing of it is published; the tier holds steps 1 and
+// 3; once the store is back, steps 1 and 3 are persisted and the newest loads.
+TEST(CheckpointerMemoryTierTest, ASaveSupersedesOneStillWaitingForTheStoreRatherThanBlock) {
+  testing::TempDir dir;
+  testing::GatedEnv store(Env::Default());
+  CheckpointerOptions o = testing::BaseOptions(dir.Sub("ckpt"));
+  o.env = &store;
+  o.memory_tier = true;
+  o.memory_tier_directory = dir.Sub("tier");
+  o.staging_slots = 2;
+  Result<std::unique_ptr<Checkpointer>> ckpt = Checkpointer::Open(o);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
+  testing::WholeState state(1);
+  SaveTicket first = (*ckpt)->Save(1, state.Request());
+  ASSERT_TRUE(first.WaitSnapshot().ok());
+  state.ScribbleAll();
+  SaveTicket second = (*ckpt)->Save(2, state.Request());
+  ASSERT_TRUE(second.WaitSnapshot().ok());
+  state.ScribbleAll();
+  std::vector<testing::GlobalTensor> third_state = state.tensors;
+  for (size_t i = 0; i < third_state.size(); ++i) third_state[i].bytes = state.live[i];
+  SaveTicket third = (*ckpt)->Save(3, state.Request());  // returns with the store still away
+  ASSERT_TRUE(third.WaitSnapshot().ok()) << third.Progress().status.ToString();
+  const Status superseded = second.WaitPersisted();
+  EXPECT_EQ(StatusCode::kAborted, superseded.code()) << superseded.ToString();
+  EXPECT_NE(std::string::npos, superseded.ToString().find("superseded by step 3")) << superseded.ToString();
+  EXPECT_NE(std::string::npos, superseded.ToString().find("step 1 was still being persisted")) << superseded.ToString();
+  EXPECT_EQ(SavePhase::kFailed, second.Progress().phase);
+  // Published to the tier by the copy thread just after the snapshot completed.
+  for (int i = 0; i < 2000 && !third.Progress().memory_tier; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  Result<std::vector<CheckpointInfo>> tier = (*ckpt)->ListMemoryTier();
+  ASSERT_TRUE(tier.ok()) << tier.status().ToString();
+  std::vector<uint64_t> in_tier;
+  for (const CheckpointInfo& c : *tier)
+    if (c.complete) in_tier.push_back(c.step);
+  EXPECT_EQ((std::vector<uint64_t>{3, 1}), in_tier);
+
+  store.Open();  // the store is back
+  EXPECT_TRUE(first.WaitPersisted().ok()) << first.Progress().status.ToString();
+  EXPECT_TRUE(third.WaitPersisted().ok()) << third.Progress().status.ToString();
+  Result<std::vector<CheckpointInfo>> durable = ScanCheckpointDirectory(o.directory);
+  ASSERT_TRUE(durable.ok()) << durable.status().ToString();
+  std::vector<uint64_t> steps;
+  for (const CheckpointInfo& c : *durable) steps.push_back(c.step);
+  EXPECT_EQ((std::vector<uint64_t>{3, 1}), steps) << "step 2 left something behind";
+  ckpt->reset();
+  CheckpointerOptions reader = o;
+  reader.env = nullptr;
+  reader.run_id = "reader";
+  reader.memory_tier = false;
+  Result<std::unique_ptr<Checkpointer>> again = Checkpointer::Open(reader);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  uint64_t loaded = 0;
+  EXPECT_EQ("", testing::LoadAndCompare(again->get(), std::nullopt, third_state, &loaded));
+  EXPECT_EQ(3u, loaded);
 }
 
 }  // namespace checkpointer_test

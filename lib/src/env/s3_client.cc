@@ -6,10 +6,13 @@
 #include <cctype>
 #include <chrono>
 #include <cstring>
+#include <ctime>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 
+#include "lib/src/env/s3_responses.h"
 #include "lib/src/env/s3_url.h"
 #include "lib/src/env/s3_xml.h"
 
@@ -122,6 +125,18 @@ bool TransientHttp(long http, const std::string& code) {
       code == "ConditionalRequestConflict" || code == "OperationAborted")
     return true;
   return http == 429 || http == 500 || http == 502 || http == 503 || http == 504;
+}
+
+constexpr size_t kSmallBodyBytes = 1 << 20;
+
+// This machine's clock, as a signature dates a request (ISO 8601, UTC, to the second).
+std::string UtcNow() {
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &utc);
+  return text;
 }
 
 std::once_flag curl_init_once;
@@ -288,6 +303,8 @@ Status S3Client::Attempt(Handle* handle, const Request& q, Response* r) {
     headers = curl_slist_append(headers, range.c_str());
   }
   for (const std::string& h : q.headers) headers = curl_slist_append(headers, h.c_str());
+  const bool small_put = std::strcmp(q.method, "PUT") == 0 && q.body_size <= kSmallBodyBytes;
+  if (small_put) headers = curl_slist_append(headers, "Content-Type: application/octet-stream");
 
   Upload upload{static_cast<const uint8_t*>(q.body), q.body_size, 0};
   Sink sink{r, &q};
@@ -309,6 +326,14 @@ Status S3Client::Attempt(Handle* handle, const Request& q, Response* r) {
   const std::string method = q.method;
   if (method == "HEAD") {
     curl_easy_setopt(c, CURLOPT_NOBODY, 1L);
+  } else if (small_put) {
+    // Sent as a body of its own size, which libcurl sends without "Expect: 100-continue" (it asks
+    // for that on every upload): SeaweedFS stores such a PUT whose client gave up before the answer
+    // (a stalled answer, retried) as an empty object, so the retry of a conditional create would
+    // find a key it cannot tell from its own.
+    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, "PUT");
+    curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(q.body_size));
+    curl_easy_setopt(c, CURLOPT_POSTFIELDS, q.body != nullptr ? static_cast<const char*>(q.body) : "");
   } else if (method == "PUT") {
     curl_easy_setopt(c, CURLOPT_UPLOAD, 1L);
     curl_easy_setopt(c, CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(q.body_size));
@@ -348,11 +373,10 @@ Status S3Client::Attempt(Handle* handle, const Request& q, Response* r) {
   }
   std::string code, message;
   if (!r->body.empty() && (http >= 300 || q.error_in_ok_body)) {
-    Result<XmlElement> doc = ParseXml(r->body, where);
-    if (doc.ok() && doc->name == "Error") {
-      code = doc->ChildText("Code");
-      message = doc->ChildText("Message");
-      if (r->request_id.empty()) r->request_id = doc->ChildText("RequestId");
+    if (std::optional<S3ErrorDocument> doc = DecodeErrorDocument(r->body)) {
+      code = std::move(doc->code);
+      message = std::move(doc->message);
+      if (r->request_id.empty()) r->request_id = std::move(doc->request_id);
     }
   }
   if (http >= 200 && http < 300 && code.empty()) {
@@ -376,13 +400,27 @@ Status S3Client::Attempt(Handle* handle, const Request& q, Response* r) {
   if (http == 412 && q.conditional) return Status::AlreadyExists(where, text + "; the key exists already");
   if (http == 416 && q.range_dst != nullptr)
     return Status::Corruption(where, "short read at offset " + std::to_string(q.range_offset) + ": " + text);
-  if (http == 401 || http == 403) {
+  if (http == 401 || http == 403 || code == "RequestTimeTooSkewed") {
     // The key id is masked as the AWS CLI shows it: enough to tell identities apart, nothing more.
     const std::string& id = options_.aws.credentials.access_key_id;
     const std::string masked = "****" + (id.size() > 8 ? id.substr(id.size() - 4) : std::string());
     const std::string& source = options_.aws.credentials.source;
-    return Status::FailedPrecondition(where, text + "; refused for access key " + masked + " (from " +
-                                                 (source.empty() ? std::string("the options") : source) + ")");
+    const std::string key = "access key " + masked + " (from " + (source.empty() ? std::string("the options") : source) + ")";
+    if (code == "RequestTimeTooSkewed") {
+      // The signature carries this machine's clock; a store refuses a request dated too far from its
+      // own (15 minutes on S3). Retrying cannot help: only the clock can.
+      return Status::FailedPrecondition(where, text + "; the store refused the request's time as skewed from its own "
+                                                      "clock: this machine's clock read " + UtcNow() +
+                                                      " when the request was signed; check this machine's clock "
+                                                      "(NTP, timedatectl)");
+    }
+    if (code == "SignatureDoesNotMatch")
+      return Status::FailedPrecondition(where, text + "; the secret access key does not match " + key +
+                                                   ": check the secret (AWS_SECRET_ACCESS_KEY or the profile's "
+                                                   "aws_secret_access_key)");
+    if (code == "InvalidAccessKeyId")
+      return Status::FailedPrecondition(where, text + "; the store knows no " + key);
+    return Status::FailedPrecondition(where, text + "; refused for " + key);
   }
   if (r->retryable) return Status::Unavailable(where, text);
   return Status::IOError(where, text);
@@ -521,26 +559,8 @@ Result<S3Listing> S3Client::ListObjectsPage(const std::string& bucket, const std
   if (!continuation_token.empty()) q.query.emplace_back("continuation-token", continuation_token);
   Response r;
   const std::string where = S3Location{bucket, prefix}.ToString() + " at " + endpoint_;
-  LL_RETURN_IF_ERROR(Execute(q, &r).Annotate("listing prefix '" + prefix + "'"));
-  LL_ASSIGN_OR_RETURN(XmlElement doc, ParseXml(r.body, where));
-  if (doc.name != "ListBucketResult") return Status::Corruption(where, "listing answered with <" + doc.name + ">");
-  S3Listing out;
-  for (const XmlElement& e : doc.children) {
-    if (e.name == "Contents") {
-      S3ObjectInfo o;
-      o.key = e.ChildText("Key");
-      o.size = std::strtoull(e.ChildText("Size").c_str(), nullptr, 10);
-      o.etag = e.ChildText("ETag");
-      out.objects.push_back(std::move(o));
-    } else if (e.name == "CommonPrefixes") {
-      out.common_prefixes.push_back(e.ChildText("Prefix"));
-    }
-  }
-  out.truncated = doc.ChildText("IsTruncated") == "true";
-  out.next_continuation_token = doc.ChildText("NextContinuationToken");
-  if (out.truncated && out.next_continuation_token.empty())
-    return Status::Corruption(where, "a truncated listing without NextContinuationToken");
-  return out;
+  LL_RETURN_IF_ERROR(Execute(q, &r).Annotate("listing " + S3Location{bucket, prefix}.ToString()));
+  return DecodeObjectListing(r.body, prefix, where);
 }
 
 Result<S3Listing> S3Client::ListObjects(const std::string& bucket, const std::string& prefix,
@@ -569,10 +589,7 @@ Result<std::string> S3Client::CreateMultipartUpload(const std::string& bucket, c
   Response r;
   LL_RETURN_IF_ERROR(Execute(q, &r));
   const std::string where = S3Location{bucket, key}.ToString() + " at " + endpoint_;
-  LL_ASSIGN_OR_RETURN(XmlElement doc, ParseXml(r.body, where));
-  std::string id = doc.ChildText("UploadId");
-  if (id.empty()) return Status::Corruption(where, "multipart upload created without an UploadId");
-  return id;
+  return DecodeUploadId(r.body, where);
 }
 
 Result<std::string> S3Client::UploadPart(const std::string& bucket, const std::string& key,
@@ -646,17 +663,13 @@ Result<std::vector<S3MultipartUpload>> S3Client::ListMultipartUploads(const std:
     if (!id_marker.empty()) q.query.emplace_back("upload-id-marker", id_marker);
     Response r;
     LL_RETURN_IF_ERROR(Execute(q, &r));
-    LL_ASSIGN_OR_RETURN(XmlElement doc, ParseXml(r.body, where));
-    for (const XmlElement& e : doc.children) {
-      if (e.name != "Upload") continue;
-      out.push_back(S3MultipartUpload{e.ChildText("Key"), e.ChildText("UploadId"), e.ChildText("Initiated")});
-    }
-    if (doc.ChildText("IsTruncated") != "true") break;
-    std::string next_key = doc.ChildText("NextKeyMarker"), next_id = doc.ChildText("NextUploadIdMarker");
-    if (next_key.empty() || (next_key == key_marker && next_id == id_marker))
+    LL_ASSIGN_OR_RETURN(S3UploadListing page, DecodeUploadListing(r.body, prefix, where));
+    for (S3MultipartUpload& u : page.uploads) out.push_back(std::move(u));
+    if (!page.truncated) break;
+    if (page.next_key_marker == key_marker && page.next_upload_id_marker == id_marker)
       return Status::Corruption(where, "a truncated upload listing without a new marker");
-    key_marker = std::move(next_key);
-    id_marker = std::move(next_id);
+    key_marker = std::move(page.next_key_marker);
+    id_marker = std::move(page.next_upload_id_marker);
   }
   return out;
 }

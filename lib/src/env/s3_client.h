@@ -5,7 +5,9 @@
 // http://127.0.0.1:8333: ..."), the S3 error code and message, and never a credential. Codes:
 //   NotFound            no such key, no such bucket, no such upload
 //   AlreadyExists       a conditional create (If-None-Match: *) found the key taken
-//   FailedPrecondition  refused: access denied, a bad signature or an unknown access key
+//   FailedPrecondition  refused: access denied, a wrong secret, an unknown access key, or a request
+//                       time the store finds too far from its clock (RequestTimeTooSkewed: the
+//                       message says to check this machine's clock); never retried
 //   Unavailable         the store could not be reached or kept answering 5xx/SlowDown/timeouts
 //                       after every retry
 //   IOError             any other refusal (a 4xx the caller caused)

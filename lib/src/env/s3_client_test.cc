@@ -172,6 +172,7 @@ TEST(S3ClientTest, WrongCredentialsAreRefusedNamingEndpointBucketAndKeyButNoSecr
   S3ClientOptions unknown_key = cluster->Options();
   unknown_key.aws.credentials.access_key_id = "LLNOSUCHKEY000000000";
   for (const S3ClientOptions& o : {wrong_secret, unknown_key}) {
+    const bool secret_wrong = o.aws.credentials.access_key_id == cluster->Get("AWS_ACCESS_KEY_ID");
     auto client = NewClient(o);
     const auto started = client->stats();
     Status s = client->PutObject(b, key, "x");
@@ -183,6 +184,13 @@ TEST(S3ClientTest, WrongCredentialsAreRefusedNamingEndpointBucketAndKeyButNoSecr
     EXPECT_EQ(std::string::npos, text.find(cluster->Get("AWS_SECRET_ACCESS_KEY"))) << text;
     EXPECT_EQ(std::string::npos, text.find(o.aws.credentials.access_key_id)) << "the key id is shown masked: " << text;
     EXPECT_EQ(started.requests + 1, client->stats().requests) << "a refusal is not retried";
+    // Saying which of the two is wrong, and where it came from.
+    if (secret_wrong) {
+      EXPECT_NE(std::string::npos, text.find("the secret access key does not match access key ****")) << text;
+    } else {
+      EXPECT_NE(std::string::npos, text.find("the store knows no access key ****")) << text;
+    }
+    EXPECT_NE(std::string::npos, text.find("(from test)")) << text;
   }
 }
 

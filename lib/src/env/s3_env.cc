@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <random>
 #include <set>
 #include <thread>
 #include <vector>
@@ -285,7 +287,7 @@ class S3EnvImpl final : public S3Env {
     if (bytes.status().code() == StatusCode::kResourceExhausted)
       return Status::NotSupported(from, "renaming without replacing is done by a conditional PUT of at most 64 MiB");
     LL_RETURN_IF_ERROR(bytes.status());
-    LL_RETURN_IF_ERROR(client_->PutObject(dst.bucket, dst.key, *bytes, /*if_none_match=*/true));
+    LL_RETURN_IF_ERROR(CreateObject(dst, *bytes));
     return client_->DeleteObject(src.bucket, src.key);
   }
 
@@ -293,16 +295,17 @@ class S3EnvImpl final : public S3Env {
     LL_ASSIGN_OR_RETURN(Resolved r, Resolve(dir));
     const std::string prefix = DirPrefix(r.loc);
     LL_ASSIGN_OR_RETURN(S3Listing listing, client_->ListObjects(r.loc.bucket, prefix, "/"));
+    // The listing's keys all start with `prefix` (DecodeObjectListing refuses others). A child is
+    // one path component: "dir/" markers of other tools name nothing, and a key named "." or ".."
+    // (legal in S3) or holding a "/" below the delimiter is no child a path could name.
     std::set<std::string> names;
-    for (const S3ObjectInfo& o : listing.objects) {
-      std::string name = o.key.substr(prefix.size());
-      if (!name.empty()) names.insert(std::move(name));  // "dir/" markers of other tools name nothing
-    }
-    for (const std::string& p : listing.common_prefixes) {
-      std::string name = p.substr(prefix.size());
+    auto add = [&names](std::string name) {
       while (!name.empty() && name.back() == '/') name.pop_back();
-      if (!name.empty()) names.insert(std::move(name));
-    }
+      if (!name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos)
+        names.insert(std::move(name));
+    };
+    for (const S3ObjectInfo& o : listing.objects) add(o.key.substr(prefix.size()));
+    for (const std::string& p : listing.common_prefixes) add(p.substr(prefix.size()));
     return std::vector<std::string>(names.begin(), names.end());
   }
 
@@ -370,7 +373,12 @@ class S3EnvImpl final : public S3Env {
 
   Result<std::unique_ptr<FileLock>> LockFile(const std::string& path) override {
     LL_ASSIGN_OR_RETURN(S3Location loc, Object(path));
-    Status s = client_->PutObject(loc.bucket, loc.key, std::string_view(), /*if_none_match=*/true);
+    // Created holding a token of this claim (a line the holder's decoder passes over), so that a
+    // claim whose answer was lost and whose retry found the object is known to be ours.
+    std::random_device random;
+    char token[64];
+    std::snprintf(token, sizeof token, "claim=%08x%08x%08x%08x\n", random(), random(), random(), random());
+    Status s = CreateObject(loc, token);
     if (s.IsAlreadyExists()) {
       Result<std::optional<std::string>> holder = LockHolder(path);
       std::string text = holder.ok() && holder->has_value() ? **holder : std::string("unknown");
@@ -390,7 +398,7 @@ class S3EnvImpl final : public S3Env {
 
   Status PutFile(const std::string& path, std::string_view data, bool replace) override {
     LL_ASSIGN_OR_RETURN(S3Location loc, Object(path));
-    return client_->PutObject(loc.bucket, loc.key, data, /*if_none_match=*/!replace);
+    return replace ? client_->PutObject(loc.bucket, loc.key, data) : CreateObject(loc, data);
   }
 
   Result<size_t> AbortIncompleteWrites(const std::string& path) override { return AbortIncompleteUploads(path); }
@@ -410,6 +418,17 @@ class S3EnvImpl final : public S3Env {
   }
 
  private:
+  // A conditional create (If-None-Match: *) that tells a key taken by another writer from one
+  // taken by an earlier attempt of this very call, whose answer was lost (a stalled or cut
+  // connection: the store carried the PUT out, the retry found the key): AlreadyExists only when
+  // the object holds other bytes than `data`.
+  Status CreateObject(const S3Location& loc, std::string_view data) {
+    Status s = client_->PutObject(loc.bucket, loc.key, data, /*if_none_match=*/true);
+    if (!s.IsAlreadyExists()) return s;
+    Result<std::string> held = client_->GetObject(loc.bucket, loc.key, data.size() + 1);
+    return held.ok() && *held == data ? Status::OK() : s;
+  }
+
   // The key prefix of the objects below `loc` ("" for the bucket itself).
   static std::string DirPrefix(const S3Location& loc) { return loc.key.empty() ? std::string() : loc.key + "/"; }
 

@@ -25,12 +25,15 @@
 //   RemoveTree        deletes the object and every key below "path/", in parallel.
 //   RenameFile        server-side copy then delete: not atomic; a reader may briefly see both.
 //   RenameFileNoReplace  a conditional PUT (If-None-Match: *) of the source's bytes (at most 64 MiB),
-//                     then delete: AlreadyExists, the source kept, when the target exists.
+//                     then delete: AlreadyExists, the source kept, when the target exists with other
+//                     bytes (a retry that finds the object its own lost answer created is OK).
 //   LockFile          a lock object created by a conditional PUT and deleted when the FileLock is
 //                     destroyed. Unlike a kernel lock it outlives a holder that dies: the holder
-//                     text (LockHolder) says who took it, and a caller decides when it is stale.
-//   PutFile           one PUT of the whole object (If-None-Match: * when not replacing): no temporary
-//                     object, no copy.
+//                     text (LockHolder) says who took it, and a caller decides when it is stale. The
+//                     object is created holding a random claim token, so that a claim whose answer
+//                     was lost is still known to be ours.
+//   PutFile           one PUT of the whole object (If-None-Match: * when not replacing, with the
+//                     retry rule of RenameFileNoReplace): no temporary object, no copy.
 //   AbortIncompleteWrites  AbortIncompleteUploads.
 //   NewIoQueue        the thread-pool queue (at least min(depth, 16) threads): each request is one
 //                     part upload or ranged GET.

@@ -219,5 +219,47 @@ TEST_F(S3EnvTest, LockObjectRefusesASecondHolderUntilReleased) {
   EXPECT_TRUE(env_->LockFile(path).ok());
 }
 
+// A conditional create whose answer is lost (the store carried it out, the answer stalls, the retry
+// finds the key taken) counts as done when the object holds its own bytes; a lock claimed so is
+// ours. A key taken with other bytes still refuses.
+TEST_F(S3EnvTest, AConditionalCreateWhoseAnswerWasLostIsKnownAsItsOwn) {
+  // Each Env's first connection stops its answer 20 bytes in; the attempt is abandoned after 2 s
+  // and retried on a new connection, which the proxy forwards untouched.
+  struct Lossy {
+    std::unique_ptr<s3_test::FaultProxy> proxy;
+    std::shared_ptr<S3Client> client;
+    std::unique_ptr<S3Env> env;
+  };
+  auto lossy = [&]() {
+    Lossy l;
+    std::string why;
+    l.proxy = s3_test::FaultProxy::Start(*cluster_, "stall", "--stall-after 20 --stall-seconds 60", &why);
+    EXPECT_NE(nullptr, l.proxy) << why;
+    S3ClientOptions o = cluster_->Options();
+    o.aws.endpoint = l.proxy->endpoint();
+    o.low_speed_seconds = 2;
+    l.client = std::move(S3Client::Create(o)).value();
+    S3EnvOptions eo;
+    eo.root = root_;
+    l.env = std::move(S3Env::Open(l.client, eo)).value();
+    return l;
+  };
+  Lossy id = lossy();
+  ASSERT_NE(nullptr, id.proxy);
+  Status put = id.env->PutFile(root_ + "/lifeline.id", "first writer\n", /*replace=*/false);
+  ASSERT_TRUE(put.ok()) << put.ToString();
+  EXPECT_EQ(1u, id.client->stats().retries) << "the answer was not lost: the test proves nothing";
+  EXPECT_EQ("first writer\n", Read(root_ + "/lifeline.id"));
+  Status again = env_->PutFile(root_ + "/lifeline.id", "second writer\n", /*replace=*/false);
+  EXPECT_TRUE(again.IsAlreadyExists()) << again.ToString();
+
+  Lossy lock = lossy();
+  ASSERT_NE(nullptr, lock.proxy);
+  Result<std::unique_ptr<FileLock>> held = lock.env->LockFile(root_ + "/lifeline.lock");
+  ASSERT_TRUE(held.ok()) << held.status().ToString();
+  EXPECT_EQ(1u, lock.client->stats().retries) << "the answer was not lost: the test proves nothing";
+  EXPECT_TRUE(env_->LockFile(root_ + "/lifeline.lock").status().IsUnavailable());
+}
+
 }  // namespace s3_env_test
 }  // namespace lifeline

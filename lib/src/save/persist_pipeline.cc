@@ -19,7 +19,7 @@ PersistPipeline::PersistPipeline(Env* env, PersistConfig config, StagingArena* a
       arena_(arena),
       after_persist_(std::move(after_persist)),
       worker_([this](std::shared_ptr<internal::SaveJob>& job) {
-        if (!job->finished()) Persist(*job);
+        if (!job->finished() && job->BeginPersist()) Persist(*job);
         return job->status();
       }, config_.nice_levels) {}
 

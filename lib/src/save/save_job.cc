@@ -327,6 +327,23 @@ void SaveJob::FinishWithoutCopy(Status status, SavePhase phase) {
   if (code != 0) Trace(trace::EventType::kCheckpointFailed, code);
 }
 
+bool SaveJob::BeginPersist() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (persist_claimed_) return false;
+  persist_claimed_ = true;
+  return true;
+}
+
+bool SaveJob::Supersede(Status status) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (persist_claimed_ || !copy_done_ || persisted_ || phase_ == SavePhase::kFailed) return false;
+    persist_claimed_ = true;
+  }
+  Fail(std::move(status));
+  return true;
+}
+
 Status SaveJob::WaitSnapshot() {
   const auto t0 = Clock::now();
   std::unique_lock<std::mutex> lock(mu_);

@@ -165,6 +165,14 @@ class SaveJob {
   void Fail(Status status);
   // A save not taken (BusyPolicy::kSkip, or refused before anything was read).
   void FinishWithoutCopy(Status status, SavePhase phase);
+  // Who takes a staged job once its snapshot is complete: the persist pipeline, which claims it
+  // with BeginPersist before writing it (false: it was superseded, nothing is to be written), or
+  // Checkpointer::Save, which supersedes it with `status` when a newer snapshot needs its slot and
+  // the job is still only waiting for the pipeline (false, nothing changed, when the pipeline began
+  // it, its copy is not done, or it finished). A superseded job is failed; its slot is the caller's
+  // to release.
+  bool BeginPersist();
+  bool Supersede(Status status);
   void MarkMemoryTier() { memory_tier_.store(true); }
   // Why a save of a Checkpointer with the memory tier on is not in it (SaveProgress).
   void NoteMemoryTier(std::string why);
@@ -225,6 +233,7 @@ class SaveJob {
   bool copied_ = false;                    // GUARDED_BY(mu_): the state is no longer read
   bool copy_done_ = false;                 // GUARDED_BY(mu_): nor the slot written, on_copied has run
   bool persisted_ = false;                 // GUARDED_BY(mu_)
+  bool persist_claimed_ = false;           // GUARDED_BY(mu_): by BeginPersist or Supersede
   bool committed_ = false;                 // GUARDED_BY(mu_)
   uint64_t bytes_stored_ = 0;              // GUARDED_BY(mu_)
   Clock::time_point copied_at_{};          // GUARDED_BY(mu_)

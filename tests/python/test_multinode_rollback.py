@@ -1,0 +1,99 @@
+"""A rollback in a multi-node job (issue 53, item 4): two lifeline-agents meeting through a real etcd.
+
+The job of tests/python/test_rollback.py (gloo DDP, a checkpoint every 5 steps, a step's data a
+function of the step alone) runs as 2 nodes of 1 rank, each node with its own memory tier. On the
+first launch rank 1 (node 1) computes a NaN loss at step 25; the NaN reaches rank 0 through the
+all-reduce. The agent that decides the rollback moves the job to a round that carries it: both
+nodes must resume from step 20 (the newest checkpoint before the fault, in both nodes' reach),
+tell their ranks the same steps to skip (rollback.skip_data: always), and the job must finish with
+the replicas equal and finite.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_multinode import Etcd, read_events  # noqa: E402
+from test_rollback import SCRIPT  # noqa: E402
+
+
+class RollbackAcrossNodes(unittest.TestCase):
+    def setUp(self):
+        base = os.environ.get("LIFELINE_TEST_TMPDIR", "/var/tmp")
+        self.dir = tempfile.mkdtemp(prefix="lifeline-mnrollback-", dir=base)
+        self.addCleanup(shutil.rmtree, self.dir, True)
+        self.etcd = Etcd(self.dir)
+        self.addCleanup(self.etcd.stop)
+
+    def test_a_nan_on_one_node_rolls_the_whole_job_back_to_one_step_and_it_finishes(self):
+        agent = os.path.join(os.environ["LIFELINE_BIN"], "lifeline-agent")
+        script = os.path.join(self.dir, "rank.py")
+        with open(script, "w") as f:
+            f.write(SCRIPT)
+        config = os.path.join(self.dir, "agent.yaml")
+        with open(config, "w") as f:
+            f.write("rollback:\n  skip_data: always\n")
+        ckpt = os.path.join(self.dir, "ckpt")
+        procs = []
+        for node in range(2):
+            env = dict(os.environ, LIFELINE_MEMORY_TIER_DIR=os.path.join(self.dir, f"tier{node}"))
+            cmd = [agent, "run", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-endpoint", self.etcd.endpoint,
+                   "--rdzv-id", "mnrollback", "--node-rank", str(node), "--node-name", f"node{node}",
+                   "--max-restarts", "2", "--config", config,
+                   "--events-log", os.path.join(self.dir, f"events.{node}"), "--checkpoint-dir", ckpt,
+                   "--", sys.executable, script, self.dir, "nan"]
+            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        outputs = [p.communicate(timeout=600)[0] for p in procs]
+        for node, p in enumerate(procs):
+            self.assertEqual(p.returncode, 0, f"node {node}:\n{outputs[node]}")
+        events = [read_events(os.path.join(self.dir, f"events.{node}")) for node in range(2)]
+        everything = events[0] + events[1]
+
+        # The fault was named, and a rollback decided (by one node, or by both at once: one round).
+        self.assertTrue([e for e in everything if e.get("kind") == "non_finite"], outputs)
+        decided = [e for e in everything if e.get("action") == "rollback"]
+        self.assertTrue(decided, outputs)
+        for d in decided:
+            self.assertEqual((d["anomaly"], d["checkpoint"]), ("non_finite", 20), d)
+            self.assertEqual(d["round_resumes_before"], 21, d)
+            self.assertNotIn("not_acted_on", d)
+        # Both nodes joined round 1, a rollback's round, and resumed from the same step with the
+        # same steps skipped.
+        rounds = [[e for e in node_events if e.get("action") == "rollback_round"] for node_events in events]
+        for node in range(2):
+            self.assertEqual(len(rounds[node]), 1, f"node {node}: {events[node]}")
+            self.assertEqual(rounds[node][0]["round"], 1)
+            self.assertEqual(rounds[node][0]["step"], 20)
+            self.assertEqual([e["round"] for e in events[node] if e.get("action") == "rendezvous"], [0, 1])
+        self.assertEqual(rounds[0][0]["skip_steps"], rounds[1][0]["skip_steps"])
+        self.assertTrue(rounds[0][0]["skip_steps"].startswith("21-"), rounds[0][0])
+        launches = [[e for e in node_events if e.get("action") == "launch"] for node_events in events]
+        for node in range(2):
+            self.assertEqual(len(launches[node]), 2, events[node])
+            resume = launches[node][1]["resume"]
+            self.assertEqual((resume["step"], resume.get("rollback")), (20, True), resume)
+            self.assertEqual(resume["skip_steps"], rounds[0][0]["skip_steps"], resume)
+
+        results = []
+        for rank in range(2):
+            with open(os.path.join(self.dir, f"result.1.{rank}.json")) as f:
+                results.append(json.load(f))
+        for r in results:
+            self.assertEqual(r["loaded"], 20, r)
+            self.assertTrue(r["finite"], r)
+            self.assertTrue(r["skipped"], r)
+            self.assertEqual(r["skipped"][0], 21, r)
+        self.assertEqual(results[0]["skipped"], results[1]["skipped"])  # the same data on every node
+        self.assertEqual(results[0]["digest"], results[1]["digest"])  # the replicas agree
+        # No checkpoint at or after the fault survived from the first launch: the steps after 20
+        # were removed from the shared directory and from both memory tiers, and saved again.
+        self.assertTrue(os.path.isdir(os.path.join(ckpt, "step-%020d" % 35)))
+
+
+if __name__ == "__main__":
+    unittest.main()
