@@ -240,11 +240,13 @@ LIFELINE_EXPORT uint64_t DefaultChunkBytes(SaveCodec codec);
 // What Save does when every staging slot still holds a checkpoint that is being persisted.
 enum class BusyPolicy {
   // Block inside Save until the oldest one is persisted (counted as stall). With the memory tier
-  // on, Save first takes the slot of the oldest snapshot whose persist has not begun: that save's
-  // ticket fails Aborted ("superseded by step N"), its step is never published and leaves the
-  // tier, and training does not wait for a slow or unreachable store; the tier holds the newest
-  // steps while the durable copy falls behind. It waits only when every busy slot is still being
-  // copied or persisted.
+  // on and an object-store directory (s3://; CheckpointerOptions::supersede_waiting_saves), Save
+  // first takes the slot of the oldest snapshot
+  // whose persist has not begun: that save's ticket fails Aborted ("superseded by step N"), its
+  // step is never published and leaves the tier, and training does not wait for a slow or
+  // unreachable store; the tier holds the newest steps while the durable copy falls behind. It
+  // waits only when every busy slot is still being copied or persisted. A disk directory keeps the
+  // back-pressure: every save is persisted.
   kWait,
   kSkip,  // return at once with a ticket whose status is Unavailable, naming the busy step
 };
@@ -308,6 +310,11 @@ struct LIFELINE_EXPORT CheckpointerOptions {
   // Snapshots that may exist at once: 2 lets step N+1 be copied while step N is being persisted.
   unsigned staging_slots = 2;
   BusyPolicy busy_policy = BusyPolicy::kWait;
+  // With the memory tier and BusyPolicy::kWait: whether a save that finds every slot busy takes the
+  // slot of the oldest snapshot still waiting to be persisted rather than wait (see kWait).
+  // nullopt: for an object-store directory (s3://), whose requests retry for up to a minute each
+  // while it is away, and not for a disk, whose back-pressure keeps every save.
+  std::optional<bool> supersede_waiting_saves;
   unsigned copy_threads = 2;  // threads copying state into the arena
   // The copy, persist and drain threads run this many nice levels below the thread that opened the
   // Checkpointer (capped at 19), so the training loop gets the CPU first when cores are scarce;

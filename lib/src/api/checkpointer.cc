@@ -475,17 +475,21 @@ SaveTicket Checkpointer::Save(uint64_t step, const SaveRequest& request) {
   std::optional<unsigned> slot;
   if (padded <= m.arena->slot_limit()) {
     slot = m.arena->Acquire(/*wait=*/false);
-    if (!slot && m.tier != nullptr && o.busy_policy == BusyPolicy::kWait) {
-      // With the memory tier, training does not wait for a slow or unreachable store: the oldest
-      // snapshot still queued for persisting gives its slot to this one (it leaves the tier below),
-      // so the tier holds the newest steps while the durable copy falls behind.
+    if (!slot && m.tier != nullptr && o.busy_policy == BusyPolicy::kWait &&
+        o.supersede_waiting_saves.value_or(IsObjectStorePath(o.directory))) {
+      // With the memory tier, training does not wait for an object store that is slow or away (its
+      // requests retry for up to a minute each): the oldest snapshot still queued for persisting
+      // gives its slot to this one (it leaves the tier below), so the tier holds the newest steps
+      // while the durable copy falls behind. A disk keeps its back-pressure: every save persisted.
       std::vector<std::shared_ptr<internal::SaveJob>> queued;
       for (const std::shared_ptr<internal::SaveJob>& j : m.slot_job)
         if (j != nullptr && j->slot && !j->finished()) queued.push_back(j);
       std::sort(queued.begin(), queued.end(), [](const auto& a, const auto& b) { return a->started < b->started; });
-      const std::optional<uint64_t> busy = m.arena->OldestBusyStep();
       for (const std::shared_ptr<internal::SaveJob>& j : queued) {
         const std::string superseded = "saving step " + std::to_string(j->step) + " on rank " + std::to_string(o.rank);
+        std::optional<uint64_t> busy;  // the oldest other save still in a slot: the one being persisted
+        for (const std::shared_ptr<internal::SaveJob>& k : queued)
+          if (k != j && (!busy || k->step < *busy)) busy = k->step;
         j->WaitCopyStopped();  // a snapshot still being copied is waited for: memory speed, not the store's
         if (!j->Supersede(Status::Aborted(
                 superseded, "superseded by step " + std::to_string(step) + " before it was persisted: step " +

@@ -215,8 +215,9 @@ TEST_F(CheckpointerTest, NoCheckpointYetIsNotFound) {
   EXPECT_FALSE(latest->has_value());
 }
 
-// With the memory tier, training does not wait for a store that is away (a gate holding every data
-// write): step 1's write is held, step 2 waits behind it, and step 3 takes step 2's slot at once.
+// With the memory tier and an object store (here a gate holding every data write of a disk, with
+// supersede_waiting_saves as an s3:// directory has it), training does not wait for a store that
+// is away: step 1's write is held, step 2 waits behind it, and step 3 takes step 2's slot at once.
 // Step 2's ticket says it was superseded and nothing of it is published; the tier holds steps 1 and
 // 3; once the store is back, steps 1 and 3 are persisted and the newest loads.
 TEST(CheckpointerMemoryTierTest, ASaveSupersedesOneStillWaitingForTheStoreRatherThanBlock) {
@@ -227,6 +228,7 @@ TEST(CheckpointerMemoryTierTest, ASaveSupersedesOneStillWaitingForTheStoreRather
   o.memory_tier = true;
   o.memory_tier_directory = dir.Sub("tier");
   o.staging_slots = 2;
+  o.supersede_waiting_saves = true;  // as for an object store (a disk keeps its back-pressure)
   Result<std::unique_ptr<Checkpointer>> ckpt = Checkpointer::Open(o);
   ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
   testing::WholeState state(1);
