@@ -13,6 +13,11 @@ using trace::EventType;
 
 namespace {
 
+// The other cause of replicas that differ: a script that updates its state before a lazy snapshot
+// of it is complete writes a torn copy, unlike the other replicas' torn copies.
+constexpr const char* kTornHint = "a script must not update its state before the snapshot is taken: "
+                                  "lifeline.guard_optimizer, or wait_snapshot() before the update";
+
 // Bounds on what waits: ranks reporting many shards while a replica stays silent must not grow the
 // agent without end (the oldest are judged with what they have).
 constexpr size_t kMaxPending = 1 << 16;
@@ -206,12 +211,13 @@ void ReplicaDigestDetector::Raise(const Timeline& t, uint64_t step, const StepVe
   const std::string what = "'" + first_tensor + "'" + (more ? " and " + std::to_string(more) + " more tensor" + (more > 1 ? "s" : "") : "");
   if (every_majority) {
     a.message = "replicas differ" + StepSuffix(step) + ": " + Ranks(a.ranks) + (a.ranks.size() == 1 ? " holds" : " hold") +
-                " a copy of " + what + " unlike the other replicas' (silent data corruption suspected); the step is "
-                "marked suspect and never resumed from";
+                " a copy of " + what + " unlike the other replicas' (silent data corruption suspected, or state "
+                "changed while its snapshot was taken: " + kTornHint + "); the step is marked suspect and never "
+                "resumed from";
   } else {
     a.message = "replicas differ" + StepSuffix(step) + " in " + what + " with no majority to tell the odd one out (" +
-                Ranks(a.ranks) + "); silent data corruption suspected on one of them; the step is marked suspect and "
-                "never resumed from";
+                Ranks(a.ranks) + "); silent data corruption suspected on one of them (or state changed while its "
+                "snapshot was taken: " + kTornHint + "); the step is marked suspect and never resumed from";
   }
   out->push_back(std::move(a));
 }

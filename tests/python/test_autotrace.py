@@ -389,6 +389,7 @@ class AutoTrace(unittest.TestCase):
             opt = torch.optim.SGD(model.parameters(), lr=0.1)
             ckpt = lifeline.Checkpointer(sys.argv[1] + "/ckpt", rank=rank, world_size=2)
             start = lifeline.torch.load(ckpt, model, opt)
+            lifeline.guard_optimizer(opt, ckpt)  # the next update waits for the snapshot: no torn replica
             first = 0 if start is None else start + 1
             for step in range(first, first + 2):
                 opt.zero_grad()
