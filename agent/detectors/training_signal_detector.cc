@@ -69,6 +69,8 @@ void TrainingSignalDetector::Reset(int world) {
   // The series outlive a launch of the same world (their steps going back rewinds them); another
   // world's ranks hold other shards, batches and values.
   if (std::max(world, 0) != world_) series_.assign(static_cast<size_t>(std::max(world, 0)), {});
+  for (auto& by_scalar : series_)
+    for (auto& [scalar, series] : by_scalar) series.relaunched = true;
   world_ = std::max(world, 0);
   names_.assign(static_cast<size_t>(world_), {});
   max_step_.assign(static_cast<size_t>(world_), kNoStep);
@@ -124,7 +126,10 @@ void TrainingSignalDetector::ObserveValue(const Timeline& t, int rank, const std
   if (watched_.count(scalar) == 0) return;
 
   Series& s = series_[rank][scalar];
-  if (s.last_step != kNoStep && step <= s.last_step) Rewind(&s, step);  // a relaunch, a rollback
+  // A rollback within the process, or a relaunch redoing steps (from its first value on: values of
+  // one step reported twice in a launch, as gradient accumulation may, are no rewind).
+  if (s.last_step != kNoStep && (step < s.last_step || (s.relaunched && step == s.last_step))) Rewind(&s, step);
+  s.relaunched = false;
   if (s.first_step == kNoStep) s.first_step = step;
   s.last_step = step;
   auto add = [this](Finding f) {

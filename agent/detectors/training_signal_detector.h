@@ -71,6 +71,7 @@ class TrainingSignalDetector : public Detector {
     uint64_t first_step = trace::kNoStep;  // of the series' first value
     uint64_t seen = 0;              // finite values of the series' steps so far
     uint64_t last_step = trace::kNoStep;
+    bool relaunched = false;        // no value yet in this launch (its first may redo last_step)
     uint32_t non_finite_run = 0;    // non-finite values in a row
     bool in_episode = false;        // a spike was reported; until a value scores low again
     // The run of high values so far: steps, values and scores.

@@ -239,10 +239,19 @@ TEST(TrainingSignalDetectorTest, WarmUpOnceAndARelaunchKeepsTheStepsBeforeItsRes
   // The same within a process, and without the spike nothing more.
   job.Run(301, 400, spiky(trace::kNoStep), nullptr);
   EXPECT_EQ(job.all().size(), 2u) << Describe(job.all());
+  // The rollback to the checkpoint of step 309, the spike at 310 being the last step reached: it
+  // comes back at the relaunch's first step, and is named again.
+  job.Run(400, 410, spiky(trace::kNoStep), nullptr);
+  job.Run(410, 411, spiky(410), nullptr);
+  const size_t before = job.all().size();
+  job.Relaunch();
+  job.Run(410, 420, spiky(410), nullptr);
+  ASSERT_EQ(job.all().size(), before + 1) << Describe(job.all());
+  EXPECT_EQ(job.all().back().step, 410u);
   // A relaunch from step 20, within the warm-up: step 40 has 40 values before it, of the 50 needed.
   job.Relaunch();
   job.Run(21, 60, spiky(40), nullptr);
-  EXPECT_EQ(job.all().size(), 2u) << Describe(job.all());
+  EXPECT_EQ(job.all().size(), before + 1) << Describe(job.all());
 }
 
 // Issue 53's first case: one rank's loss becomes NaN at step k; the all-reduce spreads NaN to
