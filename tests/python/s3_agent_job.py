@@ -28,6 +28,14 @@ def advance(w, step):
     w.mul_(0.5).add_(float(step))
 
 
+def trained(steps):
+    """The whole tensor after `steps` steps, never interrupted: the reference of a resumed run."""
+    w = initial()
+    for step in range(1, steps + 1):
+        advance(w, step)
+    return w
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--dir", required=True)

@@ -123,10 +123,7 @@ class ObjectStorage(unittest.TestCase):
         self.assertIn("resumed from step 6", log)
         self.assertIn("done", log)
 
-        # The reference: the same steps, never interrupted.
-        expected = s3_agent_job.initial()
-        for step in range(1, steps + 1):
-            s3_agent_job.advance(expected, step)
+        expected = s3_agent_job.trained(steps)  # the same steps, never interrupted
         # Another world size: one process loads the whole tensor from the bucket.
         one = lifeline.Checkpointer(d, rank=0, world_size=1)
         state = {"w": torch.zeros(s3_agent_job.ROWS, s3_agent_job.COLS), "step": 0}
@@ -247,9 +244,7 @@ class ObjectStorage(unittest.TestCase):
 
         # Once the bucket is back the later steps are durable: another process, another world
         # size, loads the last one from the bucket, and it is what the 30 steps computed.
-        expected = s3_agent_job.initial()
-        for step in range(1, steps + 1):
-            s3_agent_job.advance(expected, step)
+        expected = s3_agent_job.trained(steps)
         one = lifeline.Checkpointer(d, rank=0, world_size=1)
         state = {"w": torch.zeros(s3_agent_job.ROWS, s3_agent_job.COLS), "step": 0}
         self.assertEqual(steps, one.load(state))
