@@ -939,6 +939,13 @@ PollDecision Agent::Poll(uint64_t now) {
   if (!in.exits.empty()) metrics_->RankExited(supervisor_->timeline());
   metrics_->TimeAccount(supervisor_->ledger(), now);
   if (decision.progress) rdzv_->PublishProgress(std::move(*decision.progress));
+  for (const DigestQuery& q : decision.digest_queries) {
+    // The replicas' folds differ: the nodes of the ranks are asked which tensors.
+    const Status asked = rdzv_->AskDigests(plan_ ? plan_->round : 0, q);
+    nlohmann::json line = {{"action", "digest_query"}, {"step", q.step}, {"ranks", q.ranks}, {"ok", asked.ok()}};
+    if (!asked.ok()) line["error"] = asked.ToString();
+    Log(std::move(line));
+  }
   for (nlohmann::json& line : decision.records) Log(std::move(line));
   return decision;
 }

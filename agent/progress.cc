@@ -203,6 +203,18 @@ Result<SummaryFrame> DecodeJson(std::string_view text, const std::string& what) 
 
 // The binary summary (§17): LEB128 varints, zigzag for the signed ones.
 constexpr char kMagic[4] = {'L', 'L', 'S', '\x02'};
+constexpr char kMagicDigests[4] = {'L', 'L', 'S', '\x03'};  // version 3: a digest section after the ranks
+constexpr size_t kMaxDigestName = 4096;  // trace::kMaxReplicaNameParts x kReplicaNamePartBytes, rounded
+
+bool HasMagic(std::string_view bytes) {
+  if (bytes.size() < sizeof(kMagic)) return false;
+  const std::string_view head = bytes.substr(0, sizeof(kMagic));
+  return head == std::string_view(kMagic, sizeof(kMagic)) || head == std::string_view(kMagicDigests, sizeof(kMagic));
+}
+
+void PutU64(std::string* out, uint64_t v) {
+  for (int i = 0; i < 8; ++i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
 
 void PutVarint(std::string* out, uint64_t v) {
   while (v >= 0x80) {
@@ -247,6 +259,19 @@ class WireReader {
     const uint64_t n = Varint(field);
     if (n > p_.size() / min_bytes) throw Refused(std::string(field) + " " + std::to_string(n) + " exceeds the bytes left");
     return static_cast<size_t>(n);
+  }
+  uint64_t U64(const char* field) {
+    if (p_.size() < 8) throw Refused(std::string(field) + " runs past the end");
+    uint64_t v = 0;
+    for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(static_cast<uint8_t>(p_[i])) << (8 * i);
+    p_.remove_prefix(8);
+    return v;
+  }
+  std::string Bytes(size_t n, const char* field) {
+    if (p_.size() < n) throw Refused(std::string(field) + " runs past the end");
+    std::string v(p_.substr(0, n));
+    p_.remove_prefix(n);
+    return v;
   }
   bool done() const { return p_.empty(); }
 
@@ -306,7 +331,44 @@ SummaryFrame DecodeBinary(std::string_view bytes) {
     }
     frame.ranks.push_back(std::move(p));
   }
-  if (!in.done()) throw Refused("bytes after the last rank");
+  if (bytes[3] == kMagicDigests[3]) {
+    const size_t folds = in.Count(20, "folds");
+    frame.folds.reserve(folds);
+    for (size_t k = 0; k < folds; ++k) {
+      DigestFold f;
+      f.rank = static_cast<int>(in.Upto(INT32_MAX, "fold rank"));
+      f.step = in.Varint("fold step");
+      f.keyset = in.U64("keyset");
+      f.digest = in.U64("digest");
+      f.shards = static_cast<uint32_t>(in.Upto(UINT32_MAX, "shards"));
+      f.expect = static_cast<uint32_t>(in.Upto(UINT32_MAX, "expect"));
+      if (f.shards == 0 || f.expect < 2) throw Refused("a fold of no shard, or of shards with fewer than 2 replicas");
+      frame.folds.push_back(f);
+    }
+    const size_t details = in.Count(3, "details");
+    frame.details.reserve(details);
+    for (size_t k = 0; k < details; ++k) {
+      DigestDetail d;
+      d.rank = static_cast<int>(in.Upto(INT32_MAX, "detail rank"));
+      d.step = in.Varint("detail step");
+      const size_t shards = in.Count(20, "detail shards");
+      d.shards.reserve(shards);
+      for (size_t j = 0; j < shards; ++j) {
+        ShardDigestEntry e;
+        e.key = in.U64("key");
+        e.digest = in.U64("shard digest");
+        e.replicas = static_cast<uint32_t>(in.Upto(UINT32_MAX, "replicas"));
+        if (e.replicas < 2) throw Refused("a shard of fewer than 2 replicas");
+        e.bytes = in.Varint("bytes");
+        const uint64_t offset = in.Varint("offset");
+        e.tensor_offset = offset == 0 ? trace::kNoOffset : offset - 1;
+        e.name = in.Bytes(static_cast<size_t>(in.Upto(kMaxDigestName, "name length")), "name");
+        d.shards.push_back(std::move(e));
+      }
+      frame.details.push_back(std::move(d));
+    }
+  }
+  if (!in.done()) throw Refused(bytes[3] == kMagicDigests[3] ? "bytes after the last detail" : "bytes after the last rank");
   return frame;
 }
 
@@ -334,8 +396,10 @@ double Transit(int64_t written_ms, int64_t now_ms) {
 
 }  // namespace
 
-std::string EncodeProgress(const std::vector<RankProgress>& ranks, int64_t unix_ms, uint64_t number, uint64_t base) {
-  std::string out(kMagic, sizeof(kMagic));
+std::string EncodeProgress(const std::vector<RankProgress>& ranks, int64_t unix_ms, uint64_t number, uint64_t base,
+                           const std::vector<DigestFold>& folds, const std::vector<DigestDetail>& details) {
+  const bool digests = !folds.empty() || !details.empty();
+  std::string out(digests ? kMagicDigests : kMagic, sizeof(kMagic));
   out.reserve(32 + ranks.size() * 64);
   PutVarint(&out, number);
   PutVarint(&out, base);
@@ -369,13 +433,38 @@ std::string EncodeProgress(const std::vector<RankProgress>& ranks, int64_t unix_
       PutVarint(&out, ZigZag(begin - static_cast<int64_t>(Units(s.end_ago, 1e6))));
     }
   }
+  if (!digests) return out;
+  PutVarint(&out, folds.size());
+  for (const DigestFold& f : folds) {
+    PutVarint(&out, static_cast<uint64_t>(std::max(0, f.rank)));
+    PutVarint(&out, f.step);
+    PutU64(&out, f.keyset);
+    PutU64(&out, f.digest);
+    PutVarint(&out, std::max<uint32_t>(f.shards, 1));
+    PutVarint(&out, std::max<uint32_t>(f.expect, 2));
+  }
+  PutVarint(&out, details.size());
+  for (const DigestDetail& d : details) {
+    PutVarint(&out, static_cast<uint64_t>(std::max(0, d.rank)));
+    PutVarint(&out, d.step);
+    PutVarint(&out, d.shards.size());
+    for (const ShardDigestEntry& e : d.shards) {
+      PutU64(&out, e.key);
+      PutU64(&out, e.digest);
+      PutVarint(&out, std::max<uint32_t>(e.replicas, 2));
+      PutVarint(&out, e.bytes);
+      PutVarint(&out, e.tensor_offset == trace::kNoOffset ? 0 : e.tensor_offset + 1);
+      const std::string_view name = std::string_view(e.name).substr(0, kMaxDigestName);
+      PutVarint(&out, name.size());
+      out.append(name);
+    }
+  }
   return out;
 }
 
 uint64_t SummaryNumber(std::string_view bytes, uint64_t* base) {
   if (base != nullptr) *base = 0;
-  if (bytes.size() <= sizeof(kMagic) || bytes.substr(0, sizeof(kMagic)) != std::string_view(kMagic, sizeof(kMagic)))
-    return 0;
+  if (bytes.size() <= sizeof(kMagic) || !HasMagic(bytes)) return 0;
   try {
     WireReader in(bytes.substr(sizeof(kMagic)));
     const uint64_t number = in.Varint("number");
@@ -389,7 +478,7 @@ uint64_t SummaryNumber(std::string_view bytes, uint64_t* base) {
 
 Result<SummaryFrame> DecodeSummary(std::string_view bytes, const std::string& what, int64_t now_unix_ms) {
   Result<SummaryFrame> frame = Status::Corruption(what, "not a progress summary of lifeline-agent");
-  if (bytes.size() >= sizeof(kMagic) && bytes.substr(0, sizeof(kMagic)) == std::string_view(kMagic, sizeof(kMagic))) {
+  if (HasMagic(bytes)) {
     try {
       frame = DecodeBinary(bytes);
     } catch (const std::exception& e) {

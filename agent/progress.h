@@ -67,14 +67,54 @@ std::vector<RankProgress> SummarizeProgress(const Timeline& timeline, int node, 
 // `cursor` moved past the collectives `ranks` carry.
 void AdvanceCursor(const std::vector<RankProgress>& ranks, SampleCursor* cursor);
 
+// A rank's replica digests of one snapshot, folded into one entry (formats/SPEC.md §17, version
+// 3): what the leader compares across nodes (agent/detectors/job_digest_detector.h). Replicas of a
+// piece of the model hold the same replicated shards, so their `keyset` is the same, and the same
+// bytes, so their `digest` is.
+struct DigestFold {
+  int rank = 0;           // global
+  uint64_t step = 0;
+  uint64_t keyset = 0;    // which replicated shards the rank holds (their keys, sizes, offsets)
+  uint64_t digest = 0;    // its copy of all of them (their digests, in key order)
+  uint32_t shards = 0;    // how many
+  uint32_t expect = 0;    // the fewest replicas any of them has: how many folds of this keyset to wait for
+};
+
+// One replicated shard's digest, as a rank's snapshot reported it (trace::kReplicaDigest).
+struct ShardDigestEntry {
+  uint64_t key = 0;
+  uint64_t digest = 0;
+  uint32_t replicas = 0;
+  uint64_t bytes = 0;
+  uint64_t tensor_offset = trace::kNoOffset;  // in the tensor; kNoOffset: a box
+  std::string name;                           // the tensor's ("" when the rank did not say it)
+};
+
+// A rank's digests of one snapshot, shard by shard: what a node sends when the leader asks for
+// them (its fold differs from its replicas'), so the verdict names the tensors and byte ranges.
+struct DigestDetail {
+  int rank = 0;  // global
+  uint64_t step = 0;
+  std::vector<ShardDigestEntry> shards;  // by key
+};
+
+// The leader asks for the details of `ranks` at `step` (rounds/R/digest_queries/ in etcd).
+struct DigestQuery {
+  uint64_t step = 0;
+  std::vector<int> ranks;  // global
+};
+
 // One summary as sent (formats/SPEC.md §17): its ranks, numbered by the sender (1, 2, ... per
 // agent), and the summary it follows (`base`: the collectives are those after the ones summary
-// `base` carried; 0: a whole window, a summary that stands alone).
+// `base` carried; 0: a whole window, a summary that stands alone); with version 3, the snapshots'
+// digest folds and the details the leader asked for.
 struct SummaryFrame {
   uint64_t number = 0;
   uint64_t base = 0;
   int64_t unix_ms = 0;  // when it was written, by the writer's wall clock
   std::vector<RankProgress> ranks;
+  std::vector<DigestFold> folds;
+  std::vector<DigestDetail> details;
 };
 
 // The binary summary of §17 stamped with the wall-clock time `unix_ms`, and back: the ages in a
@@ -82,8 +122,10 @@ struct SummaryFrame {
 // step, as NTP keeps them to milliseconds; never negative). Corruption naming `what` for bytes that
 // are not a summary or hold a value outside the bounds of §17 (the format, field by field). The
 // reader also takes the JSON summaries agents wrote before (§17.1), as number 0, base 0.
+// With folds or details it writes version 3 (their section after the ranks), else version 2.
 std::string EncodeProgress(const std::vector<RankProgress>& ranks, int64_t unix_ms, uint64_t number = 0,
-                           uint64_t base = 0);
+                           uint64_t base = 0, const std::vector<DigestFold>& folds = {},
+                           const std::vector<DigestDetail>& details = {});
 Result<SummaryFrame> DecodeSummary(std::string_view bytes, const std::string& what, int64_t now_unix_ms);
 Result<std::vector<RankProgress>> DecodeProgress(std::string_view bytes, const std::string& what, int64_t now_unix_ms);
 // The number of the summary `bytes` (0 when it is not a binary summary), and in `*base` the

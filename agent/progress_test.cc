@@ -258,5 +258,50 @@ TEST(ProgressTest, SummaryOfOnlyWhatChangedMergedGivesTheWholeWindow) {
   EXPECT_EQ(merger.nodes(), 2u);
 }
 
+// Version 3 carries the snapshots' digest folds and the details the leader asked for after the
+// ranks; a summary without them stays version 2; every cut of a version 3 one is Corruption.
+TEST(ProgressTest, DigestFoldsAndDetailsTravelWithTheSummary) {
+  RankProgress p;
+  p.rank = 5;
+  p.step = 40;
+  DigestFold f;
+  f.rank = 5;
+  f.step = 40;
+  f.keyset = 0x0123456789abcdefULL;
+  f.digest = 0xfedcba9876543210ULL;
+  f.shards = 72;
+  f.expect = 128;
+  DigestDetail d;
+  d.rank = 5;
+  d.step = 40;
+  d.shards.push_back({0x11, 0x22, 128, 1 << 20, trace::kNoOffset, "layers.7.attention.wq.weight"});
+  d.shards.push_back({0x33, 0x44, 2, 4096, 0, ""});
+  const std::string v2 = EncodeProgress({p}, 1000, 3, 2);
+  const std::string v3 = EncodeProgress({p}, 1000, 3, 2, {f}, {d});
+  EXPECT_EQ(v2[3], '\x02');
+  EXPECT_EQ(v3[3], '\x03');
+  EXPECT_EQ(SummaryNumber(v3), 3u);
+  Result<SummaryFrame> frame = DecodeSummary(v3, "node-1", 1000);
+  ASSERT_TRUE(frame.ok()) << frame.status().ToString();
+  ASSERT_EQ(frame->ranks.size(), 1u);
+  ASSERT_EQ(frame->folds.size(), 1u);
+  EXPECT_EQ(frame->folds[0].keyset, f.keyset);
+  EXPECT_EQ(frame->folds[0].digest, f.digest);
+  EXPECT_EQ(frame->folds[0].shards, 72u);
+  EXPECT_EQ(frame->folds[0].expect, 128u);
+  ASSERT_EQ(frame->details.size(), 1u);
+  ASSERT_EQ(frame->details[0].shards.size(), 2u);
+  EXPECT_EQ(frame->details[0].shards[0].name, "layers.7.attention.wq.weight");
+  EXPECT_EQ(frame->details[0].shards[0].tensor_offset, trace::kNoOffset);
+  EXPECT_EQ(frame->details[0].shards[1].tensor_offset, 0u);
+  EXPECT_EQ(frame->details[0].shards[1].bytes, 4096u);
+  EXPECT_EQ(EncodeProgress(frame->ranks, 1000, 3, 2, frame->folds, frame->details), v3);
+  for (size_t cut = 0; cut < v3.size(); ++cut)
+    EXPECT_FALSE(DecodeSummary(v3.substr(0, cut), "node-1", 1000).ok()) << cut;
+  EXPECT_FALSE(DecodeSummary(v3 + std::string(1, '\0'), "node-1", 1000).ok());
+  const Status stray = DecodeSummary(v3 + "x", "summary of node-1", 1000).status();
+  EXPECT_NE(stray.ToString().find("summary of node-1"), std::string::npos) << stray.ToString();
+}
+
 }  // namespace progress_test
 }  // namespace lifeline::agent

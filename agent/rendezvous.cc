@@ -587,7 +587,7 @@ void Rendezvous::Refocus() {
     if (focus) {
       const std::string dir = Key("rounds/" + std::to_string(*focus) + "/");
       // The plan (every node's entry: the largest value of the job) only until it is read.
-      if (in_round_) ranges.push_back(dir + "leader");
+      if (in_round_) ranges.insert(ranges.end(), {dir + "leader", dir + "digest_queries/"});
       else ranges.insert(ranges.end(), {dir + "closer", dir + "plan"});
       // The round's entries for whoever judges them: the closer before the plan, the leader after.
       if ((!in_round_ && closer_ && !unplaced_) || (in_round_ && leader_)) ranges.push_back(dir + "nodes/");
@@ -874,6 +874,12 @@ Status Rendezvous::ReportFailure(uint64_t round, uint64_t unix_ms) {
       .status();
 }
 
+Status Rendezvous::AskDigests(uint64_t round, const DigestQuery& query) {
+  const nlohmann::json j = {{"step", query.step}, {"ranks", query.ranks}};
+  return client_->Put(Key("rounds/" + std::to_string(round) + "/digest_queries/" + std::to_string(query.step)), j.dump(),
+                      lease_.load());
+}
+
 Result<std::vector<std::string>> Rendezvous::NodesWithoutFailure(uint64_t round, const std::vector<std::string>& nodes) {
   const std::string base = "rounds/" + std::to_string(round) + "/";
   LL_ASSIGN_OR_RETURN(std::vector<std::vector<EtcdKeyValue>> read,
@@ -916,6 +922,19 @@ RendezvousNews Rendezvous::TakeNews() {
   std::lock_guard<std::mutex> lock(mu_);
   RendezvousNews out = news_;
   out.summary_errors = summaries_->ErrorsSince(&summary_errors_seen_);
+  if (in_round_) {
+    for (const EtcdKeyValue& kv : mirror_->Under(Key("rounds/" + std::to_string(my_round_) + "/digest_queries/"))) {
+      try {
+        const nlohmann::json j = nlohmann::json::parse(kv.value);
+        DigestQuery q;
+        q.step = j.at("step").get<uint64_t>();
+        for (const nlohmann::json& r : j.at("ranks")) q.ranks.push_back(r.get<int>());
+        out.digest_queries.push_back(std::move(q));
+      } catch (const std::exception&) {
+        // not one of ours: no answer
+      }
+    }
+  }
   // A summary acknowledged on a connection since replaced is not the new connection's; one the
   // leader took for its own, not another leader's.
   out.progress_acked = (acked_.first == 0 ? out.leader : acked_.first == sender_->connections()) ? acked_.second : 0;

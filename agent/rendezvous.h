@@ -15,6 +15,8 @@
 //   rounds/R/rollback        round R is a rollback (written before the round is opened): resume
 //                            before a step, decided by one agent (agent/rollback.h)
 //   skip_steps               the steps whose data the job skips (every rollback's, JSON [[a,b],...])
+//   rounds/R/digest_queries/<step>  the leader asks for ranks' snapshot digests shard by shard
+//                            (JSON {"step":S,"ranks":[...]}, leased: agent/detectors/job_digest_detector.h)
 // A round closes when MAX nodes joined, or (a restart's round) when every place of the previous
 // round is filled again, or when at least MIN did and no other joined for the last-call time.
 // One agent closes it: the round's closer (rounds/R/closer, leased: the first agent to join, or
@@ -72,6 +74,7 @@
 
 #include "agent/etcd/etcd_client.h"
 #include "agent/etcd/etcd_mirror.h"
+#include "agent/progress.h"
 #include "agent/resume.h"
 #include "agent/summary_stream.h"
 #include "lifeline/status.h"
@@ -182,6 +185,10 @@ struct RendezvousNews {
   // time while the job reaches etcd (the leader says so, or the other nodes tell the leader), or
   // it reaches neither etcd nor the rest of the job. Why, once per round; "" otherwise.
   std::string isolated;
+  // The leader's questions of its round (rounds/R/digest_queries/): which ranks' snapshot digests
+  // it wants shard by shard (a node answers for its own ranks, once each, with its next summary).
+  // Not news but the state now, as progress_acked.
+  std::vector<DigestQuery> digest_queries;
   // Summary connections this node's receiver closed since the last news, each naming the peer and
   // the rule it broke (the agent logs them: a misconfigured or foreign sender is seen).
   std::vector<std::string> summary_errors;
@@ -257,6 +264,10 @@ class Rendezvous {
   // straight to the leader (agent/summary_stream.h) at most once per `progress_seconds`, never
   // blocking the caller.
   void PublishProgress(std::string summary);
+
+  // The leader asks the nodes of `round` for the digests of `query.ranks` at `query.step`, shard by
+  // shard (rounds/R/digest_queries/<step>, under this node's lease: the question goes with it).
+  Status AskDigests(uint64_t round, const DigestQuery& query);
 
   // Leaves the job: says so when this node's ranks `finished` (so the others do not take it for
   // lost), ends the lease (this node's entries go) and, when no other agent is left, removes

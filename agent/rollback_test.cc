@@ -298,7 +298,11 @@ PollDecision SdcAt(Supervisor& s, uint64_t step, int bad, uint64_t* now, const s
   l.now_ns = *now;
   l.plan = plan;
   s.Launched(l);
-  for (uint64_t k = 0; k <= 6; ++k) {
+  // A multi-node job: this node leads its round, reading its own summaries back as Rendezvous
+  // hands them over, and its questions come back as the round's digest queries.
+  RendezvousNews news;
+  news.leader = true;
+  for (uint64_t k = 0; k <= (plan ? 60 : 6); ++k) {
     *now += 100 * kMs;
     for (int r = 0; r < 3; ++r) {
       s.Observe(r, Ev(EventType::kStepBegin, *now, k));
@@ -317,8 +321,15 @@ PollDecision SdcAt(Supervisor& s, uint64_t step, int bad, uint64_t* now, const s
     }
     PollInput in;
     in.now_ns = *now + 3 * kMs;
+    if (plan) in.news = &news;
     PollDecision d = s.Poll(in);
     if (d.restart || !d.raised.empty()) return d;
+    news.progress.clear();
+    if (d.progress) {
+      news.progress.push_back({"summary of node id-b", *d.progress});
+      news.progress_acked = SummaryNumber(*d.progress);
+    }
+    news.digest_queries.insert(news.digest_queries.end(), d.digest_queries.begin(), d.digest_queries.end());
   }
   return {};
 }
@@ -434,6 +445,11 @@ TEST(SupervisorRollbackTest, InAMultiNodeJobTheRepeatNamesTheNodeToExcludeAndThe
     const PollDecision d = SdcAt(s, 4, 1, &now, plan, 3);
     ASSERT_TRUE(d.restart && d.rollback) << launch;  // rolled back in a multi-node job too
     EXPECT_EQ(d.restart->ranks, std::vector<int>{4});
+    // Judged by the round's leader from the folds, with the tensor its question brought back.
+    EXPECT_EQ(d.restart->evidence["compared_by"], "leader");
+    EXPECT_EQ(d.restart->evidence["nodes"]["4"], "host-b");
+    EXPECT_EQ(d.restart->evidence["tensors"][0]["ranks"], nlohmann::json({4}));
+    EXPECT_FALSE(d.restart->evidence.contains("details_missing"));
     const RollbackPlan p = s.PlanRollback(*d.restart, now, {{0, ""}, {0, ""}, {0, ""}}, Disk({2}));
     EXPECT_EQ(p.restart.give_up, "") << launch;
     EXPECT_EQ(p.decision.nodes, std::vector<std::string>{"host-b"});

@@ -34,7 +34,10 @@ Supervisor::Supervisor(const AgentConfig& config, Surroundings* around, std::str
       publish_ns_(Nanos(publish_seconds)),
       detectors_(MakeDetectors(config)),
       rollbacks_(config.rollback),
-      timeline_(std::max<size_t>(Timeline::kDefaultSavesKept, config.checkpoint.lag_count + size_t{8})) {}
+      timeline_(std::max<size_t>(Timeline::kDefaultSavesKept, config.checkpoint.lag_count + size_t{8})) {
+  for (auto& d : detectors_)
+    if (auto* r = dynamic_cast<ReplicaDigestDetector*>(d.get())) digests_ = r;
+}
 
 Supervisor::~Supervisor() = default;
 
@@ -49,6 +52,12 @@ void Supervisor::Launched(const SupervisedLaunch& launch) {
   if (job_view_ != nullptr && plan_) job_view_->Reset(static_cast<int>(plan_->world_size));
   merger_.Clear();
   summary_cursors_.clear();  // a new launch numbers its collectives afresh
+  // Across nodes the leader compares the replicas' digests; a node alone, its own ranks'.
+  if (digests_ != nullptr) digests_->set_folding(MultiNode());
+  digest_out_.clear();
+  digest_cursors_.clear();
+  answered_.clear();
+  job_digests_.reset();
   wait_status_.assign(static_cast<size_t>(world_), 0);
   exited_.assign(static_cast<size_t>(world_), false);
   exited_ns_.assign(static_cast<size_t>(world_), 0);
@@ -229,18 +238,38 @@ void Supervisor::ReadRound(const PollInput& in, std::vector<Anomaly>* anomalies,
     std::vector<RankProgress> ranks = SummarizeProgress(timeline_, plan_->group_rank, in.now_ns, after);
     SampleCursor cursor = after != nullptr ? *after : SampleCursor{};
     AdvanceCursor(ranks, &cursor);
-    out->progress = EncodeProgress(ranks, in.unix_ms, ++summary_number_, base);
+    // The digests the leader does not have: after those of the summary it has, else all kept.
+    CollectDigests(news, in.now_ns);
+    const auto had = digest_cursors_.find(base);
+    const uint64_t had_seq = after != nullptr && had != digest_cursors_.end() ? had->second : 0;
+    while (!digest_out_.empty() && digest_out_.front().seq <= had_seq) digest_out_.pop_front();
+    std::vector<DigestFold> folds;
+    std::vector<DigestDetail> details;
+    for (const DigestOut& d : digest_out_) {
+      if (d.fold) folds.push_back(*d.fold);
+      if (d.detail) details.push_back(*d.detail);
+    }
+    out->progress = EncodeProgress(ranks, in.unix_ms, ++summary_number_, base, folds, details);
     summary_cursors_.emplace_back(summary_number_, std::move(cursor));
     while (summary_cursors_.size() > kSummariesRemembered) summary_cursors_.pop_front();
+    digest_cursors_[summary_number_] = digest_seq_;
+    while (digest_cursors_.size() > kSummariesRemembered) digest_cursors_.erase(digest_cursors_.begin());
     Leave(PollMeter::Part::kSummary);
     published_ns_ = in.now_ns;
   }
   // With one node in the round its own detectors see everything: no second view, no second alarm.
   if (news.leader && !news.progress.empty() && MultiNode()) {
     Enter(PollMeter::Part::kJobView);
+    if (job_digests_ == nullptr) job_digests_ = std::make_unique<JobDigestDetector>();
     for (const EtcdKeyValue& kv : news.progress) {  // each node's, oldest first
       Result<SummaryFrame> frame = DecodeSummary(kv.value, kv.key, in.unix_ms);
       if (!frame.ok()) continue;  // not one of ours: no say in the verdict
+      constexpr std::string_view kNodePrefix = "summary of node ";
+      std::string node = kv.key.rfind(kNodePrefix, 0) == 0 ? kv.key.substr(kNodePrefix.size()) : kv.key;
+      for (const RoundNode& n : plan_->nodes)  // as a person knows it: its lasting name
+        if (n.id == node) node = n.Name();
+      for (const DigestFold& f : frame->folds) job_digests_->AddFold(node, f, in.now_ns);
+      for (const DigestDetail& d : frame->details) job_digests_->AddDetail(d);
       merger_.Merge(kv.key, std::move(*frame), in.unix_ms);
     }
     merger_.View(in.unix_ms, &job_progress_);
@@ -251,6 +280,7 @@ void Supervisor::ReadRound(const PollInput& in, std::vector<Anomaly>* anomalies,
     job_view_->Update(job_progress_, in.now_ns, anomalies);
     Leave(PollMeter::Part::kJobView);
   }
+  if (news.leader && job_digests_ != nullptr && MultiNode()) job_digests_->Poll(in.now_ns, anomalies, &out->digest_queries);
   for (const std::string& id : news.lost_nodes) {
     int group = -1;
     for (size_t g = 0; g < plan_->nodes.size(); ++g)
@@ -289,6 +319,22 @@ void Supervisor::ReadRound(const PollInput& in, std::vector<Anomaly>* anomalies,
   }
   *moved = news.round.has_value() || !news.give_up.empty();
   out->job_ended = news.give_up;
+}
+
+void Supervisor::CollectDigests(const RendezvousNews& news, uint64_t now_ns) {
+  if (digests_ == nullptr || !digests_->folding()) return;
+  for (const DigestFold& f : digests_->TakeFolds(timeline_, now_ns)) digest_out_.push_back({++digest_seq_, f, std::nullopt});
+  for (const DigestQuery& q : news.digest_queries) {
+    for (int global : q.ranks) {
+      const int r = LocalRank(global);
+      if (r < 0 || r >= world_ || !answered_.insert({q.step, global}).second) continue;
+      if (std::optional<DigestDetail> d = digests_->Detail(timeline_, global, q.step))
+        digest_out_.push_back({++digest_seq_, std::nullopt, std::move(*d)});
+    }
+  }
+  // Bounded: a leader that takes nothing for long (gone) does not grow this node.
+  constexpr size_t kMaxDigestOut = 4096;
+  while (digest_out_.size() > kMaxDigestOut) digest_out_.pop_front();
 }
 
 void Supervisor::LetGoAsEcho(Anomaly echo, const std::string& why, PollDecision* out) {

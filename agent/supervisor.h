@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -30,6 +31,8 @@
 
 #include "agent/config.h"
 #include "agent/detector.h"
+#include "agent/detectors/job_digest_detector.h"
+#include "agent/detectors/replica_digest_detector.h"
 #include "agent/host_cpu.h"
 #include "agent/job_view.h"
 #include "agent/progress.h"
@@ -118,6 +121,9 @@ struct PollDecision {
   bool round_moved = false;
   std::string job_ended;  // ...or the job ended on another node, for this reason: stop, exit non-zero
   std::optional<std::string> progress;  // a multi-node job: this node's summary, to publish
+  // The leader's questions to the nodes (Rendezvous::AskDigests): which ranks' digests it wants
+  // shard by shard, their folds having differed from their replicas'.
+  std::vector<DigestQuery> digest_queries;
   bool ranks_done = false;  // every rank has exited and no failure is held: see Conclude
   // Local ranks stuck in their exit (exit_hang, in `raised`): stop them; the job ends with the
   // others' status.
@@ -298,6 +304,21 @@ class Supervisor {
   // (a summary follows the newest of them the leader has: only what it has not been sent).
   uint64_t summary_number_ = 0;
   std::deque<std::pair<uint64_t, SampleCursor>> summary_cursors_;
+  // Replica digests across nodes (a multi-node job): this node's folds and the details the leader
+  // asked for, each numbered, kept until a summary the leader has carried them; per summary number
+  // the newest entry it carried.
+  struct DigestOut {
+    uint64_t seq = 0;
+    std::optional<DigestFold> fold;
+    std::optional<DigestDetail> detail;
+  };
+  void CollectDigests(const RendezvousNews& news, uint64_t now_ns);
+  ReplicaDigestDetector* digests_ = nullptr;  // among detectors_
+  std::deque<DigestOut> digest_out_;
+  uint64_t digest_seq_ = 0;
+  std::map<uint64_t, uint64_t> digest_cursors_;  // summary number -> the newest seq it carried
+  std::set<std::pair<uint64_t, int>> answered_;  // (step, global rank) details sent
+  std::unique_ptr<JobDigestDetector> job_digests_;  // the leader's
   // The current launch.
   int world_ = 0;
   int rank_base_ = 0;

@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <climits>
 #include <set>
+
+#include <xxhash.h>
 
 #include "agent/detectors/evidence.h"
 
@@ -24,15 +27,15 @@ constexpr size_t kMaxPending = 1 << 16;
 constexpr size_t kMaxNames = 1 << 16;
 constexpr size_t kMaxTensorsInEvidence = 16;
 
+}  // namespace
+
 std::string DigestHex(uint64_t v) {
   char buf[24];
   std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(v));
   return buf;
 }
 
-// A tensor name as evidence and messages show it: its bytes are the script's, so anything outside
-// printable ASCII is spelled \xNN (JSON text must be UTF-8).
-std::string Printable(const std::string& bytes) {
+std::string PrintableName(const std::string& bytes) {
   std::string out;
   for (unsigned char c : bytes) {
     if (c >= 0x20 && c < 0x7f && c != '\\') {
@@ -46,13 +49,12 @@ std::string Printable(const std::string& bytes) {
   return out;
 }
 
-}  // namespace
-
 void ReplicaDigestDetector::Reset(int world) {
   world_ = std::max(world, 0);
   parts_.assign(static_cast<size_t>(world_), {});
   // Names are the shards' (a key hashes the name): they stay true across launches.
   comparisons_.clear();
+  snapshots_.clear();
   verdicts_.clear();
   waiting_.clear();
   unseen_.clear();
@@ -83,6 +85,10 @@ void ReplicaDigestDetector::Observe(const Timeline& t, const TimelineChange& c) 
   }
   if (e.type != EventType::kReplicaDigest || e.step == trace::kNoStep || e.comm < 2) return;
   ++digests_;
+  if (folding_) {
+    Keep(c.rank, e);
+    return;
+  }
   if (comparisons_.size() >= kMaxPending && !comparisons_.count({e.step, e.seq}))
     JudgeAndErase(t, comparisons_.begin());
   const auto [it, created] = comparisons_.try_emplace(StepKey{e.step, e.seq});
@@ -155,18 +161,79 @@ void ReplicaDigestDetector::Poll(const Timeline& t, uint64_t now_ns, std::vector
   }
 }
 
+void ReplicaDigestDetector::Keep(int rank, const trace::Event& e) {
+  if (snapshots_.size() >= kMaxPending && !snapshots_.count({e.step, rank})) return;  // a flood: folds stay off
+  RankSnapshot& s = snapshots_[{e.step, rank}];
+  if (s.folded) return;  // a late digest of a snapshot folded already: the fold stands
+  ShardDigestEntry& entry = s.shards[e.seq];
+  entry.key = e.seq;
+  entry.digest = e.aux;
+  entry.replicas = e.comm;
+  entry.bytes = e.bytes;
+  entry.tensor_offset = e.duration_ns;
+  s.newest_ns = std::max(s.newest_ns, e.time_ns);
+  // The newest kKeptSnapshots steps stay, for the leader's questions.
+  std::set<uint64_t> steps;
+  for (auto it = snapshots_.rbegin(); it != snapshots_.rend() && steps.size() <= kKeptSnapshots; ++it)
+    steps.insert(it->first.first);
+  if (steps.size() > kKeptSnapshots) {
+    const uint64_t oldest_kept = *std::next(steps.begin());
+    snapshots_.erase(snapshots_.begin(), snapshots_.lower_bound({oldest_kept, INT32_MIN}));
+  }
+}
+
+std::vector<DigestFold> ReplicaDigestDetector::TakeFolds(const Timeline& t, uint64_t now_ns) {
+  std::vector<DigestFold> out;
+  std::map<int, uint64_t> newest_step;  // by local rank
+  for (const auto& [key, s] : snapshots_) newest_step[key.second] = std::max(newest_step[key.second], key.first);
+  for (auto& [key, s] : snapshots_) {
+    if (s.folded || s.shards.empty()) continue;
+    const bool later = newest_step[key.second] > key.first;
+    if (!later && now_ns < s.newest_ns + Nanos(kFoldQuietSeconds)) continue;
+    s.folded = true;
+    // Two hashes of the shards in key order: which they are, and the copy's bytes.
+    std::vector<uint64_t> which, bytes;
+    DigestFold f;
+    f.rank = t.GlobalRank(key.second);
+    f.step = key.first;
+    f.expect = UINT32_MAX;
+    for (const auto& [k, e] : s.shards) {
+      which.insert(which.end(), {k, e.replicas, e.bytes, e.tensor_offset});
+      bytes.insert(bytes.end(), {k, e.digest});
+      f.expect = std::min(f.expect, e.replicas);
+    }
+    f.keyset = XXH3_64bits(which.data(), which.size() * sizeof(uint64_t));
+    f.digest = XXH3_64bits(bytes.data(), bytes.size() * sizeof(uint64_t));
+    f.shards = static_cast<uint32_t>(std::min<size_t>(s.shards.size(), UINT32_MAX));
+    out.push_back(f);
+  }
+  return out;
+}
+
+std::optional<DigestDetail> ReplicaDigestDetector::Detail(const Timeline& t, int global, uint64_t step) const {
+  const int rank = global - t.GlobalRank(0);
+  const auto it = snapshots_.find({step, rank});
+  if (rank < 0 || rank >= world_ || it == snapshots_.end()) return std::nullopt;
+  DigestDetail d;
+  d.rank = global;
+  d.step = step;
+  for (const auto& [k, e] : it->second.shards) {
+    d.shards.push_back(e);
+    const auto name = names_.find(k);
+    if (name != names_.end()) d.shards.back().name = name->second;
+  }
+  return d;
+}
+
 std::string ReplicaDigestDetector::NameOf(uint64_t key) const {
   const auto it = names_.find(key);
-  return it != names_.end() ? Printable(it->second) : "shard key " + DigestHex(key);
+  return it != names_.end() ? PrintableName(it->second) : "shard key " + DigestHex(key);
 }
 
 void ReplicaDigestDetector::Raise(const Timeline& t, uint64_t step, const StepVerdict& v, uint64_t now_ns,
                                   std::vector<Anomaly>* out) {
-  std::set<int> named;           // global ranks
-  std::set<int> compared;
-  bool every_majority = true;
-  nlohmann::json tensors = nlohmann::json::array();
-  std::string first_tensor;
+  std::set<int> compared;  // global ranks
+  std::vector<ShardDifference> differences;
   for (const Difference& d : v.differences) {
     const Comparison& c = d.comparison;
     std::map<uint64_t, int> counts;
@@ -174,41 +241,61 @@ void ReplicaDigestDetector::Raise(const Timeline& t, uint64_t step, const StepVe
     const auto top = std::max_element(counts.begin(), counts.end(),
                                       [](const auto& a, const auto& b) { return a.second < b.second; });
     const bool majority = 2 * static_cast<size_t>(top->second) > c.digests.size();
-    every_majority = every_majority && majority;
-    nlohmann::json digests = nlohmann::json::object();
-    std::vector<int> differing;
+    ShardDifference x;
+    x.tensor = NameOf(d.key);
+    x.key = d.key;
+    x.replicas = c.replica_count;
+    x.bytes = c.bytes;
+    x.tensor_offset = c.tensor_offset;
+    if (majority) x.majority = top->first;
     for (const auto& [rank, digest] : c.digests) {
       const int global = t.GlobalRank(rank);
       compared.insert(global);
-      digests[std::to_string(global)] = DigestHex(digest);
-      if (!majority || digest != top->first) differing.push_back(global);
+      x.digests[global] = digest;
+      if (!majority || digest != top->first) x.ranks.push_back(global);
     }
-    named.insert(differing.begin(), differing.end());
-    const bool in_tensor = c.tensor_offset != trace::kNoOffset;
-    const uint64_t begin = in_tensor ? c.tensor_offset : 0;
-    if (first_tensor.empty()) first_tensor = NameOf(d.key);
-    if (tensors.size() < kMaxTensorsInEvidence)
-      tensors.push_back({{"tensor", NameOf(d.key)},
-                         {"key", DigestHex(d.key)},
-                         {"byte_range", {begin, begin + c.bytes}},
-                         {"range_of", in_tensor ? "tensor" : "shard"},
-                         {"replicas", c.replica_count},
-                         {"digests", digests},
-                         {"majority", majority ? nlohmann::json(DigestHex(top->first)) : nlohmann::json(nullptr)},
-                         {"ranks", differing}});
+    differences.push_back(std::move(x));
   }
+  out->push_back(SdcSuspectAnomaly(step, differences, v.shards, compared, now_ns));
+}
+
+Anomaly SdcSuspectAnomaly(uint64_t step, const std::vector<ShardDifference>& differences, uint64_t shards_compared,
+                          const std::set<int>& ranks_compared, uint64_t now_ns, std::optional<bool> majority) {
+  std::set<int> named;
+  bool every_majority = true;
+  nlohmann::json tensors = nlohmann::json::array();
+  for (const ShardDifference& x : differences) {
+    every_majority = every_majority && x.majority.has_value();
+    named.insert(x.ranks.begin(), x.ranks.end());
+    nlohmann::json digests = nlohmann::json::object();
+    for (const auto& [rank, digest] : x.digests) digests[std::to_string(rank)] = DigestHex(digest);
+    const bool in_tensor = x.tensor_offset != trace::kNoOffset;
+    const uint64_t begin = in_tensor ? x.tensor_offset : 0;
+    if (tensors.size() < kMaxTensorsInEvidence)
+      tensors.push_back({{"tensor", x.tensor},
+                         {"key", DigestHex(x.key)},
+                         {"byte_range", {begin, begin + x.bytes}},
+                         {"range_of", in_tensor ? "tensor" : "shard"},
+                         {"replicas", x.replicas},
+                         {"digests", digests},
+                         {"majority", x.majority ? nlohmann::json(DigestHex(*x.majority)) : nlohmann::json(nullptr)},
+                         {"ranks", x.ranks}});
+  }
+  if (majority) every_majority = *majority;
   Anomaly a;
   a.kind = "sdc_suspect";
   a.ranks.assign(named.begin(), named.end());
   a.step = step;
   a.detected_ns = now_ns;
   a.evidence = {{"tensors", tensors},
-                {"tensors_differing", v.differences.size()},
-                {"shards_compared", v.shards},
-                {"ranks_compared", std::vector<int>(compared.begin(), compared.end())},
+                {"tensors_differing", differences.size()},
+                {"shards_compared", shards_compared},
+                {"ranks_compared", std::vector<int>(ranks_compared.begin(), ranks_compared.end())},
                 {"majority", every_majority}};
-  const size_t more = v.differences.size() - 1;
-  const std::string what = "'" + first_tensor + "'" + (more ? " and " + std::to_string(more) + " more tensor" + (more > 1 ? "s" : "") : "");
+  const size_t more = differences.empty() ? 0 : differences.size() - 1;
+  const std::string what = differences.empty() ? std::string("its replicated shards")
+                           : "'" + differences.front().tensor + "'" +
+                                 (more ? " and " + std::to_string(more) + " more tensor" + (more > 1 ? "s" : "") : "");
   if (every_majority) {
     a.message = "replicas differ" + StepSuffix(step) + ": " + Ranks(a.ranks) + (a.ranks.size() == 1 ? " holds" : " hold") +
                 " a copy of " + what + " unlike the other replicas' (silent data corruption suspected, or state "
@@ -219,7 +306,7 @@ void ReplicaDigestDetector::Raise(const Timeline& t, uint64_t step, const StepVe
                 Ranks(a.ranks) + "); silent data corruption suspected on one of them (or state changed while its "
                 "snapshot was taken: " + kTornHint + "); the step is marked suspect and never resumed from";
   }
-  out->push_back(std::move(a));
+  return a;
 }
 
 }  // namespace lifeline::agent

@@ -16,6 +16,12 @@
 // at those whose hold ran out, not at every shard still waiting: on a node of a multi-node job
 // most shards' other replicas report elsewhere, and a hold's worth of snapshots waits at once.
 //
+// In a multi-node job the replicas of a shard are mostly on other nodes, so the node does not
+// judge: it folds (set_folding) each rank's digests of a snapshot into one DigestFold (which
+// shards, and a digest of its copy of all of them) for the round's leader to compare across the
+// job (agent/detectors/job_digest_detector.h), and keeps the digests of the newest snapshots shard
+// by shard, so that when the leader asks (its fold differs) it can say which tensors differ.
+//
 // Thread safety: none (see agent/detector.h).
 #ifndef LIFELINE_AGENT_DETECTORS_REPLICA_DIGEST_DETECTOR_H_
 #define LIFELINE_AGENT_DETECTORS_REPLICA_DIGEST_DETECTOR_H_
@@ -23,13 +29,42 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "agent/detector.h"
+#include "agent/progress.h"
 
 namespace lifeline::agent {
+
+// One shard whose replicas differ at a step, as an sdc_suspect verdict reports it.
+struct ShardDifference {
+  std::string tensor;                        // its name as shown (printable), or "shard key <hex>"
+  uint64_t key = 0;
+  uint32_t replicas = 0;
+  uint64_t bytes = 0;
+  uint64_t tensor_offset = trace::kNoOffset;  // kNoOffset: the range is in the shard (a box)
+  std::map<int, uint64_t> digests;           // by global rank: the copies compared
+  std::optional<uint64_t> majority;          // the majority's digest; nullopt: none could tell
+  std::vector<int> ranks;                    // whose copy differs from it (every one compared: no majority)
+};
+
+// The sdc_suspect anomaly of `step` for `differences` (this node's verdict, or the leader's
+// across the job): its ranks, message and evidence (the tensors, at most 16, with byte ranges and
+// digests; how many shards and which ranks were compared).
+// `majority`: whether a majority named the ranks (default: every difference had one).
+Anomaly SdcSuspectAnomaly(uint64_t step, const std::vector<ShardDifference>& differences, uint64_t shards_compared,
+                          const std::set<int>& ranks_compared, uint64_t now_ns,
+                          std::optional<bool> majority = std::nullopt);
+
+// A tensor name as evidence and messages show it: its bytes are the script's, so anything outside
+// printable ASCII is spelled \xNN (JSON text must be UTF-8).
+std::string PrintableName(const std::string& bytes);
+// A digest as evidence shows it: 16 hex digits.
+std::string DigestHex(uint64_t v);
 
 class ReplicaDigestDetector : public Detector {
  public:
@@ -43,7 +78,26 @@ class ReplicaDigestDetector : public Detector {
   uint64_t digests() const { return digests_; }            // digest events taken
   uint64_t shards_compared() const { return compared_; }   // (step, shard) comparisons judged
 
+  // Folding instead of judging (a multi-node job), from the next digest on.
+  void set_folding(bool on) { folding_ = on; }
+  bool folding() const { return folding_; }
+  // The folds of the snapshots finished by `now_ns`, each once: a rank's digests of a step are
+  // finished when it reports a later step's, or kFoldQuietSeconds after its newest one.
+  std::vector<DigestFold> TakeFolds(const Timeline& timeline, uint64_t now_ns);
+  // Rank `global`'s digests of `step`, shard by shard and named; nullopt when not kept (the
+  // newest kKeptSnapshots steps are).
+  std::optional<DigestDetail> Detail(const Timeline& timeline, int global, uint64_t step) const;
+  static constexpr double kFoldQuietSeconds = 1.0;
+  static constexpr size_t kKeptSnapshots = 4;
+
  private:
+  // A rank's digests of one snapshot (folding).
+  struct RankSnapshot {
+    std::map<uint64_t, ShardDigestEntry> shards;  // by key (the name is filled in by Detail)
+    uint64_t newest_ns = 0;                       // its newest digest's time
+    bool folded = false;
+  };
+  void Keep(int rank, const trace::Event& e);
   using StepKey = std::pair<uint64_t, uint64_t>;  // (step, shard key)
   struct Comparison {
     uint64_t id = 0;                  // tells it from a later one of the same (step, key)
@@ -87,6 +141,8 @@ class ReplicaDigestDetector : public Detector {
   std::vector<StepKey> unseen_;               // comparisons begun since the last poll
   std::vector<StepKey> complete_;             // ...and those whose replicas all came since
   std::deque<Deadline> deadlines_;            // by time: the polls' clock only goes forward
+  bool folding_ = false;
+  std::map<std::pair<uint64_t, int>, RankSnapshot> snapshots_;  // (step, local rank): folding
   uint64_t next_id_ = 0;
   uint64_t digests_ = 0;
   uint64_t compared_ = 0;

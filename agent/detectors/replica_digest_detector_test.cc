@@ -59,6 +59,9 @@ class DigestJob {
   }
   const std::vector<Anomaly>& anomalies() const { return all_; }
   const ReplicaDigestDetector& detector() const { return detector_; }
+  ReplicaDigestDetector& mutable_detector() { return detector_; }
+  const Timeline& timeline() const { return driver_.timeline(); }
+  uint64_t now() const { return now_; }
 
  private:
   ReplicaDigestDetector detector_;
@@ -199,6 +202,51 @@ TEST(ReplicaDigestDetector, UnprintableNameBytesAreSpelled) {
   ASSERT_EQ(job.anomalies().size(), 1u);
   EXPECT_EQ(job.anomalies()[0].evidence["tensors"][0]["tensor"], "w\\x01\\xff");
   EXPECT_NO_THROW(job.anomalies()[0].evidence.dump());
+}
+
+// A multi-node job (folding): the node judges nothing; each rank's digests of a snapshot become
+// one fold once the rank reports a later step's, or a second after its newest; replicas that agree
+// fold alike, a copy that differs folds apart, and the shards stay for the leader's question.
+TEST(ReplicaDigestDetector, FoldsEachRanksSnapshotForTheLeaderAndKeepsItsShards) {
+  DigestJob job(3, /*rank_base=*/6);
+  job.mutable_detector().set_folding(true);
+  job.Name(0, kWeight, "layers.0.weight");
+  for (int r = 0; r < 3; ++r) {
+    job.Digest(r, 10, kWeight, 6, r == 2 ? 0xbad : 0xabc, 4096, 8192);
+    job.Digest(r, 10, kBias, 3, 0xdef);
+  }
+  job.Advance(100 * kMs);
+  EXPECT_TRUE(job.anomalies().empty());  // the leader's to judge
+  EXPECT_TRUE(job.mutable_detector().TakeFolds(job.timeline(), job.now()).empty());  // still coming
+  job.Advance(1100 * kMs);
+  EXPECT_TRUE(job.anomalies().empty());
+  std::vector<DigestFold> folds = job.mutable_detector().TakeFolds(job.timeline(), job.now());
+  ASSERT_EQ(folds.size(), 3u);
+  EXPECT_EQ(folds[0].rank, 6);
+  EXPECT_EQ(folds[0].step, 10u);
+  EXPECT_EQ(folds[0].shards, 2u);
+  EXPECT_EQ(folds[0].expect, 3u);  // the fewest replicas of its shards
+  EXPECT_EQ(folds[0].keyset, folds[2].keyset);
+  EXPECT_EQ(folds[0].digest, folds[1].digest);
+  EXPECT_NE(folds[0].digest, folds[2].digest);
+  EXPECT_TRUE(job.mutable_detector().TakeFolds(job.timeline(), job.now()).empty());  // once each
+
+  // A later step's digest finishes the earlier snapshot at once.
+  job.Digest(0, 20, kWeight, 6, 0x1);
+  job.Digest(0, 30, kWeight, 6, 0x2);
+  folds = job.mutable_detector().TakeFolds(job.timeline(), job.now());
+  ASSERT_EQ(folds.size(), 1u);
+  EXPECT_EQ(folds[0].step, 20u);
+
+  const std::optional<DigestDetail> d = job.detector().Detail(job.timeline(), 8, 10);
+  ASSERT_TRUE(d.has_value());
+  ASSERT_EQ(d->shards.size(), 2u);
+  const ShardDigestEntry& w = d->shards[0].key == kWeight ? d->shards[0] : d->shards[1];
+  EXPECT_EQ(w.digest, 0xbadu);
+  EXPECT_EQ(w.name, "layers.0.weight");
+  EXPECT_EQ(w.tensor_offset, 8192u);
+  EXPECT_FALSE(job.detector().Detail(job.timeline(), 8, 20).has_value());  // rank 8 reported no step 20
+  EXPECT_FALSE(job.detector().Detail(job.timeline(), 5, 10).has_value());  // not this node's
 }
 
 }  // namespace replica_digest_detector_test

@@ -638,6 +638,7 @@ class JobSimulation {
     news.lost_nodes = std::move(n.news_lost);
     news.lost_how = std::move(n.news_lost_how);
     news.lost_silent_seconds = std::move(n.news_lost_silent);
+    news.digest_queries = digest_queries_;  // the round's questions, as etcd holds them
     n.news_progress.clear();
     n.news_lost.clear();
     n.news_lost_how.clear();
@@ -659,6 +660,8 @@ class JobSimulation {
       n.progress_out = std::move(*decision.progress);
       summary_ranks_ += static_cast<uint64_t>(per_node_);
     }
+    // The leader's questions go into etcd (Rendezvous::AskDigests), seen by every node from its next poll.
+    digest_queries_.insert(digest_queries_.end(), decision.digest_queries.begin(), decision.digest_queries.end());
     for (const Anomaly& e : decision.echoes) echoes_.insert(echoes_.end(), e.ranks.begin(), e.ranks.end());
     for (RaisedAnomaly& r : decision.raised) out->raised.push_back(Raised{std::move(r.anomaly), n.group, t});
     // A restart opens the next round (Agent::Restart); a round moved elsewhere is joined: either
@@ -765,6 +768,7 @@ class JobSimulation {
   uint64_t node_events_ = 0, summary_ranks_ = 0, view_samples_ = 0, summary_bytes_ = 0;
   std::vector<uint64_t> newest_seen_;
   std::vector<int> echoes_;
+  std::vector<DigestQuery> digest_queries_;  // the leader's, in the simulated etcd (rounds/R/digest_queries/)
 };
 
 void JobSimulation::Score(DrillResult* out) const {

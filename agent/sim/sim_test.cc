@@ -278,15 +278,23 @@ TEST(SimTest, CrossRankChecksAreSilentOnCleanRuns) {
   EXPECT_GE(kinds.size(), 3u);
 }
 
-// The limit of a node's view: with TP 8 every node holds one replica of its shards, the others
-// being on other nodes; a node's agent compares nothing, so a differing replica goes unnamed (and
-// nothing else is named). A gradient norm that differs is still named: the node's 8 ranks share it.
-TEST(SimTest, ADigestWhoseReplicasAreAllOnOtherNodesIsNotCompared) {
+// With TP 8 every node holds one replica of its shards, the others being on other nodes: a node's
+// agent alone compares nothing. The nodes' folds reach the round's leader with their summaries, and
+// it names the replica that differs, with the tensor its question brought back from the rank's node
+// (and nothing else is named). A gradient norm that differs is named by the node: its 8 ranks share it.
+TEST(SimTest, ADigestWhoseReplicasAreAllOnOtherNodesIsNamedByTheLeader) {
   const SimConfig config = SignalJob(8, 1);
   const DrillResult sdc = RunDrill(config, SignalDrill(FaultKind::kDigestDiffers, 37, 4));
   ASSERT_EQ(sdc.faults.size(), 1u);
-  EXPECT_FALSE(sdc.faults[0].named) << Describe(sdc);
-  EXPECT_TRUE(sdc.raised.empty()) << Describe(sdc);
+  EXPECT_TRUE(sdc.faults[0].named) << Describe(sdc);
+  EXPECT_TRUE(sdc.correct) << Describe(sdc);
+  EXPECT_EQ(sdc.false_alarms, 0) << Describe(sdc);
+  ASSERT_EQ(sdc.raised.size(), 1u) << Describe(sdc);
+  const Anomaly& a = sdc.raised[0].anomaly;
+  EXPECT_EQ(a.ranks, std::vector<int>{37});
+  EXPECT_EQ(a.evidence["compared_by"], "leader");
+  EXPECT_FALSE(a.evidence.contains("details_missing")) << a.message;
+  EXPECT_EQ(a.evidence["tensors_differing"], 1) << a.message;
   const DrillResult norm = RunDrill(config, SignalDrill(FaultKind::kNormDiffers, 37, 4));
   EXPECT_TRUE(norm.correct) << Describe(norm);
 

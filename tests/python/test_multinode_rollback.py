@@ -94,6 +94,61 @@ class RollbackAcrossNodes(unittest.TestCase):
         # were removed from the shared directory and from both memory tiers, and saved again.
         self.assertTrue(os.path.isdir(os.path.join(ckpt, "step-%020d" % 35)))
 
+    def test_a_flipped_bit_on_a_replica_whose_peers_are_all_on_other_nodes_is_named_by_the_leader(self):
+        """3 nodes of 1 rank, gloo DDP (tests/python/test_sdc.py's job): every replica of every
+        parameter is on another node, so no node alone can compare anything (TP 8 at scale). After
+        step 4's update one bit of rank 2's copy of a weight is flipped: the leader must name rank 2
+        and its node from the nodes' folds of the step-4 snapshot, ask node 2 which tensor, roll the
+        job back to step 2 (never to the suspect step) and the job must finish."""
+        from test_sdc import SCRIPT as SDC_SCRIPT
+        agent = os.path.join(os.environ["LIFELINE_BIN"], "lifeline-agent")
+        script = os.path.join(self.dir, "rank.py")
+        with open(script, "w") as f:
+            f.write(SDC_SCRIPT)
+        procs = []
+        for node in range(3):
+            env = dict(os.environ, LIFELINE_MEMORY_TIER_DIR=os.path.join(self.dir, f"tier{node}"),
+                       SDC_STEP_SECONDS="1.5")
+            cmd = [agent, "run", "--nnodes", "3", "--nproc-per-node", "1", "--rdzv-endpoint", self.etcd.endpoint,
+                   "--rdzv-id", "mnsdc", "--node-rank", str(node), "--node-name", f"node{node}",
+                   "--max-restarts", "2", "--events-log", os.path.join(self.dir, f"events.{node}"),
+                   "--checkpoint-dir", os.path.join(self.dir, "ckpt"), "--", sys.executable, script, self.dir, "flip"]
+            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        outputs = [p.communicate(timeout=600)[0] for p in procs]
+        for node, p in enumerate(procs):
+            self.assertEqual(p.returncode, 0, f"node {node}:\n{outputs[node]}")
+        events = [read_events(os.path.join(self.dir, f"events.{node}")) for node in range(3)]
+        everything = events[0] + events[1] + events[2]
+        sdc = [e for e in everything if e.get("kind") == "sdc_suspect"]
+        self.assertTrue(sdc, outputs)
+        first = sdc[0]
+        self.assertEqual((first["step"], first["ranks"]), (4, [2]), first)
+        self.assertEqual(first["evidence"]["compared_by"], "leader", first)
+        self.assertEqual(first["evidence"]["nodes"], {"2": "node2"}, first)
+        self.assertEqual(first["evidence"]["ranks_compared"], [0, 1, 2], first)
+        self.assertNotIn("details_missing", first["evidence"], first)
+        tensor = first["evidence"]["tensors"][0]
+        self.assertIn("0.weight", tensor["tensor"], tensor)
+        self.assertEqual(tensor["byte_range"], [0, 32 * 16 * 4], tensor)
+        self.assertEqual(tensor["ranks"], [2], tensor)
+        # Only the leader judged (one verdict per step), and it asked which tensors.
+        self.assertEqual(len({e["step"] for e in sdc}), len(sdc), sdc)
+        self.assertTrue([e for e in everything if e.get("action") == "digest_query" and e.get("ok")], everything)
+        decided = [e for e in everything if e.get("action") == "rollback"]
+        self.assertEqual(len(decided), 1, decided)
+        self.assertEqual((decided[0]["anomaly"], decided[0]["anomaly_step"], decided[0]["checkpoint"]),
+                         ("sdc_suspect", 4, 2), decided[0])
+        self.assertEqual(decided[0]["nodes"], ["node2"], decided[0])
+        for node in range(3):
+            launches = [e for e in events[node] if e.get("action") == "launch"]
+            self.assertEqual(len(launches), 2, events[node])
+            self.assertEqual(launches[1]["resume"]["step"], 2, launches[1])
+        for rank in range(3):
+            with open(os.path.join(self.dir, f"loaded.1.{rank}")) as f:
+                self.assertEqual(f.read(), "2")
+        # The relaunch, with no flip, saved sound replicas: nothing after it is suspect.
+        self.assertFalse([e for e in sdc if e.get("restart", 0) != 0 and e.get("round", 0) != 0], sdc)
+
 
 if __name__ == "__main__":
     unittest.main()
