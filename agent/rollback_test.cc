@@ -457,6 +457,94 @@ TEST(SupervisorRollbackTest, InAMultiNodeJobTheRepeatNamesTheNodeToExcludeAndThe
   }
 }
 
+// A multi-node job: node b's two ranks hold a NaN gradient norm at step 25 only because the
+// all-reduce spread it (their losses stay finite). Polled every 100 ms for 12 s after it; the round
+// moves at `move_after` seconds when given. The decisions that raised something, and every record.
+struct SpreadRun {
+  std::vector<RaisedAnomaly> raised;
+  double raised_after = -1;  // seconds after the NaN step
+  std::vector<nlohmann::json> records;
+};
+
+SpreadRun SpreadAt(bool leader, std::optional<double> move_after) {
+  AgentConfig config;
+  config.nproc = 2;
+  Around around;
+  Supervisor s(config, &around, "id-b");
+  RoundPlan plan;
+  plan.round = 0;
+  plan.world_size = 4;
+  for (const char* id : {"id-a", "id-b"}) {
+    RoundNode n;
+    n.id = id;
+    n.nproc = 2;
+    plan.nodes.push_back(n);
+  }
+  plan.group_rank = 1;
+  plan.rank_base = 2;
+  SupervisedLaunch l;
+  l.world = 2;
+  l.rank_base = 2;
+  l.now_ns = 10 * kSec;
+  l.plan = plan;
+  s.Launched(l);
+  uint64_t now = 10 * kSec;
+  SpreadRun run;
+  for (uint64_t k = 0; k < 26 + 120; ++k) {
+    now += 100 * kMs;
+    for (int r = 0; r < 2 && k <= 30; ++r) {
+      s.Observe(r, Ev(EventType::kStepBegin, now, k));
+      s.Observe(r, Loss(now + kMs, k, 1.0 + 0.01 * k));
+      trace::Event norm = Loss(now + kMs, k, k >= 25 ? std::numeric_limits<double>::quiet_NaN() : 2.0);
+      norm.comm = trace::kGradNormScalar;
+      s.Observe(r, norm);
+      s.Observe(r, Ev(EventType::kStepEnd, now + 2 * kMs, k));
+    }
+    RendezvousNews news;
+    news.leader = leader;
+    const double after = k >= 25 ? (k - 25) * 0.1 : -1;
+    if (move_after && after >= *move_after) news.round = 1;
+    PollInput in;
+    in.now_ns = now + 3 * kMs;
+    in.news = &news;
+    PollDecision d = s.Poll(in);
+    run.records.insert(run.records.end(), d.records.begin(), d.records.end());
+    if (!d.raised.empty() && run.raised.empty()) {
+      run.raised = d.raised;
+      run.raised_after = after;
+    }
+    if (d.round_moved || d.restart) break;
+  }
+  return run;
+}
+
+// One node's rank went NaN and the all-reduce spread it to every rank of the job: only that node
+// (its rank's own value) or, failing it, the round's leader acts; the other nodes hold the spread
+// value and let it go when the round moves, so a job of 2,048 nodes records one decision, not 2,048.
+TEST(SupervisorRollbackTest, ANonFiniteValueSpreadFromAnotherNodeIsLeftToThatNodeOrTheLeader) {
+  const SpreadRun moved = SpreadAt(/*leader=*/false, /*move_after=*/1.0);
+  EXPECT_TRUE(moved.raised.empty());
+  bool echo = false;
+  for (const nlohmann::json& r : moved.records)
+    if (r.value("action", "") == "echo" && r.value("kind", "") == "non_finite") echo = true;
+  EXPECT_TRUE(echo);
+
+  const SpreadRun by_leader = SpreadAt(/*leader=*/true, std::nullopt);
+  ASSERT_EQ(by_leader.raised.size(), 1u);
+  EXPECT_EQ(by_leader.raised[0].anomaly.kind, "non_finite");
+  EXPECT_EQ(by_leader.raised[0].anomaly.evidence["decided_by"], "leader");
+  EXPECT_EQ(by_leader.raised[0].action, Action::kRollback);
+  EXPECT_GE(by_leader.raised_after, kSpreadHoldSeconds);
+  EXPECT_LT(by_leader.raised_after, kSpreadHoldSeconds + 1);
+
+  // The leader did nothing (its ranks did not see it): the node acts after the backup wait.
+  const SpreadRun backup = SpreadAt(/*leader=*/false, std::nullopt);
+  ASSERT_EQ(backup.raised.size(), 1u);
+  EXPECT_EQ(backup.raised[0].anomaly.evidence["decided_by"], "node");
+  EXPECT_GE(backup.raised_after, kSpreadHoldSeconds + kSpreadBackupSeconds);
+  EXPECT_NE(backup.raised[0].anomaly.message.find("this node does"), std::string::npos);
+}
+
 TEST(RollbackLedgerTest, RangesAdoptedFromAnotherNodeAreSkippedAsOwnOnes) {
   RollbackLedger ledger(RollbackConfig{});
   ledger.Adopt({{21, 27}, {21, 27}, {40, 41}});

@@ -64,6 +64,8 @@ void Supervisor::Launched(const SupervisedLaunch& launch) {
   exit_hung_.assign(static_cast<size_t>(world_), false);
   named_.clear();
   held_.reset();
+  spread_.reset();
+  spread_raised_ = false;
   ledger_.Launched(world_, launch.now_ns);
   if (MultiNode()) multi_node_job_ = true;
 }
@@ -196,6 +198,7 @@ PollDecision Supervisor::Poll(const PollInput& in) {
   if (in.news != nullptr && plan_) {
     ReadRound(in, &anomalies, &moved, &out);
     HoldFailureEchoes(in, moved, &anomalies, &out);
+    HoldSpread(in, moved, &anomalies, &out);
   }
   if (!out.job_ended.empty()) return out;
   if (moved) {
@@ -335,6 +338,42 @@ void Supervisor::CollectDigests(const RendezvousNews& news, uint64_t now_ns) {
   // Bounded: a leader that takes nothing for long (gone) does not grow this node.
   constexpr size_t kMaxDigestOut = 4096;
   while (digest_out_.size() > kMaxDigestOut) digest_out_.pop_front();
+}
+
+void Supervisor::HoldSpread(const PollInput& in, bool moved, std::vector<Anomaly>* anomalies, PollDecision* out) {
+  if (!MultiNode()) return;
+  for (auto it = anomalies->begin(); it != anomalies->end();) {
+    const bool spread = it->kind == "non_finite" && it->evidence.value("rank_own_value", true) == false;
+    if (!spread) {
+      ++it;
+      continue;
+    }
+    if (!spread_ && !spread_raised_) spread_ = HeldSpread{std::move(*it), in.now_ns};
+    it = anomalies->erase(it);
+  }
+  if (!spread_) return;
+  if (moved) {
+    out->records.push_back({{"action", "echo"},
+                            {"kind", "non_finite"},
+                            {"ranks", spread_->anomaly.ranks},
+                            {"step", spread_->anomaly.step ? nlohmann::json(*spread_->anomaly.step) : nlohmann::json(nullptr)},
+                            {"message", spread_->anomaly.message +
+                                            ", spread by the all-reduce: the round moved on another node (not counted)"}});
+    spread_.reset();
+    spread_raised_ = true;
+    return;
+  }
+  const bool leader = in.news != nullptr && in.news->leader;
+  const double hold = kSpreadHoldSeconds + (leader ? 0 : kSpreadBackupSeconds);
+  if (in.now_ns < spread_->since_ns + Nanos(hold)) return;
+  Anomaly a = std::move(spread_->anomaly);
+  spread_.reset();
+  spread_raised_ = true;
+  a.evidence["decided_by"] = leader ? "leader" : "node";
+  a.message += leader ? "; no node's rank had a non-finite value of its own: the round's leader acts for the job"
+                      : "; neither a node whose rank's own value went bad nor the round's leader acted within " +
+                            detail::Duration(hold) + ": this node does";
+  anomalies->push_back(std::move(a));
 }
 
 void Supervisor::LetGoAsEcho(Anomaly echo, const std::string& why, PollDecision* out) {

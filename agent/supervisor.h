@@ -167,6 +167,12 @@ class PollMeter {
   virtual void Leave(Part part) = 0;
 };
 
+// A multi-node job's non-finite value spread by the all-reduce (Supervisor::HoldSpread): how long
+// the leader waits for the node whose rank's own value went bad to act, and how much longer the
+// other nodes wait for the leader.
+inline constexpr double kSpreadHoldSeconds = 2;
+inline constexpr double kSpreadBackupSeconds = 8;
+
 // How often a node of a multi-node job hands its progress summary to the round's watcher.
 inline constexpr double kProgressPublishSeconds = 0.5;
 // How many of its newest summaries a node remembers what they carried: the leader's acknowledgement
@@ -339,6 +345,18 @@ class Supervisor {
   bool multi_node_job_ = false;  // some launch ran on more than one node
   std::set<int> named_;  // global ranks named hung or dead in this launch
   std::optional<HeldFailure> held_;
+  // A multi-node job: a non-finite value this node's ranks hold only because the all-reduce spread
+  // it (non_finite, rank_own_value false) is another node's to act on: the node whose rank's own
+  // value went bad (it acts at once), else the round's leader. Held here; let go when the round
+  // moves, raised after kSpreadHoldSeconds (the leader) or kSpreadHoldSeconds + kSpreadBackupSeconds
+  // (the others: the leader saw nothing) when it did not.
+  struct HeldSpread {
+    Anomaly anomaly;
+    uint64_t since_ns = 0;
+  };
+  void HoldSpread(const PollInput& in, bool moved, std::vector<Anomaly>* anomalies, PollDecision* out);
+  std::optional<HeldSpread> spread_;
+  bool spread_raised_ = false;  // this launch's spread non_finite was held once: its later ones are consequences
   uint64_t published_ns_ = 0;  // when this node last published its summary (0: never)
   // How the previous launch failed when it failed before any step: the exit codes and last lines
   // of the ranks that died ("" otherwise). The same again means a relaunch cannot help.

@@ -163,7 +163,8 @@ void ReplicaDigestDetector::Poll(const Timeline& t, uint64_t now_ns, std::vector
 
 void ReplicaDigestDetector::Keep(int rank, const trace::Event& e) {
   if (snapshots_.size() >= kMaxPending && !snapshots_.count({e.step, rank})) return;  // a flood: folds stay off
-  RankSnapshot& s = snapshots_[{e.step, rank}];
+  const auto [at, created] = snapshots_.try_emplace({e.step, rank});
+  RankSnapshot& s = at->second;
   if (s.folded) return;  // a late digest of a snapshot folded already: the fold stands
   ShardDigestEntry& entry = s.shards[e.seq];
   entry.key = e.seq;
@@ -172,6 +173,7 @@ void ReplicaDigestDetector::Keep(int rank, const trace::Event& e) {
   entry.bytes = e.bytes;
   entry.tensor_offset = e.duration_ns;
   s.newest_ns = std::max(s.newest_ns, e.time_ns);
+  if (!created) return;
   // The newest kKeptSnapshots steps stay, for the leader's questions.
   std::set<uint64_t> steps;
   for (auto it = snapshots_.rbegin(); it != snapshots_.rend() && steps.size() <= kKeptSnapshots; ++it)

@@ -168,6 +168,8 @@ int main(int argc, char** argv) {
                 << " steps)" << std::endl;
       cost_report["job"] = lifeline::agent::sim::MeasureCrossRankCost(config, 0, config.ranks, cost_job_steps);
     }
+    std::cerr << "lifeline-sim: ...and the comparison across nodes: the nodes' folds, the leader's verdict" << std::endl;
+    cost_report["across_nodes"] = lifeline::agent::sim::MeasureLeaderDigestCost(config, 5);
   }
 
   std::vector<Drill> list = lifeline::agent::sim::MakeDrills(config, drills, clean, seed);
@@ -237,7 +239,19 @@ int main(int argc, char** argv) {
     std::printf("); a job failing every %.0f s keeps ETTR %.4f\n", lost["mtbf_seconds"].get<double>(),
                 lost["ettr_at_mtbf"].get<double>());
     std::printf("cpu: %s\n", report["cpu"].dump().c_str());
-    for (const auto& [view, c] : cost_report.items())
+    for (const auto& [view, c] : cost_report.items()) {
+      if (view == "across_nodes") {
+        const nlohmann::json &n = c["node"], &l = c["leader"];
+        std::printf("replicas across nodes: per snapshot a node folds its ranks' digests in %.0f ns and adds %.0f "
+                    "bytes to its summary; the leader takes %.0f folds (%.0f bytes) and compares %zu groups a "
+                    "snapshot in %.0f ns (%.1f ns a rank), at most %zu bytes held, %zu raised\n",
+                    n["fold_cpu_ns_per_snapshot"].get<double>(), n["summary_bytes_per_snapshot"].get<double>(),
+                    l["folds_per_snapshot"].get<double>(), l["bytes_in_per_snapshot"].get<double>(),
+                    l["groups_compared"].get<size_t>() / std::max(1, c["snapshots"].get<int>()),
+                    l["cpu_ns_per_snapshot"].get<double>(), l["ns_per_rank"].get<double>(),
+                    l["heap_peak_bytes"].get<size_t>(), c["raised"].get<size_t>());
+        continue;
+      }
       std::printf("cross-rank checks, %s view of %d ranks (%d replicas of a shard of %d in it): per step %.0f ns "
                   "(%.1f ns a rank), per snapshot %.0f ns (%.1f ns a rank, %.1f ns a digest), %.6f cores, "
                   "at most %zu bytes held (%.0f a rank), %zu raised\n",
@@ -247,6 +261,7 @@ int main(int argc, char** argv) {
                   c["per_snapshot"]["ns_per_rank"].get<double>(), c["per_snapshot"]["ns_per_digest"].get<double>(),
                   c["cores"].get<double>(), c["memory"]["snapshot_peak_bytes"].get<size_t>(),
                   c["memory"]["snapshot_peak_bytes_per_rank"].get<double>(), c["raised"].get<size_t>());
+    }
   }
   std::string json_path = json_out;
   if (!json_out.empty() || !plot.empty()) {

@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "agent/detectors/evidence.h"
+#include "agent/detectors/job_digest_detector.h"
 #include "agent/detectors/replica_digest_detector.h"
 #include "agent/detectors/training_signal_detector.h"
 #include "agent/progress.h"
@@ -1389,6 +1390,77 @@ nlohmann::json MeasureCrossRankCost(const SimConfig& config, int first_rank, int
         {"snapshot_peak_bytes_per_rank", std::round(static_cast<double>(snapshot_peak) / n)},
         {"left_at_end_bytes", heap_after > heap_base ? heap_after - heap_base : 0}}},
       {"raised", raised.size()},
+  };
+}
+
+nlohmann::json MeasureLeaderDigestCost(const SimConfig& config, int snapshots) {
+  const SignalModel& m = config.signals;
+  const SignalValues values{m, config.ranks, /*seed=*/1};
+  const int per_node = config.ranks / config.nodes;
+  const double overhead = ClockPairSeconds();
+  std::vector<Anomaly> raised;
+  std::vector<DigestQuery> queries;
+  const size_t heap_before = HeapInUse();
+  JobDigestDetector leader;
+  size_t leader_peak = 0;
+  double fold_cpu = 0, leader_cpu = 0;
+  uint64_t node_summary_bytes = 0, folds_sent = 0;
+  std::vector<std::string> summaries(static_cast<size_t>(config.nodes));
+  for (int k = 0; k < snapshots; ++k) {
+    const uint64_t step = static_cast<uint64_t>((k + 1) * m.snapshot_every);
+    const double t = 1.0 + 10.0 * k;
+    // Every node folds its ranks' digests (the node's own cost; node 0's is measured, the others'
+    // are made alike), and writes its folds into a summary.
+    for (int g = 0; g < config.nodes; ++g) {
+      Timeline timeline;
+      timeline.Reset(per_node, g * per_node);
+      ReplicaDigestDetector folder;
+      folder.Reset(per_node);
+      folder.set_folding(true);
+      const double t0 = ThreadCpuSeconds();
+      for (int local = 0; local < per_node; ++local) {
+        for (int j = 0; j < m.shards_per_rank; ++j) {
+          const trace::Event e = values.DigestEvent(g * per_node + local, step, j, t);
+          const TimelineChange change = timeline.Apply(local, e);
+          if (change.rank >= 0) folder.Observe(timeline, change);
+        }
+      }
+      const std::vector<DigestFold> folds = folder.TakeFolds(timeline, Ns(t + 2));
+      if (g == 0) fold_cpu += std::max(0.0, ThreadCpuSeconds() - t0 - overhead);
+      folds_sent += folds.size();
+      summaries[static_cast<size_t>(g)] = EncodeProgress({}, 0, static_cast<uint64_t>(k + 1), 0, folds);
+      if (g == 0) node_summary_bytes += summaries[0].size() - EncodeProgress({}, 0, static_cast<uint64_t>(k + 1)).size();
+    }
+    // The leader: every node's summary decoded, its folds taken, then one poll.
+    const double t0 = ThreadCpuSeconds();
+    for (int g = 0; g < config.nodes; ++g) {
+      Result<SummaryFrame> frame = DecodeSummary(summaries[static_cast<size_t>(g)], NodeId(g), 0);
+      if (!frame.ok()) continue;
+      for (const DigestFold& f : frame->folds) leader.AddFold(NodeId(g), f, Ns(t + 2.5));
+    }
+    leader_peak = std::max(leader_peak, HeapInUse() - heap_before);
+    leader.Poll(Ns(t + 2.5), &raised, &queries);
+    leader_cpu += std::max(0.0, ThreadCpuSeconds() - t0 - overhead);
+  }
+  auto ns = [](double seconds) { return std::round(seconds * 1e9 * 10) / 10; };
+  const double n = std::max(1, snapshots);
+  return {
+      {"ranks", config.ranks},
+      {"nodes", config.nodes},
+      {"snapshots", snapshots},
+      {"shards_per_rank", m.shards_per_rank},
+      {"node",
+       {{"fold_cpu_ns_per_snapshot", ns(fold_cpu / n)},
+        {"summary_bytes_per_snapshot", static_cast<double>(node_summary_bytes) / n}}},
+      {"leader",
+       {{"cpu_ns_per_snapshot", ns(leader_cpu / n)},
+        {"ns_per_rank", ns(leader_cpu / n / config.ranks)},
+        {"folds_per_snapshot", static_cast<double>(folds_sent) / n},
+        {"bytes_in_per_snapshot", static_cast<double>(node_summary_bytes) / n * config.nodes},
+        {"heap_peak_bytes", leader_peak},
+        {"groups_compared", leader.groups_compared()}}},
+      {"raised", raised.size()},
+      {"queries", queries.size()},
   };
 }
 

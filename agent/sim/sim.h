@@ -206,6 +206,14 @@ std::vector<Drill> MakeDrills(const SimConfig& config, int count, int clean, uin
 // and a snapshot's events are in and not yet judged. Clean: nothing is raised (counted).
 nlohmann::json MeasureCrossRankCost(const SimConfig& config, int first_rank, int view_ranks, int steps);
 
+// What the replica comparison across nodes costs (issue 53): every node folds its ranks' digests
+// of a snapshot (ReplicaDigestDetector in folding mode) and sends the folds with its summary
+// (EncodeProgress, version 3); the round's leader decodes every node's, and JobDigestDetector
+// compares them. For `snapshots` clean snapshots of config.signals' job: per snapshot, one node's
+// folding (its ranks' digest events in, TakeFolds out), the bytes a node's folds add to its summary,
+// and the leader's CPU (decoding every node's folds, AddFold, Poll) and heap; groups compared.
+nlohmann::json MeasureLeaderDigestCost(const SimConfig& config, int snapshots);
+
 // The report: accuracy, false alarms, latency percentiles overall and per kind, CPU per event,
 // the configuration.
 nlohmann::json Report(const SimConfig& config, const std::vector<DrillResult>& results, uint64_t seed,

@@ -302,6 +302,13 @@ TEST(SimTest, ADigestWhoseReplicasAreAllOnOtherNodesIsNamedByTheLeader) {
   EXPECT_EQ(node["replicas_of_a_shard_in_view"], 1);
   EXPECT_EQ(node["per_snapshot"]["shards_compared"], 0);
   EXPECT_EQ(node["raised"], 0);
+  // The leader compares every keyset (a tensor-parallel rank of a stage) once per snapshot, and a
+  // clean job raises and asks nothing.
+  const nlohmann::json across = MeasureLeaderDigestCost(config, 3);
+  EXPECT_EQ(across["leader"]["groups_compared"], 3 * 8 * config.signals.pp);
+  EXPECT_EQ(across["leader"]["folds_per_snapshot"], config.ranks);
+  EXPECT_EQ(across["raised"], 0);
+  EXPECT_EQ(across["queries"], 0);
 }
 
 // The cost measure feeds the real detectors a clean job: nothing is raised; a node's view of TP 2

@@ -82,5 +82,37 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const auto again = DecodeProgress(lifeline::agent::EncodeProgress(*ranks, 0), "fuzz", 0);
   if (!again.ok()) std::abort();
   CheckSame(*ranks, *again);
+  // A version 3 summary's digest folds and details: within their bounds, and encoded again to the
+  // same bytes' meaning.
+  const auto frame = lifeline::agent::DecodeSummary(text, "fuzz", 0);
+  if (!frame.ok()) std::abort();
+  for (const auto& f : frame->folds)
+    if (f.rank < 0 || f.shards == 0 || f.expect < 2) std::abort();
+  for (const auto& d : frame->details) {
+    if (d.rank < 0) std::abort();
+    for (const auto& e : d.shards)
+      if (e.replicas < 2 || e.name.size() > 4096) std::abort();
+  }
+  const std::string bytes = lifeline::agent::EncodeProgress(frame->ranks, frame->unix_ms, frame->number, frame->base,
+                                                            frame->folds, frame->details);
+  const auto back = lifeline::agent::DecodeSummary(bytes, "fuzz", 0);
+  if (!back.ok() || back->folds.size() != frame->folds.size() || back->details.size() != frame->details.size())
+    std::abort();
+  for (size_t k = 0; k < frame->folds.size(); ++k) {
+    const auto &x = frame->folds[k], &y = back->folds[k];
+    if (x.rank != y.rank || x.step != y.step || x.keyset != y.keyset || x.digest != y.digest || x.shards != y.shards ||
+        x.expect != y.expect)
+      std::abort();
+  }
+  for (size_t k = 0; k < frame->details.size(); ++k) {
+    const auto &x = frame->details[k], &y = back->details[k];
+    if (x.rank != y.rank || x.step != y.step || x.shards.size() != y.shards.size()) std::abort();
+    for (size_t j = 0; j < x.shards.size(); ++j) {
+      const auto &a = x.shards[j], &b = y.shards[j];
+      if (a.key != b.key || a.digest != b.digest || a.replicas != b.replicas || a.bytes != b.bytes ||
+          a.tensor_offset != b.tensor_offset || a.name != b.name)
+        std::abort();
+    }
+  }
   return 0;
 }
