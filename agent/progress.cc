@@ -205,6 +205,7 @@ Result<SummaryFrame> DecodeJson(std::string_view text, const std::string& what) 
 constexpr char kMagic[4] = {'L', 'L', 'S', '\x02'};
 constexpr char kMagicDigests[4] = {'L', 'L', 'S', '\x03'};  // version 3: a digest section after the ranks
 constexpr size_t kMaxDigestName = 4096;  // trace::kMaxReplicaNameParts x kReplicaNamePartBytes, rounded
+constexpr size_t kMaxScalarName = 256;
 
 bool HasMagic(std::string_view bytes) {
   if (bytes.size() < sizeof(kMagic)) return false;
@@ -367,8 +368,25 @@ SummaryFrame DecodeBinary(std::string_view bytes) {
       }
       frame.details.push_back(std::move(d));
     }
+    const size_t values = in.Count(5, "values");
+    frame.values.reserve(values);
+    for (size_t k = 0; k < values; ++k) {
+      ValueReport v;
+      const size_t length = static_cast<size_t>(in.Upto(kMaxScalarName, "scalar length"));
+      if (length == 0) throw Refused("a value of a scalar with no name");
+      v.scalar = in.Bytes(length, "scalar");
+      v.group = static_cast<int>(in.Upto(INT32_MAX, "group"));
+      v.step = in.Varint("value step");
+      const size_t ranks = in.Count(9, "value ranks");
+      v.bits.reserve(ranks);
+      for (size_t j = 0; j < ranks; ++j) {
+        const int rank = static_cast<int>(in.Upto(INT32_MAX, "value rank"));
+        v.bits.emplace_back(rank, in.U64("bits"));
+      }
+      frame.values.push_back(std::move(v));
+    }
   }
-  if (!in.done()) throw Refused(bytes[3] == kMagicDigests[3] ? "bytes after the last detail" : "bytes after the last rank");
+  if (!in.done()) throw Refused(bytes[3] == kMagicDigests[3] ? "bytes after the last value report" : "bytes after the last rank");
   return frame;
 }
 
@@ -396,9 +414,22 @@ double Transit(int64_t written_ms, int64_t now_ms) {
 
 }  // namespace
 
-std::string EncodeProgress(const std::vector<RankProgress>& ranks, int64_t unix_ms, uint64_t number, uint64_t base,
-                           const std::vector<DigestFold>& folds, const std::vector<DigestDetail>& details) {
-  const bool digests = !folds.empty() || !details.empty();
+std::string EncodeProgress(const std::vector<RankProgress>& ranks, int64_t unix_ms, uint64_t number, uint64_t base) {
+  SummaryFrame frame;
+  frame.number = number;
+  frame.base = base;
+  frame.unix_ms = unix_ms;
+  frame.ranks = ranks;
+  return EncodeSummary(frame);
+}
+
+std::string EncodeSummary(const SummaryFrame& frame) {
+  const std::vector<RankProgress>& ranks = frame.ranks;
+  const int64_t unix_ms = frame.unix_ms;
+  const uint64_t number = frame.number, base = frame.base;
+  const std::vector<DigestFold>& folds = frame.folds;
+  const std::vector<DigestDetail>& details = frame.details;
+  const bool digests = !folds.empty() || !details.empty() || !frame.values.empty();
   std::string out(digests ? kMagicDigests : kMagic, sizeof(kMagic));
   out.reserve(32 + ranks.size() * 64);
   PutVarint(&out, number);
@@ -457,6 +488,19 @@ std::string EncodeProgress(const std::vector<RankProgress>& ranks, int64_t unix_
       const std::string_view name = std::string_view(e.name).substr(0, kMaxDigestName);
       PutVarint(&out, name.size());
       out.append(name);
+    }
+  }
+  PutVarint(&out, frame.values.size());
+  for (const ValueReport& v : frame.values) {
+    const std::string_view scalar = std::string_view(v.scalar).substr(0, kMaxScalarName);
+    PutVarint(&out, scalar.size());
+    out.append(scalar);
+    PutVarint(&out, static_cast<uint64_t>(std::max(0, v.group)));
+    PutVarint(&out, v.step);
+    PutVarint(&out, v.bits.size());
+    for (const auto& [rank, bits] : v.bits) {
+      PutVarint(&out, static_cast<uint64_t>(std::max(0, rank)));
+      PutU64(&out, bits);
     }
   }
   return out;

@@ -98,6 +98,16 @@ struct DigestDetail {
   std::vector<ShardDigestEntry> shards;  // by key
 };
 
+// A node's ranks' values of a replicated training signal at a step (one identical by construction
+// across the ranks of a replica group that spans nodes: the gradient norm after its all-reduce), as
+// bits, for the leader to compare across the group (agent/detectors/job_signal_detector.h).
+struct ValueReport {
+  std::string scalar;   // its name (1 to 256 bytes)
+  int group = 0;        // the replica group (TrainingSignalConfig::replica_group_size)
+  uint64_t step = 0;
+  std::vector<std::pair<int, uint64_t>> bits;  // (global rank, the double's bits), by rank
+};
+
 // The leader asks for the details of `ranks` at `step` (rounds/R/digest_queries/ in etcd).
 struct DigestQuery {
   uint64_t step = 0;
@@ -115,6 +125,7 @@ struct SummaryFrame {
   std::vector<RankProgress> ranks;
   std::vector<DigestFold> folds;
   std::vector<DigestDetail> details;
+  std::vector<ValueReport> values;
 };
 
 // The binary summary of §17 stamped with the wall-clock time `unix_ms`, and back: the ages in a
@@ -122,10 +133,11 @@ struct SummaryFrame {
 // step, as NTP keeps them to milliseconds; never negative). Corruption naming `what` for bytes that
 // are not a summary or hold a value outside the bounds of §17 (the format, field by field). The
 // reader also takes the JSON summaries agents wrote before (§17.1), as number 0, base 0.
-// With folds or details it writes version 3 (their section after the ranks), else version 2.
 std::string EncodeProgress(const std::vector<RankProgress>& ranks, int64_t unix_ms, uint64_t number = 0,
-                           uint64_t base = 0, const std::vector<DigestFold>& folds = {},
-                           const std::vector<DigestDetail>& details = {});
+                           uint64_t base = 0);
+// The whole frame: with folds, details or values, version 3 (their section after the ranks), else
+// version 2 (as EncodeProgress).
+std::string EncodeSummary(const SummaryFrame& frame);
 Result<SummaryFrame> DecodeSummary(std::string_view bytes, const std::string& what, int64_t now_unix_ms);
 Result<std::vector<RankProgress>> DecodeProgress(std::string_view bytes, const std::string& what, int64_t now_unix_ms);
 // The number of the summary `bytes` (0 when it is not a binary summary), and in `*base` the

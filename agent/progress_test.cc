@@ -258,8 +258,8 @@ TEST(ProgressTest, SummaryOfOnlyWhatChangedMergedGivesTheWholeWindow) {
   EXPECT_EQ(merger.nodes(), 2u);
 }
 
-// Version 3 carries the snapshots' digest folds and the details the leader asked for after the
-// ranks; a summary without them stays version 2; every cut of a version 3 one is Corruption.
+// Version 3 carries the snapshots' digest folds, the details the leader asked for and the values
+// of replicated signals after the ranks; a summary without them stays version 2; every cut of a version 3 one is Corruption.
 TEST(ProgressTest, DigestFoldsAndDetailsTravelWithTheSummary) {
   RankProgress p;
   p.rank = 5;
@@ -277,7 +277,15 @@ TEST(ProgressTest, DigestFoldsAndDetailsTravelWithTheSummary) {
   d.shards.push_back({0x11, 0x22, 128, 1 << 20, trace::kNoOffset, "layers.7.attention.wq.weight"});
   d.shards.push_back({0x33, 0x44, 2, 4096, 0, ""});
   const std::string v2 = EncodeProgress({p}, 1000, 3, 2);
-  const std::string v3 = EncodeProgress({p}, 1000, 3, 2, {f}, {d});
+  SummaryFrame sent;
+  sent.number = 3;
+  sent.base = 2;
+  sent.unix_ms = 1000;
+  sent.ranks = {p};
+  sent.folds = {f};
+  sent.details = {d};
+  sent.values = {{"grad_norm", 0, 40, {{5, 0x4000000000000000ULL}, {6, 0x4000000000000001ULL}}}};
+  const std::string v3 = EncodeSummary(sent);
   EXPECT_EQ(v2[3], '\x02');
   EXPECT_EQ(v3[3], '\x03');
   EXPECT_EQ(SummaryNumber(v3), 3u);
@@ -295,7 +303,13 @@ TEST(ProgressTest, DigestFoldsAndDetailsTravelWithTheSummary) {
   EXPECT_EQ(frame->details[0].shards[0].tensor_offset, trace::kNoOffset);
   EXPECT_EQ(frame->details[0].shards[1].tensor_offset, 0u);
   EXPECT_EQ(frame->details[0].shards[1].bytes, 4096u);
-  EXPECT_EQ(EncodeProgress(frame->ranks, 1000, 3, 2, frame->folds, frame->details), v3);
+  ASSERT_EQ(frame->values.size(), 1u);
+  EXPECT_EQ(frame->values[0].scalar, "grad_norm");
+  EXPECT_EQ(frame->values[0].step, 40u);
+  EXPECT_EQ(frame->values[0].bits, sent.values[0].bits);
+  SummaryFrame again = *frame;
+  again.unix_ms = 1000;
+  EXPECT_EQ(EncodeSummary(again), v3);
   for (size_t cut = 0; cut < v3.size(); ++cut)
     EXPECT_FALSE(DecodeSummary(v3.substr(0, cut), "node-1", 1000).ok()) << cut;
   EXPECT_FALSE(DecodeSummary(v3 + std::string(1, '\0'), "node-1", 1000).ok());

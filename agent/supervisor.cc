@@ -37,6 +37,7 @@ Supervisor::Supervisor(const AgentConfig& config, Surroundings* around, std::str
       timeline_(std::max<size_t>(Timeline::kDefaultSavesKept, config.checkpoint.lag_count + size_t{8})) {
   for (auto& d : detectors_)
     if (auto* r = dynamic_cast<ReplicaDigestDetector*>(d.get())) digests_ = r;
+    else if (auto* t = dynamic_cast<TrainingSignalDetector*>(d.get())) signals_ = t;
 }
 
 Supervisor::~Supervisor() = default;
@@ -54,6 +55,9 @@ void Supervisor::Launched(const SupervisedLaunch& launch) {
   summary_cursors_.clear();  // a new launch numbers its collectives afresh
   // Across nodes the leader compares the replicas' digests; a node alone, its own ranks'.
   if (digests_ != nullptr) digests_->set_folding(MultiNode());
+  // ...and the values of a replica group that spans nodes, those of its own.
+  if (signals_ != nullptr) signals_->set_job_world(MultiNode() ? static_cast<int>(plan_->world_size) : 0);
+  job_signals_.reset();
   digest_out_.clear();
   digest_cursors_.clear();
   answered_.clear();
@@ -246,13 +250,17 @@ void Supervisor::ReadRound(const PollInput& in, std::vector<Anomaly>* anomalies,
     const auto had = digest_cursors_.find(base);
     const uint64_t had_seq = after != nullptr && had != digest_cursors_.end() ? had->second : 0;
     while (!digest_out_.empty() && digest_out_.front().seq <= had_seq) digest_out_.pop_front();
-    std::vector<DigestFold> folds;
-    std::vector<DigestDetail> details;
+    SummaryFrame frame;
+    frame.number = ++summary_number_;
+    frame.base = base;
+    frame.unix_ms = in.unix_ms;
+    frame.ranks = std::move(ranks);
     for (const DigestOut& d : digest_out_) {
-      if (d.fold) folds.push_back(*d.fold);
-      if (d.detail) details.push_back(*d.detail);
+      if (d.fold) frame.folds.push_back(*d.fold);
+      if (d.detail) frame.details.push_back(*d.detail);
+      if (d.values) frame.values.push_back(*d.values);
     }
-    out->progress = EncodeProgress(ranks, in.unix_ms, ++summary_number_, base, folds, details);
+    out->progress = EncodeSummary(frame);
     summary_cursors_.emplace_back(summary_number_, std::move(cursor));
     while (summary_cursors_.size() > kSummariesRemembered) summary_cursors_.pop_front();
     digest_cursors_[summary_number_] = digest_seq_;
@@ -264,6 +272,8 @@ void Supervisor::ReadRound(const PollInput& in, std::vector<Anomaly>* anomalies,
   if (news.leader && !news.progress.empty() && MultiNode()) {
     Enter(PollMeter::Part::kJobView);
     if (job_digests_ == nullptr) job_digests_ = std::make_unique<JobDigestDetector>();
+    if (job_signals_ == nullptr)
+      job_signals_ = std::make_unique<JobSignalDetector>(config_.training_signals, static_cast<int>(plan_->world_size));
     for (const EtcdKeyValue& kv : news.progress) {  // each node's, oldest first
       Result<SummaryFrame> frame = DecodeSummary(kv.value, kv.key, in.unix_ms);
       if (!frame.ok()) continue;  // not one of ours: no say in the verdict
@@ -273,6 +283,7 @@ void Supervisor::ReadRound(const PollInput& in, std::vector<Anomaly>* anomalies,
         if (n.id == node) node = n.Name();
       for (const DigestFold& f : frame->folds) job_digests_->AddFold(node, f, in.now_ns);
       for (const DigestDetail& d : frame->details) job_digests_->AddDetail(d);
+      for (const ValueReport& v : frame->values) job_signals_->Add(v, in.now_ns);
       merger_.Merge(kv.key, std::move(*frame), in.unix_ms);
     }
     merger_.View(in.unix_ms, &job_progress_);
@@ -284,6 +295,7 @@ void Supervisor::ReadRound(const PollInput& in, std::vector<Anomaly>* anomalies,
     Leave(PollMeter::Part::kJobView);
   }
   if (news.leader && job_digests_ != nullptr && MultiNode()) job_digests_->Poll(in.now_ns, anomalies, &out->digest_queries);
+  if (news.leader && job_signals_ != nullptr && MultiNode()) job_signals_->Poll(in.now_ns, anomalies);
   for (const std::string& id : news.lost_nodes) {
     int group = -1;
     for (size_t g = 0; g < plan_->nodes.size(); ++g)
@@ -325,7 +337,9 @@ void Supervisor::ReadRound(const PollInput& in, std::vector<Anomaly>* anomalies,
 }
 
 void Supervisor::CollectDigests(const RendezvousNews& news, uint64_t now_ns) {
-  if (digests_ == nullptr || !digests_->folding()) return;
+  if (digests_ == nullptr || !digests_->folding()) return;  // a single-node launch
+  if (signals_ != nullptr)
+    for (ValueReport& v : signals_->TakeValueReports()) digest_out_.push_back({++digest_seq_, std::nullopt, std::nullopt, std::move(v)});
   for (const DigestFold& f : digests_->TakeFolds(timeline_, now_ns)) digest_out_.push_back({++digest_seq_, f, std::nullopt});
   for (const DigestQuery& q : news.digest_queries) {
     for (int global : q.ranks) {

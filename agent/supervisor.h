@@ -32,7 +32,9 @@
 #include "agent/config.h"
 #include "agent/detector.h"
 #include "agent/detectors/job_digest_detector.h"
+#include "agent/detectors/job_signal_detector.h"
 #include "agent/detectors/replica_digest_detector.h"
+#include "agent/detectors/training_signal_detector.h"
 #include "agent/host_cpu.h"
 #include "agent/job_view.h"
 #include "agent/progress.h"
@@ -317,9 +319,12 @@ class Supervisor {
     uint64_t seq = 0;
     std::optional<DigestFold> fold;
     std::optional<DigestDetail> detail;
+    std::optional<ValueReport> values;
   };
   void CollectDigests(const RendezvousNews& news, uint64_t now_ns);
   ReplicaDigestDetector* digests_ = nullptr;  // among detectors_
+  TrainingSignalDetector* signals_ = nullptr;  // among detectors_
+  std::unique_ptr<JobSignalDetector> job_signals_;  // the leader's
   std::deque<DigestOut> digest_out_;
   uint64_t digest_seq_ = 0;
   std::map<uint64_t, uint64_t> digest_cursors_;  // summary number -> the newest seq it carried

@@ -22,9 +22,10 @@ void JobDigestDetector::AddFold(const std::string& node, const DigestFold& fold,
   ++folds_;
   node_of_[fold.rank] = node;
   // Only the newest steps' folds are remembered as taken.
-  std::set<uint64_t> steps;
-  for (auto it = seen_.rbegin(); it != seen_.rend() && steps.size() <= kStepsRemembered; ++it) steps.insert(it->first);
-  if (steps.size() > kStepsRemembered) seen_.erase(seen_.begin(), seen_.lower_bound({*std::next(steps.begin()), INT32_MIN}));
+  if (seen_steps_.insert(fold.step).second && seen_steps_.size() > kStepsRemembered) {
+    seen_steps_.erase(seen_steps_.begin());
+    seen_.erase(seen_.begin(), seen_.lower_bound({*seen_steps_.begin(), INT32_MIN}));
+  }
   const GroupKey key{fold.step, fold.keyset};
   if (groups_.size() >= kMaxGroups && !groups_.count(key)) {
     auto oldest = groups_.begin();

@@ -81,6 +81,7 @@ class JobDigestDetector {
   const double detail_seconds_;
   std::map<GroupKey, Group> groups_;
   std::set<std::pair<uint64_t, int>> seen_;           // (step, rank) folds taken, the newest steps
+  std::set<uint64_t> seen_steps_;                      // ...those steps
   std::map<int, std::string> node_of_;                 // global rank -> node id
   std::map<uint64_t, StepVerdict> verdicts_;           // by step
   std::map<std::pair<uint64_t, int>, DigestDetail> details_;  // (step, rank)

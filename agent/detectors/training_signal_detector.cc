@@ -235,7 +235,16 @@ void TrainingSignalDetector::Poll(const Timeline& t, uint64_t now_ns, std::vecto
       ++it;
       continue;
     }
-    JudgeComparison(t, it->first, it->second, now_ns, out);
+    if (GroupIsLocal(t, std::get<1>(it->first))) {
+      JudgeComparison(t, it->first, it->second, now_ns, out);
+    } else if (exports_.size() < kMaxComparisons) {  // the group spans nodes: the round's leader judges it
+      ValueReport v;
+      v.scalar = std::get<0>(it->first);
+      v.group = std::get<1>(it->first);
+      v.step = std::get<2>(it->first);
+      for (const auto& [rank, b] : it->second.bits) v.bits.emplace_back(t.GlobalRank(rank), b);
+      exports_.push_back(std::move(v));
+    }
     it = comparisons_.erase(it);
   }
 }
@@ -326,51 +335,72 @@ void TrainingSignalDetector::JudgeSpikes(const Timeline& t, const std::vector<Fi
 void TrainingSignalDetector::JudgeComparison(const Timeline& t, const ComparisonKey& key, const Comparison& c,
                                              uint64_t now_ns, std::vector<Anomaly>* out) {
   const auto& [scalar, group, step] = key;
-  if (c.bits.size() < 2) return;
+  std::map<int, uint64_t> bits;
+  for (const auto& [rank, b] : c.bits) bits[t.GlobalRank(rank)] = b;
+  if (std::optional<Anomaly> a = JudgeDisagreement(scalar, group, step, bits, config_.replica_group_size, now_ns,
+                                                    &disagreeing_))
+    out->push_back(std::move(*a));
+}
+
+bool TrainingSignalDetector::GroupIsLocal(const Timeline& t, int group) const {
+  if (job_world_ <= 0) return true;
+  const int size = config_.replica_group_size == 0 ? job_world_ : static_cast<int>(config_.replica_group_size);
+  const int64_t first = static_cast<int64_t>(group) * size;
+  const int64_t last = std::min<int64_t>(first + size, job_world_) - 1;
+  return first >= t.GlobalRank(0) && last <= t.GlobalRank(world_ - 1);
+}
+
+std::vector<ValueReport> TrainingSignalDetector::TakeValueReports() {
+  std::vector<ValueReport> out = std::move(exports_);
+  exports_.clear();
+  return out;
+}
+
+std::optional<Anomaly> JudgeDisagreement(const std::string& scalar, int group, uint64_t step,
+                                         const std::map<int, uint64_t>& bits, uint32_t replica_group_size,
+                                         uint64_t now_ns, std::set<std::pair<std::string, int>>* disagreeing) {
+  if (bits.size() < 2) return std::nullopt;
   std::map<uint64_t, int> counts;
-  for (const auto& [rank, bits] : c.bits) ++counts[bits];
+  for (const auto& [rank, b] : bits) ++counts[b];
   const std::pair<std::string, int> episode{scalar, group};
   if (counts.size() == 1) {
-    disagreeing_.erase(episode);
-    return;
+    disagreeing->erase(episode);
+    return std::nullopt;
   }
-  if (!disagreeing_.insert(episode).second) return;
+  if (!disagreeing->insert(episode).second) return std::nullopt;
   const auto top = std::max_element(counts.begin(), counts.end(),
                                     [](const auto& a, const auto& b) { return a.second < b.second; });
-  const bool majority = 2 * static_cast<size_t>(top->second) > c.bits.size();
+  const bool majority = 2 * static_cast<size_t>(top->second) > bits.size();
+  auto value = [](uint64_t b) {
+    double v;
+    std::memcpy(&v, &b, sizeof(v));
+    return v;
+  };
   Anomaly a;
   a.kind = "disagreement";
   a.step = step;
   a.detected_ns = now_ns;
-  nlohmann::json values = nlohmann::json::object(), bits = nlohmann::json::object();
+  nlohmann::json values = nlohmann::json::object(), hex = nlohmann::json::object();
   std::vector<int> agreeing;
-  for (const auto& [rank, b] : c.bits) {
-    const int global = t.GlobalRank(rank);
-    values[std::to_string(global)] = Value(c.values.at(rank));
-    bits[std::to_string(global)] = Hex(b);
+  std::string differing;
+  for (const auto& [global, b] : bits) {
+    values[std::to_string(global)] = Value(value(b));
+    hex[std::to_string(global)] = Hex(b);
     if (majority && b == top->first) {
       agreeing.push_back(global);
     } else {
       a.ranks.push_back(global);
+      differing += (differing.empty() ? "" : ", ") + std::to_string(global) + ": " + Fmt("%.17g", value(b));
     }
   }
-  double majority_value = kNaN;
-  if (majority) majority_value = c.values.at(std::find_if(c.bits.begin(), c.bits.end(), [&](const auto& kv) {
-                                               return kv.second == top->first;
-                                             })->first);
+  const double majority_value = majority ? value(top->first) : kNaN;
   a.evidence = {{"scalar", scalar},
                 {"group", group},
-                {"replica_group_size", config_.replica_group_size},
+                {"replica_group_size", replica_group_size},
                 {"values", values},
-                {"bits", bits},
+                {"bits", hex},
                 {"majority", majority ? Value(majority_value) : nlohmann::json(nullptr)},
-                {"ranks_compared", c.bits.size()}};
-  std::string differing;
-  for (int global : a.ranks) {
-    for (const auto& [rank, v] : c.values)
-      if (t.GlobalRank(rank) == global)
-        differing += (differing.empty() ? "" : ", ") + std::to_string(global) + ": " + Fmt("%.17g", v);
-  }
+                {"ranks_compared", bits.size()}};
   if (majority) {
     a.message = scalar + " differs across the replicas of group " + std::to_string(group) + StepSuffix(step) + ": " +
                 Ranks(a.ranks) + " (" + differing + ") against " + Fmt("%.17g", majority_value) + " on " +
@@ -379,7 +409,7 @@ void TrainingSignalDetector::JudgeComparison(const Timeline& t, const Comparison
     a.message = scalar + " differs across the replicas of group " + std::to_string(group) + StepSuffix(step) + " (" +
                 differing + ") with no majority to tell the odd one out; the value is identical by construction";
   }
-  out->push_back(std::move(a));
+  return a;
 }
 
 }  // namespace lifeline::agent

@@ -32,7 +32,9 @@
 // Values are grouped by step across ranks: a step is judged once every live rank that reports
 // signals has reported a later step, or hold_seconds after its first finding or value was seen
 // (a rank may report a device value a step late). Ranks are compared within this agent's node:
-// the local members of a group. Scalar names come with kScalarName events; a value of an id never
+// the local members of a group. In a multi-node job (set_job_world) a group that spans nodes is
+// not judged here: its settled values go to the round's leader (TakeValueReports, in the progress
+// summary), whose JobSignalDetector compares every node's (agent/detectors/job_signal_detector.h). Scalar names come with kScalarName events; a value of an id never
 // named is not judged.
 //
 // Thread safety: none (see agent/detector.h).
@@ -42,12 +44,14 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "agent/detector.h"
+#include "agent/progress.h"
 
 namespace lifeline::agent {
 
@@ -58,6 +62,11 @@ class TrainingSignalDetector : public Detector {
   void Reset(int world) override;
   void Observe(const Timeline& timeline, const TimelineChange& change) override;
   void Poll(const Timeline& timeline, uint64_t now_ns, std::vector<Anomaly>* out) override;
+
+  // The job's world in a multi-node launch (0: a single node's, every group is local).
+  void set_job_world(int world) { job_world_ = std::max(world, 0); }
+  // The values of groups that span nodes, settled since the last call, for the leader.
+  std::vector<ValueReport> TakeValueReports();
 
   // Values received and values not judged (their scalar never named), for tests and the log.
   uint64_t values() const { return values_; }
@@ -108,6 +117,7 @@ class TrainingSignalDetector : public Detector {
   void JudgeComparison(const Timeline& timeline, const ComparisonKey& key, const Comparison& c, uint64_t now_ns,
                        std::vector<Anomaly>* out);
   int GroupOf(int global) const;
+  bool GroupIsLocal(const Timeline& timeline, int group) const;
 
   const TrainingSignalConfig config_;
   const std::set<std::string> watched_, replicated_;
@@ -122,7 +132,17 @@ class TrainingSignalDetector : public Detector {
   std::set<std::pair<std::string, int>> disagreeing_;       // (scalar, group) in an episode
   uint64_t values_ = 0;
   uint64_t unnamed_ = 0;
+  int job_world_ = 0;
+  std::vector<ValueReport> exports_;
 };
+
+// The disagreement verdict on a replicated scalar's values at a step (by global rank, as bits):
+// the ranks whose value differs from the majority's (every one without a majority), or nothing when
+// they agree. One report per episode of a (scalar, group): `disagreeing` holds those in one, and an
+// agreeing step ends it.
+std::optional<Anomaly> JudgeDisagreement(const std::string& scalar, int group, uint64_t step,
+                                         const std::map<int, uint64_t>& bits, uint32_t replica_group_size,
+                                         uint64_t now_ns, std::set<std::pair<std::string, int>>* disagreeing);
 
 }  // namespace lifeline::agent
 

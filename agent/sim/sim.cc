@@ -1428,7 +1428,10 @@ nlohmann::json MeasureLeaderDigestCost(const SimConfig& config, int snapshots) {
       const std::vector<DigestFold> folds = folder.TakeFolds(timeline, Ns(t + 2));
       if (g == 0) fold_cpu += std::max(0.0, ThreadCpuSeconds() - t0 - overhead);
       folds_sent += folds.size();
-      summaries[static_cast<size_t>(g)] = EncodeProgress({}, 0, static_cast<uint64_t>(k + 1), 0, folds);
+      SummaryFrame frame;
+      frame.number = static_cast<uint64_t>(k + 1);
+      frame.folds = folds;
+      summaries[static_cast<size_t>(g)] = EncodeSummary(frame);
       if (g == 0) node_summary_bytes += summaries[0].size() - EncodeProgress({}, 0, static_cast<uint64_t>(k + 1)).size();
     }
     // The leader: every node's summary decoded, its folds taken, then one poll.

@@ -93,11 +93,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (const auto& e : d.shards)
       if (e.replicas < 2 || e.name.size() > 4096) std::abort();
   }
-  const std::string bytes = lifeline::agent::EncodeProgress(frame->ranks, frame->unix_ms, frame->number, frame->base,
-                                                            frame->folds, frame->details);
+  for (const auto& v : frame->values)
+    if (v.scalar.empty() || v.scalar.size() > 256 || v.group < 0) std::abort();
+  const std::string bytes = lifeline::agent::EncodeSummary(*frame);
   const auto back = lifeline::agent::DecodeSummary(bytes, "fuzz", 0);
-  if (!back.ok() || back->folds.size() != frame->folds.size() || back->details.size() != frame->details.size())
+  if (!back.ok() || back->folds.size() != frame->folds.size() || back->details.size() != frame->details.size() ||
+      back->values.size() != frame->values.size())
     std::abort();
+  for (size_t k = 0; k < frame->values.size(); ++k) {
+    const auto &x = frame->values[k], &y = back->values[k];
+    if (x.scalar != y.scalar || x.group != y.group || x.step != y.step || x.bits != y.bits) std::abort();
+  }
   for (size_t k = 0; k < frame->folds.size(); ++k) {
     const auto &x = frame->folds[k], &y = back->folds[k];
     if (x.rank != y.rank || x.step != y.step || x.keyset != y.keyset || x.digest != y.digest || x.shards != y.shards ||
