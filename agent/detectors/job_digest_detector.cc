@@ -29,7 +29,7 @@ void JobDigestDetector::AddFold(const std::string& node, const DigestFold& fold,
   const GroupKey key{fold.step, fold.keyset};
   if (groups_.size() >= kMaxGroups && !groups_.count(key)) {
     auto oldest = groups_.begin();
-    Judge(oldest->first.first, std::move(oldest->second), now_ns);
+    Judge(oldest->first.first, std::move(oldest->second));
     groups_.erase(oldest);
   }
   Group& g = groups_[key];
@@ -47,7 +47,7 @@ void JobDigestDetector::AddDetail(const DigestDetail& detail) {
   details_[{detail.step, detail.rank}] = detail;
 }
 
-void JobDigestDetector::Judge(uint64_t step, Group g, uint64_t now_ns) {
+void JobDigestDetector::Judge(uint64_t step, Group g) {
   StepVerdict& v = verdicts_[step];
   if (g.folds.size() < 2) return;  // no other replica reported: nothing to compare it with
   ++v.groups;
@@ -69,7 +69,6 @@ void JobDigestDetector::Judge(uint64_t step, Group g, uint64_t now_ns) {
     if (!odd.majority || f.digest != top->first) odd.named.push_back(rank);
     else if (odd.reference < 0) odd.reference = rank;
   }
-  (void)now_ns;
   v.odd.push_back(std::move(odd));
 }
 
@@ -80,7 +79,7 @@ void JobDigestDetector::Poll(uint64_t now_ns, std::vector<Anomaly>* out, std::ve
       ++it;
       continue;
     }
-    Judge(it->first.first, std::move(it->second), now_ns);
+    Judge(it->first.first, std::move(it->second));
     it = groups_.erase(it);
   }
   for (auto it = verdicts_.begin(); it != verdicts_.end();) {

@@ -4,7 +4,7 @@
 //
 // Each node folds each rank's digests of a snapshot into one DigestFold (ReplicaDigestDetector's
 // folding, agent/progress.h) and sends it with its progress summary (formats/SPEC.md §17, version
-// 3): 38 bytes or so a rank and snapshot, where the shards' digests would be 72 times that at
+// 3): about 21 bytes a rank and snapshot, where the shards' digests would be some 60 times that at
 // Llama 3 405B's 72 replicated shards a rank. The leader groups the folds of a step by keyset (the
 // ranks holding the same replicated shards: the replicas of one piece of the model) and judges a
 // group once as many folds came as its fewest-replicated shard has replicas, or `hold_seconds`
@@ -74,7 +74,7 @@ class JobDigestDetector {
     std::set<int> compared;        // ranks compared
   };
 
-  void Judge(uint64_t step, Group g, uint64_t now_ns);
+  void Judge(uint64_t step, Group g);
   void Raise(uint64_t step, StepVerdict& v, uint64_t now_ns, std::vector<Anomaly>* out);
 
   const double hold_seconds_;

@@ -55,6 +55,7 @@ void ReplicaDigestDetector::Reset(int world) {
   // Names are the shards' (a key hashes the name): they stay true across launches.
   comparisons_.clear();
   snapshots_.clear();
+  kept_steps_.clear();
   verdicts_.clear();
   waiting_.clear();
   unseen_.clear();
@@ -173,15 +174,15 @@ void ReplicaDigestDetector::Keep(int rank, const trace::Event& e) {
   entry.bytes = e.bytes;
   entry.tensor_offset = e.duration_ns;
   s.newest_ns = std::max(s.newest_ns, e.time_ns);
+  uint64_t& newest = kept_steps_[e.step];
+  newest = std::max(newest, e.time_ns);
   if (!created) return;
-  // The newest kKeptSnapshots steps stay, for the leader's questions.
-  std::set<uint64_t> steps;
-  for (auto it = snapshots_.rbegin(); it != snapshots_.rend() && steps.size() <= kKeptSnapshots; ++it)
-    steps.insert(it->first.first);
-  if (steps.size() > kKeptSnapshots) {
-    const uint64_t oldest_kept = *std::next(steps.begin());
-    snapshots_.erase(snapshots_.begin(), snapshots_.lower_bound({oldest_kept, INT32_MIN}));
-  }
+  // The snapshots of the last kKeptSeconds stay for the leader's questions (at most kKeptSnapshots
+  // steps of them; the newest always).
+  while (kept_steps_.size() > 1 &&
+         (kept_steps_.size() > kKeptSnapshots || kept_steps_.begin()->second + Nanos(kKeptSeconds) < e.time_ns))
+    kept_steps_.erase(kept_steps_.begin());
+  snapshots_.erase(snapshots_.begin(), snapshots_.lower_bound({kept_steps_.begin()->first, INT32_MIN}));
 }
 
 std::vector<DigestFold> ReplicaDigestDetector::TakeFolds(const Timeline& t, uint64_t now_ns) {

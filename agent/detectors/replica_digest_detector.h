@@ -84,11 +84,12 @@ class ReplicaDigestDetector : public Detector {
   // The folds of the snapshots finished by `now_ns`, each once: a rank's digests of a step are
   // finished when it reports a later step's, or kFoldQuietSeconds after its newest one.
   std::vector<DigestFold> TakeFolds(const Timeline& timeline, uint64_t now_ns);
-  // Rank `global`'s digests of `step`, shard by shard and named; nullopt when not kept (the
-  // newest kKeptSnapshots steps are).
+  // Rank `global`'s digests of `step`, shard by shard and named; nullopt when not kept (the steps
+  // of the last kKeptSeconds are, at most kKeptSnapshots of them).
   std::optional<DigestDetail> Detail(const Timeline& timeline, int global, uint64_t step) const;
   static constexpr double kFoldQuietSeconds = 1.0;
-  static constexpr size_t kKeptSnapshots = 4;
+  static constexpr double kKeptSeconds = 120;
+  static constexpr size_t kKeptSnapshots = 64;
 
  private:
   // A rank's digests of one snapshot (folding).
@@ -143,6 +144,7 @@ class ReplicaDigestDetector : public Detector {
   std::deque<Deadline> deadlines_;            // by time: the polls' clock only goes forward
   bool folding_ = false;
   std::map<std::pair<uint64_t, int>, RankSnapshot> snapshots_;  // (step, local rank): folding
+  std::map<uint64_t, uint64_t> kept_steps_;                     // their steps: the newest digest's time
   uint64_t next_id_ = 0;
   uint64_t digests_ = 0;
   uint64_t compared_ = 0;

@@ -111,7 +111,7 @@ class RollbackAcrossNodes(unittest.TestCase):
         procs = []
         for node in range(3):
             env = dict(os.environ, LIFELINE_MEMORY_TIER_DIR=os.path.join(self.dir, f"tier{node}"),
-                       SDC_STEP_SECONDS="1.5")
+                       SDC_STEP_SECONDS="3")
             cmd = [agent, "run", "--nnodes", "3", "--nproc-per-node", "1", "--rdzv-endpoint", self.etcd.endpoint,
                    "--rdzv-id", "mnsdc", "--node-rank", str(node), "--node-name", f"node{node}",
                    "--max-restarts", "2", "--events-log", os.path.join(self.dir, f"events.{node}"),
@@ -181,7 +181,7 @@ NORM_SCRIPT = """
 import os, time
 import lifeline
 rank = int(os.environ["RANK"])
-for step in range(1, 31):
+for step in range(1, 61):
     with lifeline.trace.step(step):
         norm = 2.0 + 0.01 * step
         if rank == 2 and step == 12:
