@@ -368,7 +368,7 @@ void Supervisor::HoldSpread(const PollInput& in, bool moved, std::vector<Anomaly
   if (!spread_) return;
   if (moved) {
     out->records.push_back({{"action", "echo"},
-                            {"kind", "non_finite"},
+                            {"anomaly", "non_finite"},  // not "kind": a record of that key is an anomaly raised
                             {"ranks", spread_->anomaly.ranks},
                             {"step", spread_->anomaly.step ? nlohmann::json(*spread_->anomaly.step) : nlohmann::json(nullptr)},
                             {"message", spread_->anomaly.message +

@@ -181,13 +181,14 @@ NORM_SCRIPT = """
 import os, time
 import lifeline
 rank = int(os.environ["RANK"])
-for step in range(1, 61):
+for step in range(1, 46):
     with lifeline.trace.step(step):
         norm = 2.0 + 0.01 * step
         if rank == 2 and step == 12:
             norm += 2 ** -40  # a low bit off: a silent fault of one replica
         lifeline.report(grad_norm=norm, step=step)
-        time.sleep(0.2)
+        if step >= 10:
+            time.sleep(0.2)  # the leader's verdict comes seconds after step 12, before the job ends
 """
 
 
