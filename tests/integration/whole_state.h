@@ -81,6 +81,12 @@ class GatedEnv : public EnvWrapper {
     }
     cv_.notify_all();
   }
+  // Blocks until a data write waits at the gate (a save is being persisted), or `seconds` passed:
+  // whether one does.
+  bool WaitUntilHeld(double seconds = 60) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, std::chrono::duration<double>(seconds), [&] { return held_ > 0; });
+  }
   Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path, const FileOptions& options) override {
     LL_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, target()->NewWritableFile(path, options));
     if (path.find(".data") == std::string::npos) return file;
@@ -94,7 +100,10 @@ class GatedEnv : public EnvWrapper {
     Gated(GatedEnv* env, std::unique_ptr<WritableFile> f) : env_(env), f_(std::move(f)) {}
     Status WriteAt(uint64_t offset, const void* src, size_t n) override {
       std::unique_lock<std::mutex> lock(env_->mu_);
+      ++env_->held_;
+      env_->cv_.notify_all();
       env_->cv_.wait(lock, [&] { return env_->open_; });
+      --env_->held_;
       lock.unlock();
       return f_->WriteAt(offset, src, n);
     }
@@ -112,6 +121,7 @@ class GatedEnv : public EnvWrapper {
   std::mutex mu_;
   std::condition_variable cv_;
   bool open_ = false;
+  int held_ = 0;  // writes waiting at the gate
 };
 
 }  // namespace lifeline::testing
