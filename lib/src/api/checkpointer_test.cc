@@ -237,7 +237,6 @@ TEST(CheckpointerMemoryTierTest, ASaveSupersedesOneStillWaitingForTheStoreRather
   // Step 1 is being persisted (its write held at the gate), not only queued: under load the persist
   // thread may not have taken it yet when step 3 comes, and step 1 would be the one superseded.
   ASSERT_TRUE(store.WaitUntilHeld());
-  for (int i = 0; i < 2000 && !first.Progress().memory_tier; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   state.ScribbleAll();
   SaveTicket second = (*ckpt)->Save(2, state.Request());
   ASSERT_TRUE(second.WaitSnapshot().ok());

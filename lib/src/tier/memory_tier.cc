@@ -242,6 +242,7 @@ Status MemoryTier::RemoveStaleSlots() {
 }
 
 Status MemoryTier::Withdraw(uint64_t step) {
+  std::lock_guard<std::mutex> lock(publish_mu_);
   const std::string step_dir = JoinPath(root_, StepDirName(step));
   for (const std::string& name : {IndexFileName(run_hash_, rank_, world_size_), DataFileName(run_hash_, rank_, world_size_)}) {
     Status s = env_->RemoveFile(JoinPath(step_dir, name));
@@ -275,6 +276,7 @@ Status MemoryTier::WithdrawEarlierLaunches(uint64_t step) {
 }
 
 Status MemoryTier::Publish(uint64_t step, unsigned slot, std::string_view encoded_index) {
+  std::lock_guard<std::mutex> lock(publish_mu_);
   // Written through the one checkpoint writer; the data file is the slot itself, hard-linked.
   LL_ASSIGN_OR_RETURN(CheckpointWriter writer,
                       CheckpointWriter::Begin(env_, StepTarget{{root_, run_hash_, rank_, world_size_}, step}));

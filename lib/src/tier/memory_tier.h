@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -91,6 +92,11 @@ class MemoryTier {
   const uint32_t rank_;
   const uint32_t world_size_;
   const unsigned slots_;
+  // One publication or withdrawal at a time in this process: the retention a publication applies
+  // removes a partial step older than the newest loadable one, which a step being published by
+  // another copy thread at that moment is (it lost step 1 from the tier when steps 1 and 2
+  // completed their copies together).
+  std::mutex publish_mu_;
 };
 
 // The steps of memory-tier `root` that still belong to `checkpoint_dir` (read through `env`), newest
