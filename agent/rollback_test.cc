@@ -424,20 +424,26 @@ TEST(SupervisorRollbackTest, ASecondSdcSuspectOnTheSameNodeEndsASingleNodeJobNam
   }
 }
 
-TEST(SupervisorRollbackTest, InAMultiNodeJobTheRepeatNamesTheNodeToExcludeAndTheRollbackGoesOn) {
-  AgentConfig config = SdcConfig();
-  Around around;
-  Supervisor s(config, &around, "id-b");
+// Round `round` of two nodes of `nproc` ranks: host-a (id-a), host-b (id-b).
+RoundPlan TwoNodes(uint64_t round, uint32_t nproc) {
   RoundPlan plan;
-  plan.round = 1;
-  plan.world_size = 6;
+  plan.round = round;
+  plan.world_size = 2 * nproc;
   for (const char* name : {"host-a", "host-b"}) {
     RoundNode n;
     n.id = std::string("id-") + name[5];
     n.name = name;
-    n.nproc = 3;
+    n.nproc = nproc;
     plan.nodes.push_back(n);
   }
+  return plan;
+}
+
+TEST(SupervisorRollbackTest, InAMultiNodeJobTheRepeatNamesTheNodeToExcludeAndTheRollbackGoesOn) {
+  AgentConfig config = SdcConfig();
+  Around around;
+  Supervisor s(config, &around, "id-b");
+  RoundPlan plan = TwoNodes(1, 3);
   plan.group_rank = 1;
   plan.rank_base = 3;
   uint64_t now = 10 * kSec;
@@ -471,15 +477,7 @@ SpreadRun SpreadAt(bool leader, std::optional<double> move_after) {
   config.nproc = 2;
   Around around;
   Supervisor s(config, &around, "id-b");
-  RoundPlan plan;
-  plan.round = 0;
-  plan.world_size = 4;
-  for (const char* id : {"id-a", "id-b"}) {
-    RoundNode n;
-    n.id = id;
-    n.nproc = 2;
-    plan.nodes.push_back(n);
-  }
+  RoundPlan plan = TwoNodes(0, 2);
   plan.group_rank = 1;
   plan.rank_base = 2;
   SupervisedLaunch l;

@@ -97,6 +97,27 @@ class RollbackAcrossNodes(unittest.TestCase):
         # were removed from the shared directory and from both memory tiers, and saved again.
         self.assertTrue(os.path.isdir(os.path.join(ckpt, "step-%020d" % 35)))
 
+    def three_nodes(self, job, script_text, flags, args, **env):
+        """Runs `script_text` as 3 agents of 1 rank each (node0..node2, each its own memory tier) until
+        they end; asserts each ended 0; returns each node's events and output."""
+        agent = os.path.join(os.environ["LIFELINE_BIN"], "lifeline-agent")
+        script = os.path.join(self.dir, f"{job}.py")
+        with open(script, "w") as f:
+            f.write(script_text)
+        procs = []
+        for node in range(3):
+            node_env = dict(os.environ, LIFELINE_MEMORY_TIER_DIR=os.path.join(self.dir, f"tier{node}"), **env)
+            cmd = [agent, "run", "--nnodes", "3", "--nproc-per-node", "1", "--rdzv-endpoint", self.etcd.endpoint,
+                   "--rdzv-id", job, "--node-rank", str(node), "--node-name", f"node{node}",
+                   "--events-log", os.path.join(self.dir, f"events.{node}"), *flags, "--", sys.executable, script,
+                   *args]
+            procs.append(subprocess.Popen(cmd, env=node_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                          text=True))
+        outputs = [p.communicate(timeout=600)[0] for p in procs]
+        for node, p in enumerate(procs):
+            self.assertEqual(p.returncode, 0, f"node {node}:\n{outputs[node]}")
+        return [read_events(os.path.join(self.dir, f"events.{node}")) for node in range(3)], outputs
+
     def test_a_flipped_bit_on_a_replica_whose_peers_are_all_on_other_nodes_is_named_by_the_leader(self):
         """3 nodes of 1 rank, gloo DDP (tests/python/test_sdc.py's job): every replica of every
         parameter is on another node, so no node alone can compare anything (TP 8 at scale). After
@@ -104,23 +125,9 @@ class RollbackAcrossNodes(unittest.TestCase):
         and its node from the nodes' folds of the step-4 snapshot, ask node 2 which tensor, roll the
         job back to step 2 (never to the suspect step) and the job must finish."""
         from test_sdc import SCRIPT as SDC_SCRIPT
-        agent = os.path.join(os.environ["LIFELINE_BIN"], "lifeline-agent")
-        script = os.path.join(self.dir, "rank.py")
-        with open(script, "w") as f:
-            f.write(SDC_SCRIPT)
-        procs = []
-        for node in range(3):
-            env = dict(os.environ, LIFELINE_MEMORY_TIER_DIR=os.path.join(self.dir, f"tier{node}"),
-                       SDC_STEP_SECONDS="3")
-            cmd = [agent, "run", "--nnodes", "3", "--nproc-per-node", "1", "--rdzv-endpoint", self.etcd.endpoint,
-                   "--rdzv-id", "mnsdc", "--node-rank", str(node), "--node-name", f"node{node}",
-                   "--max-restarts", "2", "--events-log", os.path.join(self.dir, f"events.{node}"),
-                   "--checkpoint-dir", os.path.join(self.dir, "ckpt"), "--", sys.executable, script, self.dir, "flip"]
-            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-        outputs = [p.communicate(timeout=600)[0] for p in procs]
-        for node, p in enumerate(procs):
-            self.assertEqual(p.returncode, 0, f"node {node}:\n{outputs[node]}")
-        events = [read_events(os.path.join(self.dir, f"events.{node}")) for node in range(3)]
+        events, outputs = self.three_nodes("mnsdc", SDC_SCRIPT, ["--max-restarts", "2", "--checkpoint-dir",
+                                                                 os.path.join(self.dir, "ckpt")],
+                                           [self.dir, "flip"], SDC_STEP_SECONDS="3")
         everything = events[0] + events[1] + events[2]
         sdc = [e for e in everything if e.get("kind") == "sdc_suspect"]
         self.assertTrue(sdc, outputs)
@@ -156,20 +163,8 @@ class RollbackAcrossNodes(unittest.TestCase):
         """3 nodes of 1 rank report the global gradient norm each step (identical by construction);
         rank 2's differs in its last bit at step 12. No node holds two members of the group: the
         leader compares the nodes' values and names rank 2, once."""
-        agent = os.path.join(os.environ["LIFELINE_BIN"], "lifeline-agent")
-        script = os.path.join(self.dir, "norms.py")
-        with open(script, "w") as f:
-            f.write(NORM_SCRIPT)
-        procs = []
-        for node in range(3):
-            cmd = [agent, "run", "--nnodes", "3", "--nproc-per-node", "1", "--rdzv-endpoint", self.etcd.endpoint,
-                   "--rdzv-id", "mnnorm", "--node-rank", str(node), "--node-name", f"node{node}",
-                   "--events-log", os.path.join(self.dir, f"events.{node}"), "--", sys.executable, script]
-            procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-        outputs = [p.communicate(timeout=300)[0] for p in procs]
-        for node, p in enumerate(procs):
-            self.assertEqual(p.returncode, 0, f"node {node}:\n{outputs[node]}")
-        everything = sum((read_events(os.path.join(self.dir, f"events.{node}")) for node in range(3)), [])
+        events, outputs = self.three_nodes("mnnorm", NORM_SCRIPT, [], [])
+        everything = sum(events, [])
         found = [e for e in everything if e.get("kind") == "disagreement"]
         self.assertEqual(len(found), 1, (found, outputs))
         self.assertEqual((found[0]["step"], found[0]["ranks"]), (12, [2]), found[0])
@@ -181,7 +176,7 @@ NORM_SCRIPT = """
 import os, time
 import lifeline
 rank = int(os.environ["RANK"])
-for step in range(1, 46):
+for step in range(1, 56):
     with lifeline.trace.step(step):
         norm = 2.0 + 0.01 * step
         if rank == 2 and step == 12:
